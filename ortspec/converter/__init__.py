@@ -1,0 +1,91 @@
+"""``ortspec convert``: a HuggingFace Qwen3.5-text checkpoint -> ONNX graphs + manifest.json."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..errors import CheckpointError, UnsupportedModelError
+from ..manifest import GRAPH_FILES, Manifest, graph_name
+from ..model_spec import ModelSpec, read_hf_config
+from .builder import WeightStore
+from .checkpoint import CheckpointReader
+from .graphs import make_mtp_graph, make_target_graph
+from .weights import WeightPreparer, cast_matrices
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "generation_config.json")
+DTYPES = ("float32", "float16")
+
+
+def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
+            max_length: int = 1024, progress: bool = True) -> Path:
+    """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
+
+    num_speculative_tokens (K) is the largest k a Session may use; graphs for every
+    verify shape 1..K are written. max_length bounds prompt + generated tokens.
+    dtype "float16" stores the weight matrices in fp16 (half the size on disk and in
+    memory); the CPU graphs cast them back and compute in fp32. States are always fp32.
+    """
+    if dtype not in DTYPES:
+        raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
+    if not 0 <= num_speculative_tokens <= 8:
+        raise CheckpointError(f"num_speculative_tokens={num_speculative_tokens} is out of range; use 0..8.")
+    if max_length < 2:
+        raise CheckpointError(f"max_length={max_length} is too small; use at least 2 (typical: 1024-8192).")
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    hf_config = read_hf_config(checkpoint_dir)
+    spec = ModelSpec.from_hf_config(hf_config)
+    reader = CheckpointReader(checkpoint_dir)
+    with_mtp = _mtp_available(spec, reader)
+    K = num_speculative_tokens if with_mtp else 0
+    if num_speculative_tokens and not with_mtp:
+        print(f"ortspec convert: {checkpoint_dir} has no mtp.* weights; converting without an MTP head "
+              "(greedy only, num_speculative_tokens=0).")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = WeightStore()
+    WeightPreparer(spec, reader, store).prepare_all(max_length, with_mtp)
+    cast_matrices(store, dtype)
+    layout = store.save(out_dir)
+
+    builders = {"prefill": lambda: make_target_graph(spec, store, max_length, "prefill", rows=None),
+                "decode": lambda: make_target_graph(spec, store, max_length, "decode", rows=1)}
+    for k in range(1, K + 1):
+        builders[graph_name("verify", k)] = lambda k=k: make_target_graph(spec, store, max_length, f"verify_k{k}", rows=k + 1)
+        builders[graph_name("verify_select", k)] = lambda k=k: make_target_graph(
+            spec, store, max_length, f"verify_select_k{k}", rows=k + 1, windows=True)
+    if with_mtp:
+        builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length)
+
+    import onnx
+
+    graphs = {}
+    for name, build in tqdm(builders.items(), desc="ortspec convert", unit="graph", disable=not progress):
+        g = build()
+        file = GRAPH_FILES.format(name=name)
+        onnx.save(g.build(layout), str(out_dir / file))
+        graphs[name] = {"file": file, "weights": g.used_weights}
+
+    tokenizer_files = []
+    for fname in TOKENIZER_FILES:
+        if (checkpoint_dir / fname).is_file():
+            shutil.copy2(checkpoint_dir / fname, out_dir / fname)
+            tokenizer_files.append(fname)
+    Manifest.create(spec, max_length=max_length, num_speculative_tokens=K, dtype=dtype, weights=layout,
+                    graphs=graphs, tokenizer_files=tokenizer_files, source=str(checkpoint_dir),
+                    model_type=hf_config.get("model_type")).save(out_dir)
+    return out_dir
+
+
+def _mtp_available(spec: ModelSpec, reader: CheckpointReader) -> bool:
+    if not reader.has_mtp():
+        return False
+    if spec.mtp_num_hidden_layers > 1:
+        raise UnsupportedModelError(
+            f"mtp_num_hidden_layers={spec.mtp_num_hidden_layers}: ortspec supports MTP heads of one layer "
+            "(as published Qwen3.5 checkpoints have)."
+        )
+    return True

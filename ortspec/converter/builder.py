@@ -1,0 +1,136 @@
+"""A small ONNX graph builder and the weight store that every graph of a model shares.
+
+Weights are written once, to ``weights.bin``; each graph refers to them as external-data
+initializers, and the runtime hands the same in-memory arrays to every ONNX Runtime
+session (``SessionOptions.add_initializer``), so N graphs cost one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 18
+MS_DOMAIN = "com.microsoft"
+IR_VERSION = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 would default to 14
+WEIGHTS_FILE = "weights.bin"
+_ALIGN = 64
+
+_ONNX_TYPE = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.int32): TensorProto.INT32,
+}
+
+
+class WeightStore:
+    """Named weight arrays, laid out back to back (64-byte aligned) in one weights.bin."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, array: np.ndarray) -> str:
+        if name in self.arrays:
+            raise KeyError(f"weight {name!r} added twice")
+        self.arrays[name] = np.ascontiguousarray(array)
+        return name
+
+    def layout(self) -> dict[str, dict]:
+        """name -> {offset, length, dtype, shape}; the manifest records it for the runtime."""
+        table, offset = {}, 0
+        for name, arr in self.arrays.items():
+            offset = -(-offset // _ALIGN) * _ALIGN
+            table[name] = {
+                "offset": offset,
+                "length": arr.nbytes,
+                "dtype": str(arr.dtype),
+                "shape": list(arr.shape),
+            }
+            offset += arr.nbytes
+        return table
+
+    def save(self, out_dir: Path) -> dict[str, dict]:
+        table = self.layout()
+        with open(out_dir / WEIGHTS_FILE, "wb") as f:
+            for name, arr in self.arrays.items():
+                f.seek(table[name]["offset"])
+                f.write(arr.tobytes())
+        return table
+
+    def external_tensor(self, name: str, entry: dict) -> TensorProto:
+        arr = self.arrays[name]
+        t = TensorProto(name=name, data_type=_ONNX_TYPE[arr.dtype], dims=list(arr.shape))
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", entry["offset"]), ("length", entry["length"])):
+            t.external_data.add(key=key, value=str(value))
+        return t
+
+
+class GraphBuilder:
+    """Accumulates nodes; ``op`` returns output names so graphs read like straight-line code."""
+
+    def __init__(self, name: str, weights: WeightStore) -> None:
+        self.name = name
+        self.weights = weights
+        self.nodes: list[onnx.NodeProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.used_weights: list[str] = []
+        self.constants: dict[str, TensorProto] = {}
+        self._ids = itertools.count()
+
+    # -- graph boundary --------------------------------------------------------------------
+    def input(self, name: str, elem_type: int, shape: list) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def output(self, value: str, name: str, elem_type: int, shape: list) -> None:
+        if value != name:
+            self.op("Identity", [value], outputs=[name])
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+
+    # -- values ----------------------------------------------------------------------------
+    def weight(self, name: str) -> str:
+        """A stored weight, cast to float32 when it is stored in float16 (weight-only fp16)."""
+        if name not in self.used_weights:
+            self.used_weights.append(name)
+        if self.weights.arrays[name].dtype == np.float16:
+            return self.op("Cast", [name], to=TensorProto.FLOAT, hint=f"{name}.f32")
+        return name
+
+    def const(self, value, dtype=np.int64, hint: str = "const") -> str:
+        arr = np.asarray(value, dtype=dtype)
+        name = f"{hint}.{next(self._ids)}"
+        self.constants[name] = numpy_helper.from_array(arr, name)
+        return name
+
+    # -- nodes -----------------------------------------------------------------------------
+    def op(self, op_type: str, inputs: list[str], *, outputs=None, num_outputs: int = 1, domain: str = "",
+           hint: str | None = None, **attrs):
+        node_id = next(self._ids)
+        if outputs is None:
+            base = hint or op_type.lower()
+            outputs = [f"{base}.{node_id}" if num_outputs == 1 else f"{base}.{node_id}.{i}" for i in range(num_outputs)]
+        node = helper.make_node(op_type, inputs, outputs, name=f"{op_type}_{node_id}", domain=domain, **attrs)
+        self.nodes.append(node)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def ms(self, op_type: str, inputs: list[str], **kwargs):
+        return self.op(op_type, inputs, domain=MS_DOMAIN, **kwargs)
+
+    # -- model -----------------------------------------------------------------------------
+    def build(self, weight_layout: dict[str, dict]) -> onnx.ModelProto:
+        initializers = [self.weights.external_tensor(n, weight_layout[n]) for n in self.used_weights]
+        initializers += list(self.constants.values())
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializers)
+        return helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+            ir_version=IR_VERSION,
+            producer_name="ortspec",
+        )

@@ -1,0 +1,140 @@
+"""Whole-model graphs: the target forward (prefill / decode / verify) and the MTP head.
+
+Target graph I/O (B requests, M rows each, L = max_length):
+  in   input_ids int64 [B, M]   positions int64 [B, M]
+       key.{i} [B, kvh, hd, L], value.{i} [B, kvh, L, hd]            full-attention layer i
+       conv.{i} [B, K-1, C], recurrent.{i} [B, nv, dk, dv] (fp32)     GDN layer i
+  out  tokens int64 [B, M] (argmax)  logits [B, M, V]  hidden [B, M, H] (final-normed)
+       new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
+       conv_out.{i}, recurrent_out.{i}                                states after the last row
+    or conv_window.{i} [M, ...], recurrent_window.{i} [M, ...]       state after each row (select)
+
+MTP graph I/O: in input_ids [B, M] (the token after each hidden's position), hidden [B, M, H]
+(target final-normed hidden, or the MTP's own output when drafting), positions [B, M],
+key.mtp, value.mtp; out tokens, logits, hidden_out [B, M, H] (after mtp.norm), new_key.mtp,
+new_value.mtp.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from ..model_spec import FULL, ModelSpec
+from .builder import GraphBuilder, WeightStore
+from .layers import (
+    make_add_rms_norm,
+    make_attention,
+    make_gated_deltanet,
+    make_mlp,
+    make_rms_norm,
+    make_step_inputs,
+)
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]:
+    """Input name -> shape of every per-layer state of the target model."""
+    shapes = {}
+    for i, kind in enumerate(spec.layer_types):
+        if kind == FULL:
+            shapes[f"key.{i}"] = [batch, spec.num_key_value_heads, spec.head_dim, max_length]
+            shapes[f"value.{i}"] = [batch, spec.num_key_value_heads, max_length, spec.head_dim]
+        else:
+            shapes[f"conv.{i}"] = [batch, spec.linear_conv_kernel_dim - 1, spec.conv_dim]
+            shapes[f"recurrent.{i}"] = [batch, spec.linear_num_value_heads, spec.linear_key_head_dim,
+                                        spec.linear_value_head_dim]
+    return shapes
+
+
+def mtp_state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]:
+    return {
+        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, max_length],
+        "value.mtp": [batch, spec.num_key_value_heads, max_length, spec.head_dim],
+    }
+
+
+def _decoder_layer(g, spec, x, residual, prefix, mixer):
+    """Pre-norm block; `residual` is None for the first layer. Returns (mlp_out, residual)."""
+    eps = spec.rms_norm_eps
+    if residual is None:
+        residual, h = x, make_rms_norm(g, x, f"{prefix}.in_norm", eps)
+    else:
+        h, residual = make_add_rms_norm(g, x, residual, f"{prefix}.in_norm", eps)
+    h = mixer(h)
+    h, residual = make_add_rms_norm(g, h, residual, f"{prefix}.post_norm", eps)
+    return make_mlp(g, spec, h, prefix), residual
+
+
+def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
+    hidden, _ = make_add_rms_norm(g, x, residual, norm_weight, spec.rms_norm_eps)
+    logits = g.op("MatMul", [hidden, g.weight("lm_head")])
+    g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", rows])
+    g.output(logits, "logits", F32, ["B", rows, spec.vocab_size])
+    g.output(hidden, hidden_name, F32, ["B", rows, spec.hidden_size])
+
+
+def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
+                      rows: int | None, windows: bool = False) -> GraphBuilder:
+    """rows=None: any M (prefill); rows=M: static M (decode M=1, verify M=k+1).
+    windows=True (needs static rows): GDN states after every row, for the select commit."""
+    g = GraphBuilder(name, store)
+    dim_m = rows if rows is not None else "M"
+    ids = g.input("input_ids", I64, ["B", dim_m])
+    positions = g.input("positions", I64, ["B", dim_m])
+    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec, max_length).items()}
+    step = make_step_inputs(g, spec, positions, max_length)
+    x, residual = g.op("Gather", [g.weight("embed"), ids], hint="embed"), None
+    state_outputs = []
+    for i, kind in enumerate(spec.layer_types):
+        prefix = f"L{i}"
+        if kind == FULL:
+            def mixer(h, i=i, prefix=prefix):
+                out, new_key, new_value = make_attention(g, spec, h, prefix, step, states[f"key.{i}"], states[f"value.{i}"])
+                state_outputs.append((new_key, f"new_key.{i}"))
+                state_outputs.append((new_value, f"new_value.{i}"))
+                return out
+        else:
+            def mixer(h, i=i, prefix=prefix):
+                out, conv, rec = make_gated_deltanet(g, spec, h, prefix, states[f"conv.{i}"], states[f"recurrent.{i}"],
+                                                     per_position=rows if windows else 0)
+                kind_of = "window" if windows else "out"
+                state_outputs.append((conv, f"conv_{kind_of}.{i}"))
+                state_outputs.append((rec, f"recurrent_{kind_of}.{i}"))
+                return out
+        x, residual = _decoder_layer(g, spec, x, residual, prefix, mixer)
+    _head(g, spec, x, residual, "final_norm", "hidden", dim_m)
+    for value, out_name in state_outputs:
+        g.output(value, out_name, F32, None)
+    return g
+
+
+def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> GraphBuilder:
+    """MTP head: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) -> attention layer -> norm -> lm_head.
+
+           input_ids ─ embed ─ pre_embed norm ─┐
+                                               Concat ─ MatMul(fc) ─ decoder layer (own KV) ─ mtp.norm ─ lm_head
+           hidden ──────────── pre_hidden norm ┘
+    """
+    g = GraphBuilder("mtp", store)
+    ids = g.input("input_ids", I64, ["B", "M"])
+    hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
+    positions = g.input("positions", I64, ["B", "M"])
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
+    step = make_step_inputs(g, spec, positions, max_length)
+    eps = spec.rms_norm_eps
+    embedded = make_rms_norm(g, g.op("Gather", [g.weight("embed"), ids]), "mtp.pre_embed", eps)
+    normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
+    x = g.op("MatMul", [g.op("Concat", [embedded, normed_hidden], axis=-1), g.weight("mtp.fc")], hint="mtp.fc_out")
+    outputs = {}
+
+    def mixer(h):
+        out, outputs["new_key.mtp"], outputs["new_value.mtp"] = make_attention(
+            g, spec, h, "mtp.L0", step, states["key.mtp"], states["value.mtp"])
+        return out
+
+    x, residual = _decoder_layer(g, spec, x, None, "mtp.L0", mixer)
+    _head(g, spec, x, residual, "mtp.norm", "hidden_out", "M")
+    for out_name, value in outputs.items():
+        g.output(value, out_name, F32, None)
+    return g

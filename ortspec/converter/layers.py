@@ -1,0 +1,190 @@
+"""One ``make_*`` function per subgraph of a Qwen3.5 decoder layer.
+
+Activations are [B, M, H] float32 (B requests, M token rows each). Every op here is
+row-wise or a MatMul over rows, so a token's result does not depend on how many other
+rows share the call: the M=1 decode and the M=k+1 verify compute the same bits per token
+(the exactness tests depend on this; ONNX Runtime's CPU MatMul was checked to be M-invariant).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from onnx import TensorProto
+
+from ..model_spec import ModelSpec
+from .builder import GraphBuilder
+
+F32 = TensorProto.FLOAT
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """Per-graph values every layer reads: positions, RoPE rows and the attention bias."""
+
+    positions: str  # int64 [B, M]
+    cos: str  # float [B, M, 1, rotary_dim/2]
+    sin: str  # float [B, M, 1, rotary_dim/2]
+    attn_bias: str  # float [B, 1, 1, M, 1, L]: 0 where slot <= position, -inf elsewhere
+
+
+def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int) -> StepInputs:
+    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.cos"), positions]), g.const([2])], hint="cos")
+    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.sin"), positions]), g.const([2])], hint="sin")
+    slots = g.const(range(max_length), hint="slots")  # [L]
+    visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, L]
+    bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
+    bias = g.op("Unsqueeze", [bias, g.const([1, 2, 4])], hint="attn_bias")  # [B, 1, 1, M, 1, L]
+    return StepInputs(positions, cos, sin, bias)
+
+
+def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
+    """Offset RMSNorm x̂·(1+w); the store already holds (1+w)."""
+    return g.op("SimplifiedLayerNormalization", [x, g.weight(weight)], axis=-1, epsilon=eps, stash_type=1)
+
+
+def make_add_rms_norm(g: GraphBuilder, x: str, residual: str, weight: str, eps: float) -> tuple[str, str]:
+    """(norm(x + residual), x + residual) in one fused op."""
+    normed, _, _, total = g.ms(
+        "SkipSimplifiedLayerNormalization", [x, residual, g.weight(weight)], num_outputs=4, epsilon=eps
+    )
+    return normed, total
+
+
+def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
+    gate, up = g.op("Split", [g.op("MatMul", [x, g.weight(f"{prefix}.gate_up")]), g.const([spec.intermediate_size] * 2)],
+                    num_outputs=2, axis=-1)
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])  # SiLU
+    return g.op("MatMul", [g.op("Mul", [act, up]), g.weight(f"{prefix}.down")], hint=f"{prefix}.mlp_out")
+
+
+def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, step: StepInputs) -> str:
+    """Rotate-half RoPE on the first rotary_dim channels of each head; x is [B, M, heads, hd]."""
+    half, rest = spec.rotary_dim // 2, spec.head_dim - spec.rotary_dim
+    sizes = [half, half] + ([rest] if rest else [])
+    parts = g.op("Split", [x, g.const(sizes)], num_outputs=len(sizes), axis=-1)
+    x1, x2 = parts[0], parts[1]
+    out1 = g.op("Sub", [g.op("Mul", [x1, step.cos]), g.op("Mul", [x2, step.sin])])
+    out2 = g.op("Add", [g.op("Mul", [x2, step.cos]), g.op("Mul", [x1, step.sin])])
+    return g.op("Concat", [out1, out2] + list(parts[2:]), axis=-1)
+
+
+def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
+                   past_key: str, past_value: str) -> tuple[str, str, str]:
+    """Gated GQA over a static cache. Returns (output [B,M,H], new_key, new_value).
+
+    Cache layout: key transposed [B, kvh, hd, L], value [B, kvh, L, hd]. The graph scatters
+    this call's rows into a merged view at their positions and attends over all L slots
+    with a positional mask, so a token sees its keys in the same slots (same summation
+    order) whether it arrives in a decode or a verify call. The runtime writes the new
+    rows (new_key [B,kvh,hd,M], new_value [B,kvh,M,hd]) into the cache buffers in place.
+    """
+    nh, kvh, hd, eps = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.rms_norm_eps
+    groups = nh // kvh
+    q, gate = g.op("Split", [g.op("MatMul", [x, g.weight(f"{prefix}.q_gate")]), g.const([nh * hd, nh * hd])],
+                   num_outputs=2, axis=-1)
+    q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
+    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), step)  # [B, M, nh, hd]
+    k = g.op("Reshape", [g.op("MatMul", [x, g.weight(f"{prefix}.k")]), g.const([0, 0, kvh, hd])])
+    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), step)  # [B, M, kvh, hd]
+    v = g.op("Reshape", [g.op("MatMul", [x, g.weight(f"{prefix}.v")]), g.const([0, 0, kvh, hd])])
+
+    new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
+    new_value = g.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, kvh, M, hd]
+    key_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 2])]), g.op("Shape", [new_key])])
+    value_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 3])]), g.op("Shape", [new_value])])
+    keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, L]
+    values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, L, hd]
+
+    # Query head h uses kv head h // groups: view queries as [B, kvh, groups, M, 1, hd]. Each
+    # query row is its own 1-row MatMul (the batch axes broadcast over the cache), because ONNX
+    # Runtime's CPU GEMM takes a different kernel for one row than for several when the right
+    # operand is not a constant: a 1-row product is then the same bits in decode and verify.
+    qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 3, 1, 4])
+    qg = g.op("Unsqueeze", [qg, g.const([4])])
+    scores = g.op("MatMul", [qg, g.op("Unsqueeze", [keys, g.const([2, 3])])])  # [B, kvh, groups, M, 1, L]
+    scores = g.op("Add", [g.op("Mul", [scores, g.const(hd ** -0.5, "float32")]), step.attn_bias])
+    probs = g.op("Softmax", [scores], axis=-1)
+    ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2, 3])])])  # [B, kvh, groups, M, 1, hd]
+    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4, 5]), g.const([0, 0, nh * hd])])
+    gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
+    out = g.op("MatMul", [gated, g.weight(f"{prefix}.o")], hint=f"{prefix}.attn_out")
+    return out, new_key, new_value
+
+
+def _l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:
+    """x / sqrt(sum(x^2) + 1e-6) per head, as transformers' l2norm (LinearAttention expects it)."""
+    xh = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])])
+    sumsq = g.op("ReduceSumSquare", [xh, g.const([-1])], keepdims=1)
+    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [sumsq, g.const(1e-6, "float32")])])])
+    return g.op("Mul", [xh, inv])  # [B, M, heads, head_dim]
+
+
+def _repeat_heads(g: GraphBuilder, xh: str, heads: int, repeats: int, head_dim: int) -> str:
+    """[B, M, heads, d] -> [B, M, heads*repeats*d], each head repeated `repeats` times in place."""
+    if repeats > 1:
+        xh = g.op("Tile", [g.op("Unsqueeze", [xh, g.const([3])]), g.const([1, 1, 1, repeats, 1])])
+    return g.op("Reshape", [xh, g.const([0, 0, heads * repeats * head_dim])])
+
+
+def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
+                        recurrent_state: str, per_position: int = 0):
+    """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out).
+
+    conv_state [B, K-1, C] (channels-last tail of the pre-conv q,k,v inputs) and
+    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the fused ops run over all M
+    rows at once and the outputs are the states after the last row. With per_position=M
+    (a static row count) the two stateful ops run once per row and the outputs are windows:
+    conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv], slot j = state after row j. The CPU
+    kernels refuse the ops' own ``state_window``, so this is how a CPU verify emits them.
+
+                 x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
+                                              ├─ z ─────────────────────────────────────┐
+                                              └─ b, a ─ LinearAttentionGate ─ decay,β   │
+        q,k ─ l2norm ─ repeat heads ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+    """
+    nk, nv, dk, dv = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
+    qkv, z, b, a = g.op("Split", [g.op("MatMul", [x, g.weight(f"{prefix}.in_proj")]), g.const([C, vd, nv, nv])],
+                        num_outputs=4, axis=-1)
+    decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
+                       num_outputs=2)  # [B, M, nv] each
+
+    def conv(rows, state):
+        return g.ms("CausalConvWithState", [rows, g.weight(f"{prefix}.conv"), "", state], num_outputs=2,
+                    activation="silu", channels_last=1)
+
+    def recurrence(q, k, v, state, dec, bet):
+        return g.ms("LinearAttention", [q, k, v, state, dec, bet], num_outputs=2, q_num_heads=nv, kv_num_heads=nv,
+                    update_rule="gated_delta", scale=float(dk ** -0.5))
+
+    def mix(mixed):
+        q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
+        q = _repeat_heads(g, _l2_normalize(g, q, nk, dk), nk, nv // nk, dk)
+        k = _repeat_heads(g, _l2_normalize(g, k, nk, dk), nk, nv // nk, dk)
+        return q, k, v
+
+    if per_position == 0:
+        mixed, conv_out = conv(qkv, conv_state)
+        q, k, v = mix(mixed)
+        core, recurrent_out = recurrence(q, k, v, recurrent_state, decay, beta)
+    else:
+        rows = g.op("Split", [qkv, g.const([1] * per_position)], num_outputs=per_position, axis=1) if per_position > 1 else [qkv]
+        mixed_rows, conv_window, state = [], [], conv_state
+        for row in rows:
+            out, state = conv(row, state)
+            mixed_rows.append(out)
+            conv_window.append(g.op("Unsqueeze", [state, g.const([0])]))
+        q, k, v = mix(g.op("Concat", mixed_rows, axis=1) if per_position > 1 else mixed_rows[0])
+        split = (lambda t: g.op("Split", [t, g.const([1] * per_position)], num_outputs=per_position, axis=1)) if per_position > 1 else (lambda t: [t])
+        core_rows, rec_window, state = [], [], recurrent_state
+        for qj, kj, vj, dj, bj in zip(split(q), split(k), split(v), split(decay), split(beta)):
+            out, state = recurrence(qj, kj, vj, state, dj, bj)
+            core_rows.append(out)
+            rec_window.append(g.op("Unsqueeze", [state, g.const([0])]))
+        core = g.op("Concat", core_rows, axis=1) if per_position > 1 else core_rows[0]
+        conv_out = g.op("Concat", conv_window, axis=0)
+        recurrent_out = g.op("Concat", rec_window, axis=0)
+    normed = g.ms("GatedRMSNorm", [core, g.weight(f"{prefix}.gdn_norm"), z], activation="silu", epsilon=spec.rms_norm_eps)
+    out = g.op("MatMul", [normed, g.weight(f"{prefix}.out")], hint=f"{prefix}.gdn_out")
+    return out, conv_out, recurrent_out

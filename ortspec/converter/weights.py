@@ -1,0 +1,141 @@
+"""Turns checkpoint tensors into the weight store the graphs use.
+
+Everything a graph needs in a different form than HF stores it is prepared here, once,
+in float32 with torch so it matches transformers' own arithmetic bit for bit:
+linear weights transposed to [in, out]; offset RMSNorm weights as (1 + w); the GDN decay
+scale as -exp(A_log); RoPE cos/sin tables as HF computes them; fused projections
+concatenated column-wise (a column concat leaves every output element's dot product as it was).
+
+Store names (i = layer index, "mtp.L0" for the MTP layer):
+  embed [V,H]  lm_head [H,V]  final_norm [H]  rope.cos/rope.sin [L, rotary_dim/2]
+  {p}.in_norm, {p}.post_norm [H]            (1 + w)
+  {p}.q_gate [H, 2*nh*hd]  columns: all query heads, then all output-gate heads
+  {p}.k, {p}.v [H, kvh*hd]  {p}.o [nh*hd, H]  {p}.q_norm, {p}.k_norm [hd]  (1 + w)
+  {p}.in_proj [H, C + vd + 2*nv]  columns: qkv | z | b | a     {p}.conv [C, 1, K]
+  {p}.dt_bias, {p}.decay_scale [nv]  {p}.gdn_norm [dv] (plain w)  {p}.out [vd, H]
+  {p}.gate_up [H, 2*I]  {p}.down [I, H]
+  mtp.fc [2H, H]  mtp.pre_embed, mtp.pre_hidden, mtp.norm [H]  (1 + w)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model_spec import FULL, LINEAR, ModelSpec
+from .builder import WeightStore
+from .checkpoint import CheckpointReader
+
+_MATRIX_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down", "lm_head", "embed", "mtp.fc")
+
+
+def _offset_norm(w: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) + w.astype(np.float32)).astype(np.float32)
+
+
+def rope_tables(spec: ModelSpec, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_length, rotary_dim/2], computed exactly as transformers does (float32 torch)."""
+    import torch
+
+    dim = spec.rotary_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+    positions = torch.arange(max_length, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]
+    return freqs.cos().numpy(), freqs.sin().numpy()
+
+
+class WeightPreparer:
+    def __init__(self, spec: ModelSpec, reader: CheckpointReader, store: WeightStore):
+        self.spec, self.reader, self.store = spec, reader, store
+
+    def linear(self, name: str, out_features: int, in_features: int) -> np.ndarray:
+        return self.reader.get(name, (out_features, in_features)).T  # [in, out]
+
+    def prepare_all(self, max_length: int, with_mtp: bool) -> None:
+        s = self.spec
+        embed = self.reader.get("embed_tokens.weight", (s.vocab_size, s.hidden_size))
+        self.store.add("embed", embed)
+        if s.tie_word_embeddings or not self.reader.has("lm_head.weight"):
+            lm_head = embed
+        else:
+            lm_head = self.reader.get("lm_head.weight", (s.vocab_size, s.hidden_size))
+        self.store.add("lm_head", lm_head.T)
+        self.store.add("final_norm", _offset_norm(self.reader.get("norm.weight", (s.hidden_size,))))
+        cos, sin = rope_tables(s, max_length)
+        self.store.add("rope.cos", cos)
+        self.store.add("rope.sin", sin)
+        for i, kind in enumerate(s.layer_types):
+            self.decoder_layer(f"layers.{i}", f"L{i}", kind)
+        if with_mtp:
+            self.mtp()
+
+    def decoder_layer(self, src: str, dst: str, kind: str) -> None:
+        s = self.spec
+        H = s.hidden_size
+        self.store.add(f"{dst}.in_norm", _offset_norm(self.reader.get(f"{src}.input_layernorm.weight", (H,))))
+        self.store.add(f"{dst}.post_norm", _offset_norm(self.reader.get(f"{src}.post_attention_layernorm.weight", (H,))))
+        if kind == FULL:
+            self.attention(f"{src}.self_attn", dst)
+        elif kind == LINEAR:
+            self.gated_deltanet(f"{src}.linear_attn", dst)
+        self.mlp(f"{src}.mlp", dst)
+
+    def attention(self, src: str, dst: str) -> None:
+        s = self.spec
+        H, nh, kvh, hd = s.hidden_size, s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        # HF's q_proj rows are [q_h0, gate_h0, q_h1, gate_h1, ...] (each hd wide); regroup the
+        # columns of the transposed weight to [all q | all gate] so one Split separates them.
+        q_proj = self.linear(f"{src}.q_proj.weight", 2 * nh * hd, H).reshape(H, nh, 2, hd)
+        q_gate = np.concatenate([q_proj[:, :, 0].reshape(H, nh * hd), q_proj[:, :, 1].reshape(H, nh * hd)], axis=1)
+        self.store.add(f"{dst}.q_gate", q_gate)
+        self.store.add(f"{dst}.k", self.linear(f"{src}.k_proj.weight", kvh * hd, H))
+        self.store.add(f"{dst}.v", self.linear(f"{src}.v_proj.weight", kvh * hd, H))
+        self.store.add(f"{dst}.o", self.linear(f"{src}.o_proj.weight", H, nh * hd))
+        self.store.add(f"{dst}.q_norm", _offset_norm(self.reader.get(f"{src}.q_norm.weight", (hd,))))
+        self.store.add(f"{dst}.k_norm", _offset_norm(self.reader.get(f"{src}.k_norm.weight", (hd,))))
+
+    def gated_deltanet(self, src: str, dst: str) -> None:
+        import torch
+
+        s = self.spec
+        H, nv, dv, C, K = s.hidden_size, s.linear_num_value_heads, s.linear_value_head_dim, s.conv_dim, s.linear_conv_kernel_dim
+        vd = s.linear_value_dim
+        in_proj = np.concatenate(
+            [
+                self.linear(f"{src}.in_proj_qkv.weight", C, H),
+                self.linear(f"{src}.in_proj_z.weight", vd, H),
+                self.linear(f"{src}.in_proj_b.weight", nv, H),
+                self.linear(f"{src}.in_proj_a.weight", nv, H),
+            ],
+            axis=1,
+        )
+        self.store.add(f"{dst}.in_proj", in_proj)
+        self.store.add(f"{dst}.conv", self.reader.get(f"{src}.conv1d.weight", (C, 1, K)))
+        self.store.add(f"{dst}.dt_bias", self.reader.get(f"{src}.dt_bias", (nv,)))
+        a_log = self.reader.get(f"{src}.A_log", (nv,))
+        self.store.add(f"{dst}.decay_scale", (-torch.from_numpy(a_log).float().exp()).numpy())
+        self.store.add(f"{dst}.gdn_norm", self.reader.get(f"{src}.norm.weight", (dv,)))
+        self.store.add(f"{dst}.out", self.linear(f"{src}.out_proj.weight", H, vd))
+
+    def mlp(self, src: str, dst: str) -> None:
+        H, inter = self.spec.hidden_size, self.spec.intermediate_size
+        gate = self.linear(f"{src}.gate_proj.weight", inter, H)
+        up = self.linear(f"{src}.up_proj.weight", inter, H)
+        self.store.add(f"{dst}.gate_up", np.concatenate([gate, up], axis=1))
+        self.store.add(f"{dst}.down", self.linear(f"{src}.down_proj.weight", H, inter))
+
+    def mtp(self) -> None:
+        H = self.spec.hidden_size
+        self.store.add("mtp.fc", self.linear("mtp.fc.weight", H, 2 * H))
+        self.store.add("mtp.pre_embed", _offset_norm(self.reader.get("mtp.pre_fc_norm_embedding.weight", (H,))))
+        self.store.add("mtp.pre_hidden", _offset_norm(self.reader.get("mtp.pre_fc_norm_hidden.weight", (H,))))
+        self.store.add("mtp.norm", _offset_norm(self.reader.get("mtp.norm.weight", (H,))))
+        self.decoder_layer("mtp.layers.0", "mtp.L0", FULL)
+
+
+def cast_matrices(store: WeightStore, dtype: str) -> None:
+    """Weight-only float16: big matrices stored as fp16, cast back to fp32 inside the graph."""
+    if dtype == "float32":
+        return
+    for name, arr in store.arrays.items():
+        if name.endswith(_MATRIX_SUFFIXES):
+            store.arrays[name] = arr.astype(np.float16)

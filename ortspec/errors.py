@@ -1,0 +1,41 @@
+"""Exception types. Every message names what was wrong and what to do about it.
+
+Each class also derives from the built-in exception a caller would naturally catch
+(ValueError, FileNotFoundError, ...), so ``except ValueError`` keeps working.
+"""
+
+
+class OrtspecError(Exception):
+    """Base class of every error ortspec raises on purpose."""
+
+
+class CheckpointError(OrtspecError, ValueError):
+    """The HuggingFace checkpoint directory is missing, incomplete or malformed."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint directory or one of its required files does not exist."""
+
+
+class UnsupportedModelError(CheckpointError):
+    """The checkpoint is of a model type or layout that ortspec does not convert."""
+
+
+class WeightError(CheckpointError):
+    """A weight is missing from the safetensors files or has the wrong shape."""
+
+
+class ModelDirError(OrtspecError, ValueError):
+    """A converted model directory (manifest.json + graphs) is missing or inconsistent."""
+
+
+class InputError(OrtspecError, ValueError):
+    """A prompt or generation argument is invalid (empty, out of vocabulary, too long)."""
+
+
+class ConfigurationError(OrtspecError, ValueError):
+    """A Session option is invalid for this model (k > K, unknown commit strategy, ...)."""
+
+
+class ProviderError(OrtspecError, RuntimeError):
+    """The requested execution provider is not available in the installed onnxruntime."""

@@ -1,0 +1,132 @@
+"""``ortspec.Session``: the public API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ConfigurationError, InputError
+from .manifest import Manifest
+from .runtime.graphs import GraphSet
+from .spec.decoder import COMMITS, Decoder
+from .spec.requests import Request
+from .spec.stats import Stats
+
+
+class Session:
+    """Greedy and MTP-speculative generation over a converted model directory.
+
+    >>> s = ortspec.Session("out/tiny", num_speculative_tokens=2)
+    >>> s.generate([1, 2, 3], max_new_tokens=8)          # list[int] -> list[int]
+    >>> s.generate([[1, 2], [3, 4, 5]], max_new_tokens=8)  # batch -> list of lists
+    >>> s.generate("def main(", max_new_tokens=8)          # str -> str (needs tokenizer.json)
+
+    num_speculative_tokens k: 0 = plain greedy; 1..K (K chosen at conversion) = MTP drafts
+    per step. commit: "select" (keep the verify's state after the accepted row) or
+    "readvance" (restore the pre-verify state and re-run the accepted tokens). Output is
+    token-identical to greedy either way.
+    """
+
+    def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
+                 commit: str = "select", threads: int | None = None) -> None:
+        self.manifest = Manifest.load(model_dir)
+        self.k = self._check_k(num_speculative_tokens)
+        if commit not in COMMITS:
+            raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
+        self.commit = commit
+        self.graphs = GraphSet(self.manifest, provider, threads)
+        self._stats = Stats()
+        self._tokenizer = None
+
+    def _check_k(self, k) -> int:
+        m = self.manifest
+        if not isinstance(k, int) or k < 0:
+            raise ConfigurationError(f"num_speculative_tokens={k!r} must be an integer >= 0.")
+        if k > 0 and not m.has_mtp:
+            raise ConfigurationError(
+                f"num_speculative_tokens={k} needs an MTP head, but {m.dir} was converted from a checkpoint "
+                "without mtp.* weights. Use num_speculative_tokens=0, or convert a checkpoint that has them."
+            )
+        if k > m.num_speculative_tokens:
+            raise ConfigurationError(
+                f"num_speculative_tokens={k} exceeds K={m.num_speculative_tokens} chosen at conversion; use "
+                f"k <= {m.num_speculative_tokens} or reconvert with --num-speculative-tokens {k}."
+            )
+        return k
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict:
+        return self._stats.as_dict()
+
+    def reset_stats(self) -> None:
+        self._stats = Stats()
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            path = self.manifest.tokenizer_path
+            if path is None:
+                raise InputError(
+                    f"{self.manifest.dir} has no tokenizer.json, so text prompts cannot be encoded; "
+                    "pass token ids (list[int]) or convert a checkpoint that ships tokenizer.json."
+                )
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(path))
+        return self._tokenizer
+
+    def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, **decoder_options):
+        """Greedy (or exact speculative) continuation of one prompt or a batch of prompts.
+
+        prompt: list[int] -> list[int]; list[list[int]] -> list[list[int]]; str -> str;
+        list[str] -> list[str]. Exactly max_new_tokens tokens per request, unless a stop
+        token (default: the model's eos ids) ends it earlier, stop token included.
+        """
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt)):
+            texts = [prompt] if isinstance(prompt, str) else prompt
+            ids = [self.tokenizer.encode(t).ids for t in texts]
+            outs = self._generate_ids(ids, max_new_tokens, stop_tokens, decoder_options)
+            decoded = [self.tokenizer.decode(o) for o in outs]
+            return decoded[0] if isinstance(prompt, str) else decoded
+        single = isinstance(prompt, list) and (not prompt or not isinstance(prompt[0], (list, tuple)))
+        prompts = [prompt] if single else prompt
+        outs = self._generate_ids(prompts, max_new_tokens, stop_tokens, decoder_options)
+        return outs[0] if single else outs
+
+    # -- internals ---------------------------------------------------------------------------
+    def _generate_ids(self, prompts, max_new_tokens, stop_tokens, decoder_options) -> list[list[int]]:
+        prompts = self._check_prompts(prompts, max_new_tokens)
+        if max_new_tokens == 0:
+            return [[] for _ in prompts]
+        stops = frozenset(self.manifest.spec.eos_token_ids if stop_tokens is None else stop_tokens)
+        requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops)
+                    for i, p in enumerate(prompts)]
+        decoder = Decoder(self.graphs, len(requests), self.k, self.commit, self._stats, **decoder_options)
+        return decoder.generate(requests)
+
+    def _check_prompts(self, prompts, max_new_tokens) -> list[list[int]]:
+        """Validates everything before any work starts, so a bad request leaves nothing half-done."""
+        vocab, limit = self.manifest.spec.vocab_size, self.manifest.max_length
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0.")
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise InputError("generate needs a prompt: a list of token ids, a list of such lists, or a string.")
+        checked = []
+        for n, p in enumerate(prompts):
+            where = f"prompt {n}" if len(prompts) > 1 else "the prompt"
+            if not isinstance(p, (list, tuple)) or len(p) == 0:
+                raise InputError(f"{where} is empty; give at least one token id.")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                raise InputError(f"{where} must hold Python ints (token ids); got {type(p[0]).__name__} values.")
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise InputError(f"{where} has token id {bad[0]} outside the vocabulary [0, {vocab}); "
+                                 "check that the tokenizer matches the model.")
+            if len(p) + max_new_tokens > limit:
+                raise InputError(
+                    f"{where} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
+                    f"{len(p) + max_new_tokens} > max_length={limit} of this conversion. Shorten the prompt, "
+                    f"lower max_new_tokens, or reconvert with --max-length {len(p) + max_new_tokens}."
+                )
+            checked.append([int(t) for t in p])
+        return checked

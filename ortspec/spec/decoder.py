@@ -1,0 +1,165 @@
+"""Greedy and MTP-speculative decoding of a batch of requests.
+
+The speculative step (``speculative_step``) is the heart of ortspec and reads top to
+bottom: propose, verify, accept, commit. State mechanics live in runtime.states.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..runtime.graphs import GraphSet
+from ..runtime.model import MTPHead, TargetModel
+from ..runtime.states import Rows
+from .drafts import DraftSource, MTPDrafts
+from .requests import Batch, Request
+from .stats import Stats
+
+COMMITS = ("select", "readvance")
+
+
+def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """a_j = max{ i <= k : d_{j,1..i} == g_{j,0..i-1} }: the longest prefix of drafts [B, k]
+    that matches the target argmaxes [B, k+1] (draft i is checked against g_{i-1})."""
+    k = drafts.shape[1]
+    match = drafts == targets[:, :k]  # [B, k]
+    return np.where(match.all(axis=1), k, np.argmin(match, axis=1)).astype(np.int64)
+
+
+class Decoder:
+    """Runs prefill, then greedy (k=0) or speculative (k>=1) steps until every request is done.
+
+    One Decoder per generate call: its state buffers are sized to the batch and start at zero.
+    ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
+    """
+
+    def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
+                 make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
+                 on_commit: Callable[["Decoder", Batch], None] | None = None) -> None:
+        self.graphs, self.k, self.commit, self.stats, self.on_commit = graphs, k, commit, stats, on_commit
+        self.max_length = graphs.manifest.max_length
+        self.target = TargetModel(graphs, batch_size)
+        self.mtp = MTPHead(graphs, batch_size) if k > 0 else None
+        self.drafts = make_drafts(self.mtp) if k > 0 else None
+
+    # -- driver ----------------------------------------------------------------------------
+    def generate(self, requests: list[Request]) -> list[list[int]]:
+        for req in requests:
+            self.prefill(req)
+        while True:
+            active = [r for r in requests if not r.done]
+            if not active:
+                return [r.output() for r in requests]
+            batch = Batch(active)
+            room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
+            if self.k > 0 and room >= self.k:
+                self.speculative_step(batch)
+            else:
+                self.greedy_step(batch)
+            if self.on_commit:
+                self.on_commit(self, batch)
+
+    def prefill(self, req: Request) -> None:
+        """Target over the prompt (positions 0..n-1) -> first token; then the MTP head's entries 0..n-1."""
+        rows, n = Rows([req.row]), len(req.prompt)
+        ids, positions = np.array([req.prompt], np.int64), np.arange(n, dtype=np.int64)[None]  # [1, n]
+        with self.stats.timed("prefill"):
+            out = self.target.prefill(rows, ids, positions)
+            req.tokens = list(req.prompt)
+            first = int(out["tokens"][0, -1])
+            if self.mtp is not None:
+                next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
+                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req])
+        req.extend([first])
+        self.stats.requests += 1
+        self.stats.prompt_tokens += n
+        self.stats.generated_tokens += 1
+
+    # -- one step --------------------------------------------------------------------------
+    def greedy_step(self, batch: Batch) -> None:
+        """Plain decode: one target forward at M=1 (and one MTP entry, when speculating)."""
+        positions = batch.processed[:, None]  # [B, 1]
+        with self.stats.timed("decode"):
+            out = self.target.decode(batch.rows, batch.pending[:, None], positions)
+            tokens = out["tokens"][:, 0]  # [B]
+            if self.mtp is not None:
+                self._catch_up(batch.rows, out["hidden"], tokens[:, None], positions,
+                               np.zeros(len(batch), np.int64), batch.requests)
+        self.stats.steps += 1
+        for req, t in zip(batch.requests, tokens):
+            self._emit(req, [t])
+
+    def speculative_step(self, batch: Batch) -> None:
+        k, T, rows = self.k, batch.processed, batch.rows
+        self._check_positions(batch)
+        # 1. propose: k drafts per request                                         [B, k]
+        with self.stats.timed("propose"):
+            drafts = self.drafts.propose(batch, k)
+        # 2. verify: one target forward over [x_T, d_1..d_k] at positions T..T+k   [B, k+1]
+        ids = np.concatenate([batch.pending[:, None], drafts], axis=1)
+        positions = T[:, None] + np.arange(k + 1)
+        with self.stats.timed("verify"):
+            if self.commit == "select":
+                out = self.target.verify_windows(rows, ids, positions)
+            else:
+                snapshot = self.target.snapshot(rows, T)
+                out = self.target.verify(rows, ids, positions)
+        targets = out["tokens"]  # g_0..g_k: the target's argmax after each row
+        # 3. accept: a = longest prefix with d_i == g_{i-1}; emit d_1..d_a and the bonus g_a
+        accepted = accept_lengths(drafts, targets)  # [B]
+        bonus = targets[np.arange(len(batch)), accepted]  # [B]
+        # 4. commit every state to T + a + 1 tokens, as if decoded one by one
+        with self.stats.timed("commit"):
+            if self.commit == "select":
+                self.target.select(out, rows, positions, accepted)
+            else:
+                self._readvance(batch, snapshot, ids, positions, accepted)
+            next_ids = np.concatenate([drafts, bonus[:, None]], axis=1)  # x_{p+1} for p = T..T+k
+            next_ids[np.arange(len(batch)), accepted] = bonus
+            self._catch_up(rows, out["hidden"], next_ids, positions, accepted, batch.requests)
+        self.stats.steps += 1
+        self.stats.record_accepts(accepted, k)
+        for j, req in enumerate(batch.requests):
+            req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
+            self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
+
+    # -- commit mechanics ------------------------------------------------------------------
+    def _readvance(self, batch: Batch, snapshot, ids, positions, accepted) -> None:
+        """Rows that rejected a draft: restore the pre-verify state and re-run their accepted
+        tokens one at a time with the M=1 graph. Full acceptance keeps the verify's state."""
+        partial = accepted < self.k
+        if not partial.any():
+            return
+        rows = Rows(batch.rows.indices[partial])
+        self.target.restore(snapshot.subset(partial), rows, batch.processed[partial])
+        sub_ids, sub_pos, sub_acc = ids[partial], positions[partial], accepted[partial]
+        for i in range(int(sub_acc.max()) + 1):
+            live = sub_acc >= i
+            self.target.decode(Rows(rows.indices[live]), sub_ids[live, i: i + 1], sub_pos[live, i: i + 1])
+            self.stats.readvance_tokens += int(live.sum())
+
+    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests) -> None:
+        """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
+        and never written); the head's output at last[j] is the next step's d1."""
+        width = int(last.max()) + 1
+        out = self.mtp.run(rows, next_ids[:, :width], hidden[:, :width], positions[:, :width], counts=last + 1)
+        for j, req in enumerate(requests):
+            req.next_draft = int(out["tokens"][j, last[j]])
+            req.draft_hidden = out["hidden_out"][j, last[j]].copy()
+
+    def _check_positions(self, batch: Batch) -> None:
+        """The last accept length again, from positions: this step's first position minus the
+        last step's, minus the bonus token. The states follow positions (every commit writes
+        at T..T+a), so on disagreement positions win; the counter exposes the bug."""
+        for req in batch.requests:
+            if req.last_first_position is None:
+                continue
+            if req.processed - req.last_first_position - 1 != req.last_accepted:
+                self.stats.position_mismatches += 1
+
+    def _emit(self, req: Request, tokens) -> None:
+        before = len(req.output())
+        req.extend(tokens)
+        self.stats.generated_tokens += len(req.output()) - before

@@ -1,0 +1,67 @@
+"""Where drafts come from: the MTP head, or (for tests) a scripted source.
+
+A draft source answers ``propose(batch, k) -> int64 [B, k]``. The scripted source still
+runs the MTP head, so its cache and hidden-state bookkeeping are exercised exactly as in
+production; it only replaces the proposed tokens, which lets tests drive every accept
+length 0..k on random-weight models that would otherwise accept almost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..runtime.model import MTPHead
+from .requests import Batch
+
+
+class DraftSource(Protocol):
+    def propose(self, batch: Batch, k: int) -> np.ndarray: ...
+
+
+class MTPDrafts:
+    """d1 comes from the last catch-up; d2..dk recursively from the head's own output hidden."""
+
+    def __init__(self, mtp: MTPHead) -> None:
+        self.mtp = mtp
+
+    def propose(self, batch: Batch, k: int) -> np.ndarray:
+        drafts = np.empty((len(batch), k), np.int64)  # [B, k]
+        drafts[:, 0] = [r.next_draft for r in batch.requests]
+        hidden = np.stack([r.draft_hidden for r in batch.requests])[:, None, :]  # [B, 1, H]
+        for i in range(1, k):
+            # entry T+i-1 of the head's cache: (its own hidden after d_i's predecessor, d_i)
+            positions = (batch.processed + i - 1)[:, None]  # [B, 1]
+            out = self.mtp.run(batch.rows, drafts[:, i - 1: i], hidden, positions)
+            drafts[:, i] = out["tokens"][:, 0]
+            hidden = out["hidden_out"]
+        return drafts
+
+
+class ScriptedDrafts:
+    """Drafts that are right where a script says: each draft right with probability ``p``,
+    or (p=None) an accept length drawn uniformly from 0..k each step.
+
+    ``oracle[row]`` is that request's plain-greedy token sequence (prompt + continuation,
+    at least k tokens past the end); a wrong draft is the right token + 1 (mod vocab).
+    """
+
+    def __init__(self, mtp_drafts: MTPDrafts, oracle: dict[int, list[int]], vocab_size: int,
+                 p: float | None = None, seed: int = 0) -> None:
+        self.inner, self.oracle, self.vocab_size, self.p = mtp_drafts, oracle, vocab_size, p
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, batch: Batch, k: int) -> np.ndarray:
+        drafts = self.inner.propose(batch, k)
+        for j, req in enumerate(batch.requests):
+            truth = self.oracle[req.row]
+            if self.p is None:
+                right = np.arange(k) < self.rng.integers(0, k + 1)
+            else:
+                right = self.rng.random(k) < self.p
+            for i in range(k):
+                index = req.processed + 1 + i  # draft i predicts token x_{T+1+i}
+                correct = truth[index] if index < len(truth) else 0
+                drafts[j, i] = correct if right[i] else (correct + 1) % self.vocab_size
+        return drafts

@@ -1,0 +1,72 @@
+"""Per-request bookkeeping and the batch view a step works on (built fresh each step)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..runtime.states import Rows
+
+
+@dataclasses.dataclass
+class Request:
+    """One prompt being decoded in batch row ``row``.
+
+    ``tokens`` is prompt + generated; the target has processed all but the last one
+    (``processed`` = T), and the last is the pending token the next step feeds first.
+    """
+
+    row: int
+    prompt: list[int]
+    max_new_tokens: int
+    stop_tokens: frozenset = frozenset()
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    next_draft: int = 0  # d1: the MTP head's prediction after its last catch-up
+    draft_hidden: np.ndarray | None = None  # [H] the head's output hidden at that entry
+    last_first_position: int | None = None  # first verify position of the previous step
+    last_accepted: int = 0
+    done: bool = False
+
+    @property
+    def processed(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def pending(self) -> int:
+        return self.tokens[-1]
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+    def extend(self, new_tokens: list[int]) -> None:
+        """Appends committed tokens; marks the request done at max_new_tokens or a stop token."""
+        self.tokens.extend(int(t) for t in new_tokens)
+        generated = self.generated
+        for i, t in enumerate(generated[: self.max_new_tokens]):
+            if t in self.stop_tokens:
+                self.done = True
+                return
+        self.done = len(generated) >= self.max_new_tokens
+
+    def output(self) -> list[int]:
+        """Exactly max_new_tokens tokens (surplus accepted drafts dropped), or up to a stop token."""
+        out = self.generated[: self.max_new_tokens]
+        for i, t in enumerate(out):
+            if t in self.stop_tokens:
+                return out[: i + 1]
+        return out
+
+
+class Batch:
+    """The requests one step runs, with their rows and lengths as arrays."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.requests = requests
+        self.rows = Rows([r.row for r in requests])
+        self.processed = np.array([r.processed for r in requests], np.int64)  # T [B]
+        self.pending = np.array([r.pending for r in requests], np.int64)  # x_T [B]
+
+    def __len__(self) -> int:
+        return len(self.requests)

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random checkpoints made by tools/make_tiny_checkpoint.py, converted once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
+
+import ortspec  # noqa: E402
+
+# Configs exercised by parity and speculative tests: different layer orders, 1 and 2 KV heads,
+# different head dims, GDN value heads > key heads and equal.
+CONFIGS = {
+    "base": dict(seed=1),
+    "attn_first": dict(seed=2, layer_types=("full_attention", "linear_attention", "linear_attention"),
+                       num_key_value_heads=1, head_dim=32, partial_rotary_factor=0.5),
+    "mixed": dict(seed=3, layer_types=("linear_attention", "full_attention", "linear_attention", "full_attention",
+                                       "linear_attention"),
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2,
+                  linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=16,
+                  tie_word_embeddings=True),
+}
+MAX_LENGTH = 256
+K = 4
+
+
+class Models:
+    def __init__(self, factory):
+        self.factory = factory
+        self._cache = {}
+
+    def checkpoint(self, name: str) -> Path:
+        key = ("ckpt", name)
+        if key not in self._cache:
+            path = self.factory.mktemp(f"ckpt_{name}")
+            make_checkpoint(path, **CONFIGS[name])
+            self._cache[key] = path
+        return self._cache[key]
+
+    def converted(self, name: str) -> Path:
+        key = ("conv", name)
+        if key not in self._cache:
+            out = self.factory.mktemp(f"onnx_{name}")
+            ortspec.convert(self.checkpoint(name), out, num_speculative_tokens=K, max_length=MAX_LENGTH,
+                            progress=False)
+            self._cache[key] = out
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Models:
+    return Models(tmp_path_factory)
