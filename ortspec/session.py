@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigurationError, InputError
-from .manifest import Manifest
+from .manifest import Manifest, graph_name
 from .runtime.graphs import GraphSet
 from .spec.decoder import COMMITS, Decoder
 from .spec.requests import Request
@@ -34,6 +34,7 @@ class Session:
             raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
         self.commit = commit
         self.graphs = GraphSet(self.manifest, provider, threads)
+        self.graphs.load(self._graph_names())
         self._stats = Stats()
         self._tokenizer = None
 
@@ -52,6 +53,12 @@ class Session:
                 f"k <= {m.num_speculative_tokens} or reconvert with --num-speculative-tokens {k}."
             )
         return k
+
+    def _graph_names(self) -> list[str]:
+        names = ["prefill", "decode"]
+        if self.k:
+            names += [graph_name("verify_select" if self.commit == "select" else "verify", self.k), "mtp"]
+        return names
 
     # -- public ------------------------------------------------------------------------------
     @property

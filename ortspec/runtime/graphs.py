@@ -84,6 +84,11 @@ class GraphSet:
         self.weights = SharedWeights(manifest)
         self._runners: dict[str, GraphRunner] = {}
 
+    def load(self, names) -> None:
+        """Creates the sessions up front (a Session does this for the graphs it will use)."""
+        for name in names:
+            self[name]
+
     def __getitem__(self, name: str) -> GraphRunner:
         if name not in self._runners:
             self._runners[name] = GraphRunner(self.manifest, name, self.weights, self.provider, self.threads)

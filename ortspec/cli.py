@@ -1,0 +1,81 @@
+"""Command line: ``ortspec convert`` and ``ortspec generate`` (also ``python -m ortspec``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .errors import OrtspecError
+
+
+def _convert(args) -> None:
+    from .converter import convert
+
+    out = convert(args.checkpoint, args.out, num_speculative_tokens=args.num_speculative_tokens, dtype=args.dtype,
+                  max_length=args.max_length)
+    print(f"converted {args.checkpoint} -> {out}")
+
+
+def _parse_prompt(text: str, ids: bool):
+    if ids:
+        try:
+            return [int(t) for t in text.replace(",", " ").split()]
+        except ValueError:
+            raise SystemExit(f"--ids expects whitespace- or comma-separated integers, got {text!r}")
+    return text
+
+
+def _generate(args) -> None:
+    from .session import Session
+
+    session = Session(args.model, provider=args.provider, num_speculative_tokens=args.num_speculative_tokens,
+                      commit=args.commit, threads=args.threads)
+    prompt = _parse_prompt(args.prompt, args.ids)
+    start = time.perf_counter()
+    out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
+    seconds = time.perf_counter() - start
+    print(out if isinstance(out, str) else " ".join(map(str, out)))
+    st = session.stats
+    line = (f"[{st['generated_tokens']} tokens in {seconds:.3f} s: {st['generated_tokens'] / seconds:.1f} tokens/s"
+            f" (decode only: {st['tokens_per_second']:.1f} tokens/s)")
+    if session.k:
+        line += (f"; k={session.k} {session.commit}: acceptance {st['acceptance_rate']:.2f}, "
+                 f"{st['mean_tokens_per_step']:.2f} tokens/step, accept lengths {st['accept_histogram']}")
+    print(line + "]", file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ortspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="HuggingFace Qwen3.5-text checkpoint -> ONNX graphs + manifest.json")
+    c.add_argument("checkpoint", help="directory with config.json and *.safetensors")
+    c.add_argument("out", help="output directory")
+    c.add_argument("--num-speculative-tokens", "-K", type=int, default=4, help="largest k a Session may use (default 4)")
+    c.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="weight storage (float16: weight-only on CPU; states stay fp32)")
+    c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
+    c.set_defaults(func=_convert)
+
+    g = sub.add_parser("generate", help="generate from a converted model")
+    g.add_argument("model", help="converted model directory")
+    g.add_argument("--prompt", required=True, help="text (needs tokenizer.json) or token ids with --ids")
+    g.add_argument("--ids", action="store_true", help="the prompt is token ids")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--num-speculative-tokens", "-k", type=int, default=0, help="MTP drafts per step (0 = greedy)")
+    g.add_argument("--commit", choices=["select", "readvance"], default="select")
+    g.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
+    g.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except OrtspecError as exc:
+        print(f"ortspec: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,185 @@
+"""The converter: layouts it reads, what it writes, and the errors it gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from safetensors.torch import load_file, save_file
+
+import ortspec
+from ortspec.manifest import Manifest
+from ortspec.runtime.graphs import GraphSet
+from tools.make_tiny_checkpoint import make_checkpoint
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [7]]
+
+
+def convert(ck, out, **kw):
+    kw.setdefault("num_speculative_tokens", 2)
+    kw.setdefault("max_length", 64)
+    return ortspec.convert(ck, out, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """One checkpoint in the plain layout and its greedy outputs, to compare other layouts with."""
+    root = tmp_path_factory.mktemp("plain")
+    make_checkpoint(root / "ck", seed=21, tokenizer=True)
+    convert(root / "ck", root / "out")
+    return root, ortspec.Session(root / "out").generate(PROMPTS, max_new_tokens=16)
+
+
+@pytest.mark.parametrize("layout", [dict(nested=True), dict(shards=3), dict(nested=True, shards=2)])
+def test_other_layouts_give_the_same_model(plain, tmp_path, layout):
+    _, expected = plain
+    make_checkpoint(tmp_path / "ck", seed=21, **layout)
+    convert(tmp_path / "ck", tmp_path / "out")
+    assert ortspec.Session(tmp_path / "out").generate(PROMPTS, max_new_tokens=16) == expected
+    assert ortspec.Session(tmp_path / "out", num_speculative_tokens=2).generate(PROMPTS, max_new_tokens=16) == expected
+
+
+def test_bfloat16_checkpoint_and_float16_weights(plain, tmp_path):
+    root, _ = plain
+    make_checkpoint(tmp_path / "ck", seed=21, dtype="bfloat16")
+    convert(tmp_path / "ck", tmp_path / "out")
+    assert len(ortspec.Session(tmp_path / "out").generate(PROMPTS[0], max_new_tokens=8)) == 8
+    convert(root / "ck", tmp_path / "half", dtype="float16")
+    size = lambda d: (d / "weights.bin").stat().st_size  # noqa: E731
+    assert size(tmp_path / "half") < 0.7 * size(root / "out")
+    out = ortspec.Session(tmp_path / "half", num_speculative_tokens=2).generate(PROMPTS, max_new_tokens=8)
+    assert out == ortspec.Session(tmp_path / "half").generate(PROMPTS, max_new_tokens=8)
+
+
+def test_manifest_describes_graphs_and_states(plain):
+    root, _ = plain
+    m = Manifest.load(root / "out")
+    assert m.num_speculative_tokens == 2 and m.max_length == 64
+    assert set(m.graphs) == {"prefill", "decode", "verify_k1", "verify_k2", "verify_select_k1", "verify_select_k2", "mtp"}
+    kinds = {e["kind"] for e in m.states.values()}
+    assert kinds == {"kv_key", "kv_value", "conv", "recurrent", "mtp_kv_key", "mtp_kv_value"}
+    assert all(e["dtype"] == "float32" for e in m.states.values())
+    spec = m.spec
+    for i in spec.layers_of("linear_attention"):
+        assert m.states[f"recurrent.{i}"]["shape"][1:] == [spec.linear_num_value_heads, spec.linear_key_head_dim,
+                                                            spec.linear_value_head_dim]
+    assert "tokenizer.json" in m.tokenizer_files and (root / "out" / "tokenizer.json").is_file()
+    doc = json.loads((root / "out" / "manifest.json").read_text())
+    assert doc["weights"]["file"] == "weights.bin"
+
+
+def test_every_graph_loads_and_runs_on_cpu(plain):
+    root, _ = plain
+    m = Manifest.load(root / "out")
+    graphs = GraphSet(m)
+    rng = np.random.default_rng(0)
+    for name in m.graphs:
+        runner = graphs[name]
+        session = runner.session
+        rows = 3 if name in ("prefill", "mtp") else 1 if name == "decode" else int(name[-1]) + 1
+        feeds = {}
+        for i in session.get_inputs():
+            if i.name == "input_ids":
+                feeds[i.name] = rng.integers(0, m.spec.vocab_size, (2, rows))
+            elif i.name == "positions":
+                feeds[i.name] = np.tile(np.arange(5, 5 + rows), (2, 1))
+            elif i.name == "hidden":
+                feeds[i.name] = rng.standard_normal((2, rows, m.spec.hidden_size)).astype(np.float32)
+            else:
+                feeds[i.name] = np.zeros([2] + list(i.shape[1:]), np.float32)
+        out = runner.run(feeds)
+        assert out["tokens"].shape == (2, rows) and np.isfinite(out["logits"]).all()
+        assert "CPUExecutionProvider" in session.get_providers()
+
+
+def test_graphs_use_fused_ops(plain):
+    import onnx
+
+    root, _ = plain
+    ops = lambda name: {n.op_type for n in onnx.load(str(root / "out" / name), load_external_data=False).graph.node}  # noqa
+    decode = ops("decode.onnx")
+    assert {"LinearAttention", "CausalConvWithState", "LinearAttentionGate", "GatedRMSNorm",
+            "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"} <= decode
+    assert "LinearAttention" in ops("verify_select_k2.onnx")
+
+
+def test_cli_convert_and_generate(plain, tmp_path, capsys):
+    from ortspec.cli import main
+
+    root, expected = plain
+    assert main(["convert", str(root / "ck"), str(tmp_path / "out"), "-K", "1", "--max-length", "64"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "out"), "--ids", "--prompt", "3 1 4 1 5 9 2 6", "--max-new-tokens",
+                 "16", "-k", "1"]) == 0
+    assert capsys.readouterr().out.split() == [str(t) for t in expected[0]]
+    assert main(["generate", str(tmp_path / "out"), "--prompt", "def main():", "--max-new-tokens", "4"]) == 0
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+def test_missing_directory_and_config(tmp_path):
+    with pytest.raises(ortspec.CheckpointNotFoundError, match="does not exist"):
+        convert(tmp_path / "nope", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ortspec.CheckpointNotFoundError, match="no config.json"):
+        convert(tmp_path / "empty", tmp_path / "out")
+
+
+def _edit_config(ck, **changes):
+    config = json.loads((ck / "config.json").read_text())
+    config.update(changes)
+    (ck / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(model_type="qwen3_next"), "mixture-of-experts"),
+    (dict(model_type="llama"), "'llama' is not supported"),
+    (dict(num_experts=8), "mixture-of-experts"),
+    (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
+     "sliding_attention"),
+])
+def test_unsupported_models(plain, tmp_path, changes, match):
+    root, _ = plain
+    shutil.copytree(root / "ck", tmp_path / "ck")
+    _edit_config(tmp_path / "ck", **changes)
+    with pytest.raises(ortspec.UnsupportedModelError, match=match):
+        convert(tmp_path / "ck", tmp_path / "out")
+
+
+@pytest.mark.parametrize("edit,match", [
+    ("drop", "'model.layers.1.linear_attn.A_log' is missing"),
+    ("reshape", r"'model.layers.3.self_attn.k_proj.weight' has shape \[16, 64\] but config.json implies \[32, 64\]"),
+    ("drop_mtp_layer", "'mtp.layers.0.self_attn.q_proj.weight' is missing"),
+])
+def test_bad_weights(plain, tmp_path, edit, match):
+    root, _ = plain
+    shutil.copytree(root / "ck", tmp_path / "ck")
+    tensors = load_file(tmp_path / "ck" / "model.safetensors")
+    if edit == "drop":
+        del tensors["model.layers.1.linear_attn.A_log"]
+    elif edit == "reshape":
+        tensors["model.layers.3.self_attn.k_proj.weight"] = tensors["model.layers.3.self_attn.k_proj.weight"][:16]
+    else:
+        del tensors["mtp.layers.0.self_attn.q_proj.weight"]
+    save_file(tensors, tmp_path / "ck" / "model.safetensors")
+    with pytest.raises(ortspec.WeightError, match=match):
+        convert(tmp_path / "ck", tmp_path / "out")
+
+
+def test_no_safetensors_and_bad_options(plain, tmp_path):
+    root, _ = plain
+    (tmp_path / "ck").mkdir()
+    shutil.copy(root / "ck" / "config.json", tmp_path / "ck")
+    with pytest.raises(ortspec.CheckpointNotFoundError, match="no \\*.safetensors"):
+        convert(tmp_path / "ck", tmp_path / "out")
+    with pytest.raises(ortspec.CheckpointError, match="dtype 'int8'"):
+        convert(root / "ck", tmp_path / "out", dtype="int8")
+    with pytest.raises(ortspec.CheckpointError, match="num_speculative_tokens=9"):
+        convert(root / "ck", tmp_path / "out", num_speculative_tokens=9)
+
+
+def test_ort_is_cpu_build_by_default():
+    assert "CPUExecutionProvider" in ort.get_available_providers()
