@@ -45,6 +45,18 @@ def _generate(args) -> None:
     print(line + "]", file=sys.stderr)
 
 
+def _bench(args) -> None:
+    from pathlib import Path
+
+    from .bench import format_table, run_bench, write_outputs
+
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    result = run_bench(args.model, ks=ints(args.k), batches=ints(args.batch), max_new_tokens=args.max_new_tokens,
+                       repeats=args.repeats, provider=args.provider, commit=args.commit, threads=args.threads)
+    print(format_table(result))
+    write_outputs(result, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
     g.set_defaults(func=_generate)
+
+    b = sub.add_parser("bench", help="greedy vs speculative tokens/s, side by side in one run")
+    b.add_argument("model", help="converted model directory")
+    b.add_argument("--k", default="0,1,2,3,4", help="comma-separated k values (0 = greedy)")
+    b.add_argument("--batch", default="1", help="comma-separated batch sizes")
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
+    b.add_argument("--commit", choices=["select", "readvance"], default="select")
+    b.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--json", help="write the results as JSON here")
+    b.add_argument("--plot", help="write a PNG plot (tokens/s against k, one line per batch) here")
+    b.set_defaults(func=_bench)
     return parser
 
 

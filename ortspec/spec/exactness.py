@@ -1,0 +1,103 @@
+"""The exactness check: speculative decoding against a plain one-token-at-a-time decode.
+
+``plain_decode_states`` runs greedy M=1 steps (feeding the MTP head every token, as a
+speculative run does) and records every state after each token. ``check_speculative``
+runs the speculative loop with scripted drafts that force chosen accept lengths, and after
+every commit compares each request's states bitwise with the plain decode's at the same
+length: target KV (live positions), GDN conv and recurrent states, the MTP head's KV, its
+next draft and hidden. Used by the tests and by tools/exactness_run.py for long runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..runtime.graphs import GraphSet
+from .decoder import Decoder
+from .drafts import MTPDrafts, ScriptedDrafts
+from .requests import Batch, Request
+from .stats import Stats
+
+
+class ExactnessError(AssertionError):
+    """A speculative run left a state that differs from the plain decode's."""
+
+
+@dataclasses.dataclass
+class RowState:
+    pending: int
+    next_draft: int
+    draft_hidden: np.ndarray
+    target: dict
+    mtp: dict
+
+    def differences(self, other: "RowState") -> list[str]:
+        diffs = []
+        if (self.pending, self.next_draft) != (other.pending, other.next_draft):
+            diffs.append(f"pending/next draft {(self.pending, self.next_draft)} vs {(other.pending, other.next_draft)}")
+        if not np.array_equal(self.draft_hidden, other.draft_hidden):
+            diffs.append("MTP draft hidden")
+        for label, mine, theirs in (("target", self.target, other.target), ("MTP", self.mtp, other.mtp)):
+            diffs += [f"{label} state {n}" for n in theirs if not np.array_equal(mine[n], theirs[n])]
+        return diffs
+
+
+def row_state(decoder: Decoder, req: Request) -> RowState:
+    T = req.processed
+    return RowState(req.pending, req.next_draft, req.draft_hidden.copy(),
+                    decoder.target.states.row_state(req.row, T), decoder.mtp.states.row_state(req.row, T))
+
+
+def make_requests(prompts, max_new_tokens):
+    return [Request(row=i, prompt=list(p), max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
+
+
+def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int):
+    """-> ({row: prompt + greedy tokens}, {(row, length): RowState})."""
+    decoder = Decoder(graphs, len(prompts), k, "select", Stats())
+    requests, table = make_requests(prompts, max_new_tokens), {}
+    for req in requests:
+        decoder.prefill(req)
+        table[(req.row, req.processed)] = row_state(decoder, req)
+    while not all(r.done for r in requests):
+        batch = Batch([r for r in requests if not r.done])
+        decoder.greedy_step(batch)
+        for req in batch.requests:
+            table[(req.row, req.processed)] = row_state(decoder, req)
+    return {r.row: r.tokens for r in requests}, table
+
+
+def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, commit: str, *,
+                      p: float | None = None, seed: int = 0, reference=None) -> Stats:
+    """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
+
+    p=None draws each step's accept length uniformly from 0..k; else each draft is right with
+    probability p. ``reference`` (from plain_decode_states with >= max_new_tokens + k + 1
+    tokens) may be passed to reuse one plain decode for several runs.
+    """
+    oracle, table = reference or plain_decode_states(graphs, prompts, max_new_tokens + k + 1, k)
+    stats = Stats()
+
+    def compare(decoder, batch):
+        for req in batch.requests:
+            where = f"{commit} k={k} row {req.row} length {req.processed}"
+            want = table.get((req.row, req.processed))
+            if want is None:
+                raise ExactnessError(f"{where}: the plain decode never reached this length")
+            diffs = row_state(decoder, req).differences(want)
+            if diffs:
+                raise ExactnessError(f"{where}: differs from the plain decode in {', '.join(diffs)}")
+
+    vocab = graphs.manifest.spec.vocab_size
+    decoder = Decoder(graphs, len(prompts), k, commit, stats, on_commit=compare,
+                      make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), oracle, vocab, p=p, seed=seed))
+    requests = make_requests(prompts, max_new_tokens)
+    for req, out in zip(requests, decoder.generate(requests)):
+        want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]
+        if out != want:
+            raise ExactnessError(f"{commit} k={k} row {req.row}: tokens differ from greedy")
+    if stats.position_mismatches:
+        raise ExactnessError(f"{stats.position_mismatches} position mismatches")
+    return stats
