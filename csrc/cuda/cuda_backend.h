@@ -1,0 +1,95 @@
+// The CUDA side of ortspec._native, declared in plain C++.
+//
+// Everything that touches the CUDA runtime lives in the .cu files of this
+// directory and is compiled by nvcc; the rest of the extension (arena, kernel
+// dispatch, Python bindings) is compiled by the host compiler, includes only
+// this header, and calls it only under #ifdef ORTSPEC_WITH_CUDA. That keeps the
+// CPU-only build free of CUDA headers and lets one source tree build either way.
+//
+// Streams are cudaStream_t handles passed as integers (0 = the legacy default
+// stream), so that the caller can share one stream with ONNX Runtime's
+// `user_compute_stream`. All work is enqueued on that stream; nothing here
+// synchronizes unless its name says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace ortspec::cuda {
+
+// ---- devices (cuda_runtime.cu) ----------------------------------------------
+
+// Number of usable CUDA devices; 0 when there is no GPU or no driver. Never throws.
+int device_count() noexcept;
+
+// Why device_count() is 0 ("" when it is not), e.g. "CUDA driver version is insufficient".
+std::string no_device_reason();
+
+// CUDA runtime / driver versions as 1000*major + 10*minor; 0 when unknown.
+// compiled_runtime_version() is the toolkit this module was built with.
+int compiled_runtime_version() noexcept;
+int runtime_version() noexcept;
+int driver_version() noexcept;
+
+// Makes `device` current for its lifetime and restores the previous one after.
+// Throws std::runtime_error when there is no such device (no GPU, no driver,
+// ordinal out of range), with the reason and what to do.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_device_ = -1;
+};
+
+// ---- memory (cuda_runtime.cu) -----------------------------------------------
+
+// cudaMalloc of nbytes on `device`, zero-filled and synchronized before return.
+void* allocate(std::size_t nbytes, int device);
+// cudaFree; never throws (called from destructors).
+void release(void* pointer, int device) noexcept;
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+void copy_async(void* dst, const void* src, std::size_t nbytes, CopyKind kind, int device,
+                std::uintptr_t stream);
+void fill_zero_async(void* dst, std::size_t nbytes, int device, std::uintptr_t stream);
+void synchronize(int device, std::uintptr_t stream);
+
+// ---- state kernels (state_kernels.cu) ---------------------------------------
+// Same semantics as the CPU reference in core/state_kernels_cpu.cpp. Kernels
+// cannot throw: an invalid index is recorded on the device (first one wins), the
+// offending row is handled as documented in core/state_kernels.h, and
+// take_kernel_error() reports it at the caller's next sync point.
+
+// accepted[b] = longest i <= k with drafts[b, :i] == targets[b, :i].
+void accept_lengths(const std::int64_t* drafts, const std::int64_t* targets,
+                    std::int64_t* accepted, std::int64_t batch, std::int64_t num_drafts,
+                    int device, std::uintptr_t stream);
+
+// live[b, :] = window[index[b], b, :], rows of row_bytes bytes, copied bitwise.
+void select_slots(const void* window, const std::int64_t* index, void* live,
+                  std::int64_t num_slots, std::int64_t batch, std::size_t row_bytes, int device,
+                  std::uintptr_t stream);
+
+// positions[b] += accepted[b] + 1; seq_lens[b] += accepted[b] + 1 (int32 or int64 each).
+void advance_positions(void* positions, DType positions_dtype, void* seq_lens,
+                       DType seq_lens_dtype, const std::int64_t* accepted, std::int64_t batch,
+                       int device, std::uintptr_t stream);
+
+// out[b, :] = drafts[b, :a] ++ [targets[b, a]] ++ [-1] * (k - a), a = accepted[b].
+void gather_accepted_tokens(const std::int64_t* drafts, const std::int64_t* targets,
+                            const std::int64_t* accepted, std::int64_t* out,
+                            std::int64_t batch, std::int64_t num_drafts, int device,
+                            std::uintptr_t stream);
+
+// Synchronizes `stream`, then returns and clears the first error a state kernel
+// recorded on `device` ("" when none).
+std::string take_kernel_error(int device, std::uintptr_t stream);
+
+}  // namespace ortspec::cuda

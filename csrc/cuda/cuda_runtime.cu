@@ -1,0 +1,138 @@
+// CUDA runtime calls for ortspec._native: devices, memory, streams.
+//
+// Linked against the static CUDA runtime (setup.py, CMakeLists.txt): importing
+// the extension then needs no libcudart on the library path, and the runtime
+// looks for the driver (libcuda) only on the first CUDA call. So the module
+// imports on a machine without a GPU or driver; the functions below report
+// "no CUDA device" when called there.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/cuda_backend.h"
+
+namespace ortspec::cuda {
+namespace {
+
+struct DeviceCountProbe {
+  int count = 0;
+  std::string reason;  // why count is 0
+};
+
+// cudaGetDeviceCount once per process: the answer does not change, and on a
+// machine without a driver each call would repeat the failed driver lookup.
+const DeviceCountProbe& probe_devices() {
+  static const DeviceCountProbe probe = [] {
+    DeviceCountProbe result;
+    cudaError_t status = cudaGetDeviceCount(&result.count);
+    if (status != cudaSuccess) {
+      result.count = 0;
+      result.reason = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+      cudaGetLastError();  // clear the (non-sticky) error so later calls start clean
+    } else if (result.count == 0) {
+      result.reason = "cudaGetDeviceCount found 0 devices";
+    }
+    return result;
+  }();
+  return probe;
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorName(status) + ": " +
+                           cudaGetErrorString(status));
+}
+
+cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+int device_count() noexcept { return probe_devices().count; }
+
+std::string no_device_reason() { return probe_devices().reason; }
+
+int compiled_runtime_version() noexcept { return CUDART_VERSION; }
+
+int runtime_version() noexcept {
+  int version = 0;
+  if (cudaRuntimeGetVersion(&version) != cudaSuccess) { cudaGetLastError(); return 0; }
+  return version;
+}
+
+int driver_version() noexcept {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) { cudaGetLastError(); return 0; }
+  return version;
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  const DeviceCountProbe& probe = probe_devices();
+  if (probe.count == 0) {
+    throw std::runtime_error(
+        "no CUDA device: ortspec._native was built with CUDA, but this machine has no usable "
+        "GPU or driver (" + probe.reason + "). Use device='cpu', or run on a GPU host.");
+  }
+  if (device < 0 || device >= probe.count) {
+    throw std::runtime_error("CUDA device index " + std::to_string(device) +
+                             " is out of range: this machine has " +
+                             std::to_string(probe.count) + " CUDA device(s)");
+  }
+  check(cudaGetDevice(&previous_device_), "cudaGetDevice");
+  if (previous_device_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+DeviceGuard::~DeviceGuard() {
+  int current = -1;
+  if (previous_device_ >= 0 && cudaGetDevice(&current) == cudaSuccess &&
+      current != previous_device_) {
+    cudaSetDevice(previous_device_);
+  }
+}
+
+void* allocate(std::size_t nbytes, int device) {
+  DeviceGuard guard(device);
+  void* pointer = nullptr;
+  cudaError_t status = cudaMalloc(&pointer, nbytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("cudaMalloc of " + std::to_string(nbytes) + " bytes on cuda:" +
+                             std::to_string(device) + " failed: " + cudaGetErrorString(status));
+  }
+  // Zero-fill so that fresh state buffers are deterministic; one-time cost.
+  check(cudaMemset(pointer, 0, nbytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after allocation");
+  return pointer;
+}
+
+void release(void* pointer, int device) noexcept {
+  if (pointer == nullptr) return;
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  cudaFree(pointer);
+  if (previous >= 0) cudaSetDevice(previous);
+  cudaGetLastError();
+}
+
+void copy_async(void* dst, const void* src, std::size_t nbytes, CopyKind kind, int device,
+                std::uintptr_t stream) {
+  DeviceGuard guard(device);
+  cudaMemcpyKind cuda_kind = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                               : cudaMemcpyDeviceToDevice;
+  check(cudaMemcpyAsync(dst, src, nbytes, cuda_kind, as_stream(stream)), "cudaMemcpyAsync");
+}
+
+void fill_zero_async(void* dst, std::size_t nbytes, int device, std::uintptr_t stream) {
+  DeviceGuard guard(device);
+  check(cudaMemsetAsync(dst, 0, nbytes, as_stream(stream)), "cudaMemsetAsync");
+}
+
+void synchronize(int device, std::uintptr_t stream) {
+  DeviceGuard guard(device);
+  check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+}
+
+}  // namespace ortspec::cuda
