@@ -2,16 +2,30 @@
 
 This layer owns sessions, feeds and states; it makes no decision about which tokens to
 run (that is the speculative layer's job). Every method takes the batch rows it runs on
-and [B, M] ids/positions built by the caller, and returns the graph outputs.
+and [B, M] ids/positions built by the caller. Graph outputs stay where the backend keeps
+them (numpy, or device buffers on CUDA); only token ids come back to the host.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..manifest import Manifest, graph_name
+from ..manifest import graph_name
 from .graphs import GraphSet
 from .states import Rows, Snapshot, StateSet
+
+
+class Forward(dict):
+    """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M] array."""
+
+    tokens: np.ndarray
+
+
+def _forward(graphs: GraphSet, out: dict) -> Forward:
+    result = Forward(out)
+    result.keep_alive = getattr(out, "keep_alive", None)
+    result.tokens = graphs.arrays.download(out["tokens"])
+    return result
 
 
 class TargetModel:
@@ -19,34 +33,34 @@ class TargetModel:
 
     def __init__(self, graphs: GraphSet, batch: int) -> None:
         self.graphs = graphs
-        self.states = StateSet(graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
+        self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
 
-    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> dict:
+    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
-        return self.graphs[name].run(feeds)
+        return _forward(self.graphs, self.graphs[name].run(feeds))
 
-    def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> dict:
+    def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         out = self._run("prefill", rows, ids, positions)
         self.states.advance(out, rows, positions)
         return out
 
-    def decode(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> dict:
+    def decode(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, 1]."""
         out = self._run("decode", rows, ids, positions)
         self.states.advance(out, rows, positions)
         return out
 
-    def verify(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> dict:
+    def verify(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, k+1]; advances every state past all k+1 rows (readvance fixes it)."""
         out = self._run(graph_name("verify", ids.shape[1] - 1), rows, ids, positions)
         self.states.advance(out, rows, positions)
         return out
 
-    def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> dict:
+    def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """Like verify, but leaves the states untouched; the outputs hold the state after each row."""
         return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions)
 
-    def select(self, out: dict, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
+    def select(self, out: Forward, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
         self.states.select(out, rows, positions, accepted)
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
@@ -57,23 +71,46 @@ class TargetModel:
 
 
 class MTPHead:
-    """The MTP draft head with its own KV cache.
+    """The MTP draft head: its own KV cache and the hidden state its next draft step reads.
 
     Entry p of its cache holds (h_p, x_{p+1}): the target's final-normed hidden state at
     position p and the token that followed. ``catch_up`` fills entries from target hiddens
-    (after prefill and after every commit); ``draft`` runs one recursive step on the head's
-    own output hidden, writing a speculative entry that the next catch-up overwrites.
+    (after prefill and after every commit); its output at the last entry is the next d1 and
+    ``draft_hidden``. ``draft`` runs one recursive step on ``draft_hidden``, writing a
+    speculative entry that the next catch-up overwrites.
     """
 
     def __init__(self, graphs: GraphSet, batch: int) -> None:
-        self.graphs = graphs
-        self.states = StateSet(graphs.manifest.states, batch, ("mtp_kv_key",))
+        self.graphs, self.arrays = graphs, graphs.arrays
+        self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
+        self.draft_hidden = graphs.arrays.zeros([batch, 1, graphs.manifest.spec.hidden_size])  # [B, 1, H]
 
-    def run(self, rows: Rows, ids: np.ndarray, hidden: np.ndarray, positions: np.ndarray,
-            counts: np.ndarray | None = None) -> dict:
-        """ids/positions [B, M], hidden [B, M, H]; writes the first counts[j] entries of row j."""
+    def run(self, rows: Rows, ids, hidden, positions, counts=None) -> Forward:
         feeds = {"input_ids": ids, "hidden": hidden, "positions": positions, **self.states.feeds(rows)}
-        out = self.graphs["mtp"].run(feeds)
+        out = _forward(self.graphs, self.graphs["mtp"].run(feeds))
         for kind in self.states.kinds:
             kind.write(out, rows, positions, counts)
         return out
+
+    def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
+        (rows past last[j] are padding, never written). Returns the next d1 per row [B]."""
+        out = self.run(rows, next_ids, hidden, positions, counts=last + 1)
+        hidden_out = out["hidden_out"]  # [B, M, H]
+        if rows.slice is not None:
+            B, M, H = len(rows), positions.shape[1], self.graphs.manifest.spec.hidden_size
+            self.arrays.gather(self.arrays.reshape(hidden_out, (B, M, 1, H)), last, rows.take(self.arrays, self.draft_hidden))
+        else:
+            self.draft_hidden[rows.indices, 0] = hidden_out[np.arange(len(rows)), last]
+        return out.tokens[np.arange(len(rows)), last]
+
+    def draft(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """One recursive draft per row: ids/positions [B, 1] -> next draft tokens [B]."""
+        out = self.run(rows, ids, rows.take(self.arrays, self.draft_hidden), positions)
+        rows.put(self.arrays, self.draft_hidden, out["hidden_out"])
+        return out.tokens[:, 0]
+
+    def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
+        state = self.states.row_state(row, length)
+        state["draft_hidden"] = self.arrays.download(self.arrays.rows(self.draft_hidden, row, row + 1))[0, 0]
+        return state

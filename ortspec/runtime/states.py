@@ -4,13 +4,13 @@
     advance(outputs, rows, positions)        keep what a forward left: the state after its last row
     select(outputs, rows, positions, accepted)
                                              keep the state after row accepted[j] of a verify
-    snapshot(rows, lengths) / restore(snap, lengths)
-                                             save and put back; restore checks the lengths match
+    snapshot(rows) / restore(data, rows)     save and put back (StateSet checks the lengths)
 
 Kinds: ``KVCache`` (target full-attention layers and the MTP head's own cache) and
-``LayerState`` (a GDN layer's conv tail or its fp32 recurrent state S). Buffers are
-allocated once per batch, zeroed (stale but finite KV slots are harmless: the attention
-mask gives them probability exactly 0, and 0 * finite = 0).
+``LayerState`` (a GDN layer's conv tail or its fp32 recurrent state S). Buffers live where
+the ``arrays`` backend keeps them (numpy on the CPU, native device memory on CUDA), are
+allocated once and zeroed (stale but finite KV slots are harmless: the attention mask gives
+them probability exactly 0, and 0 * finite = 0).
 """
 
 from __future__ import annotations
@@ -28,46 +28,53 @@ class StateError(OrtspecError, RuntimeError):
 
 
 class Rows:
-    """The batch rows one forward touches: a view when they are contiguous, else a gather."""
+    """The batch rows one forward touches: a contiguous range (a view), or on the CPU any subset."""
 
     def __init__(self, indices) -> None:
         self.indices = np.asarray(indices, dtype=np.int64)
         n = len(self.indices)
         first = int(self.indices[0]) if n else 0
-        self.slice = slice(first, first + n) if n and np.array_equal(self.indices, np.arange(first, first + n)) else None
+        contiguous = n and np.array_equal(self.indices, np.arange(first, first + n))
+        self.slice = slice(first, first + n) if contiguous else None
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def take(self, buffer: np.ndarray) -> np.ndarray:
-        return buffer[self.slice] if self.slice is not None else buffer[self.indices]
-
-    def put(self, buffer: np.ndarray, values: np.ndarray) -> None:
+    def take(self, arrays, buffer):
         if self.slice is not None:
-            buffer[self.slice] = values
+            return arrays.rows(buffer, self.slice.start, self.slice.stop)
+        return buffer[self.indices]  # a gathered copy (CPU only)
+
+    def put(self, arrays, buffer, values) -> None:
+        if self.slice is not None:
+            arrays.copy(arrays.rows(buffer, self.slice.start, self.slice.stop), values)
         else:
             buffer[self.indices] = values
+
+    def each(self):
+        """(position in this batch, single-row Rows) pairs, for per-row work on a subset."""
+        return [(j, Rows([row])) for j, row in enumerate(self.indices)]
 
 
 @dataclasses.dataclass
 class Snapshot:
     rows: np.ndarray  # int64 [B] batch rows it was taken of
     lengths: np.ndarray  # int64 [B] tokens processed per row when taken
-    data: dict[str, np.ndarray]  # buffer name -> copy of those rows
+    data: dict  # buffer name -> copy of those rows
 
     def subset(self, keep: np.ndarray) -> "Snapshot":
-        """The snapshot of the rows where keep (bool [B]) is set."""
+        """The snapshot of the rows where keep (bool [B]) is set (CPU arrays)."""
         return Snapshot(self.rows[keep], self.lengths[keep], {n: v[keep] for n, v in self.data.items()})
 
 
 class StateKind(Protocol):
     names: tuple[str, ...]
 
-    def feeds(self, rows: Rows) -> dict[str, np.ndarray]: ...
+    def feeds(self, rows: Rows) -> dict: ...
     def advance(self, outputs: dict, rows: Rows, positions: np.ndarray) -> None: ...
     def select(self, outputs: dict, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None: ...
-    def snapshot(self, rows: Rows) -> dict[str, np.ndarray]: ...
-    def restore(self, data: dict[str, np.ndarray], rows: Rows) -> None: ...
+    def snapshot(self, rows: Rows) -> dict: ...
+    def restore(self, data: dict, rows: Rows) -> None: ...
 
 
 class KVCache:
@@ -75,26 +82,32 @@ class KVCache:
 
     A forward returns its new rows; they are written at their positions. Rows past the
     accepted prefix are dead: the mask hides them and the next write overwrites them, so
-    snapshot/restore carry nothing and ``select`` just writes the accepted rows.
+    snapshot/restore carry nothing and ``select`` writes just the accepted rows.
     """
 
-    def __init__(self, key_name: str, value_name: str, key_shape, value_shape) -> None:
+    def __init__(self, arrays, key_name: str, value_name: str, key_shape, value_shape) -> None:
+        self.arrays = arrays
         self.names = (key_name, value_name)
-        self.key = np.zeros(key_shape, np.float32)
-        self.value = np.zeros(value_shape, np.float32)
+        self.key = arrays.zeros(key_shape)
+        self.value = arrays.zeros(value_shape)
         self._new = ("new_" + key_name, "new_" + value_name)
 
-    def feeds(self, rows: Rows) -> dict[str, np.ndarray]:
-        return {self.names[0]: rows.take(self.key), self.names[1]: rows.take(self.value)}
+    def feeds(self, rows: Rows) -> dict:
+        return {self.names[0]: rows.take(self.arrays, self.key), self.names[1]: rows.take(self.arrays, self.value)}
 
     def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Writes the first counts[j] new rows of batch row j (all rows when counts is None)."""
         new_key, new_value = outputs[self._new[0]], outputs[self._new[1]]  # [B,kvh,hd,M], [B,kvh,M,hd]
-        for j, row in enumerate(rows.indices):
-            n = positions.shape[1] if counts is None else int(counts[j])
-            pos = positions[j, :n]
-            self.key[row][:, :, pos] = new_key[j][:, :, :n]
-            self.value[row][:, pos, :] = new_value[j][:, :n, :]
+        if rows.slice is not None:
+            self._write(rows, new_key, new_value, positions, counts)
+            return
+        for j, one in rows.each():  # a subset of rows (CPU): one row at a time
+            self._write(one, new_key[j: j + 1], new_value[j: j + 1], positions[j: j + 1],
+                        None if counts is None else counts[j: j + 1])
+
+    def _write(self, rows, new_key, new_value, positions, counts) -> None:
+        self.arrays.write_rows(rows.take(self.arrays, self.key), new_key, positions, counts, axis=3)
+        self.arrays.write_rows(rows.take(self.arrays, self.value), new_value, positions, counts, axis=2)
 
     def advance(self, outputs, rows, positions) -> None:
         self.write(outputs, rows, positions)
@@ -102,15 +115,17 @@ class KVCache:
     def select(self, outputs, rows, positions, accepted) -> None:
         self.write(outputs, rows, positions, counts=accepted + 1)
 
-    def snapshot(self, rows) -> dict[str, np.ndarray]:
+    def snapshot(self, rows) -> dict:
         return {}
 
     def restore(self, data, rows) -> None:
         pass
 
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
-        """The live entries of one row (positions < length), for state comparisons."""
-        return {self.names[0]: self.key[row][:, :, :length], self.names[1]: self.value[row][:, :length, :]}
+        """The live entries of one row (positions < length), as host copies."""
+        key = self.arrays.download(self.arrays.rows(self.key, row, row + 1))[0]
+        value = self.arrays.download(self.arrays.rows(self.value, row, row + 1))[0]
+        return {self.names[0]: key[:, :, :length], self.names[1]: value[:, :length, :]}
 
 
 class LayerState:
@@ -121,47 +136,52 @@ class LayerState:
     copies slot accepted[j] of row j into the live buffer.
     """
 
-    def __init__(self, name: str, shape) -> None:
+    def __init__(self, arrays, name: str, shape) -> None:
+        self.arrays = arrays
         kind, layer = name.split(".")
         self.names = (name,)
-        self.buffer = np.zeros(shape, np.float32)
+        self.buffer = arrays.zeros(shape)
         self._out, self._window = f"{kind}_out.{layer}", f"{kind}_window.{layer}"
 
-    def feeds(self, rows: Rows) -> dict[str, np.ndarray]:
-        return {self.names[0]: rows.take(self.buffer)}
+    def feeds(self, rows: Rows) -> dict:
+        return {self.names[0]: rows.take(self.arrays, self.buffer)}
 
     def advance(self, outputs, rows, positions) -> None:
-        rows.put(self.buffer, outputs[self._out])
+        rows.put(self.arrays, self.buffer, outputs[self._out])
 
     def select(self, outputs, rows, positions, accepted) -> None:
         window = outputs[self._window]  # [M, B, ...]
-        rows.put(self.buffer, window[accepted, np.arange(len(rows))])
+        if rows.slice is not None:
+            self.arrays.select(window, accepted, rows.take(self.arrays, self.buffer))
+        else:
+            self.buffer[rows.indices] = window[accepted, np.arange(len(rows))]
 
-    def snapshot(self, rows) -> dict[str, np.ndarray]:
-        return {self.names[0]: rows.take(self.buffer).copy()}
+    def snapshot(self, rows) -> dict:
+        return {self.names[0]: self.arrays.clone(rows.take(self.arrays, self.buffer))}
 
     def restore(self, data, rows) -> None:
-        rows.put(self.buffer, data[self.names[0]])
+        rows.put(self.arrays, self.buffer, data[self.names[0]])
 
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
-        return {self.names[0]: self.buffer[row]}
+        return {self.names[0]: self.arrays.download(self.arrays.rows(self.buffer, row, row + 1))[0]}
 
 
 class StateSet:
     """All states of one model (target or MTP), driven together."""
 
-    def __init__(self, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
+    def __init__(self, arrays, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
         self.kinds: list[StateKind] = []
-        entries = {n: e for n, e in table.items() if e["kind"] in kinds}
-        for name, entry in entries.items():
+        for name, entry in table.items():
+            if entry["kind"] not in kinds:
+                continue
             shape = [batch] + entry["shape"][1:]
             if entry["kind"] in ("kv_key", "mtp_kv_key"):
                 value_name = "value." + name.split(".", 1)[1]
-                self.kinds.append(KVCache(name, value_name, shape, [batch] + table[value_name]["shape"][1:]))
+                self.kinds.append(KVCache(arrays, name, value_name, shape, [batch] + table[value_name]["shape"][1:]))
             elif entry["kind"] in ("conv", "recurrent"):
-                self.kinds.append(LayerState(name, shape))
+                self.kinds.append(LayerState(arrays, name, shape))
 
-    def feeds(self, rows: Rows) -> dict[str, np.ndarray]:
+    def feeds(self, rows: Rows) -> dict:
         feeds = {}
         for kind in self.kinds:
             feeds.update(kind.feeds(rows))
@@ -193,8 +213,8 @@ class StateSet:
             kind.restore(snap.data, rows)
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
-        """Every live entry of one batch row (copies), for bitwise comparisons in tests."""
+        """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""
         out = {}
         for kind in self.kinds:
-            out.update({n: v.copy() for n, v in kind.row_view(row, length).items()})
+            out.update({n: np.array(v) for n, v in kind.row_view(row, length).items()})
         return out

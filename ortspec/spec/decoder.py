@@ -33,12 +33,17 @@ class Decoder:
 
     One Decoder per generate call: its state buffers are sized to the batch and start at zero.
     ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
+
+    On the CPU each step runs only the unfinished requests. On CUDA (``fixed_rows``) every
+    step runs all rows, so the rows stay one contiguous range at fixed addresses; a finished
+    request's row keeps running at its last position and its results are dropped.
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
-                 on_commit: Callable[["Decoder", Batch], None] | None = None) -> None:
+                 on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None) -> None:
         self.graphs, self.k, self.commit, self.stats, self.on_commit = graphs, k, commit, stats, on_commit
+        self.fixed_rows = graphs.arrays.device != "cpu" if fixed_rows is None else fixed_rows
         self.max_length = graphs.manifest.max_length
         self.target = TargetModel(graphs, batch_size)
         self.mtp = MTPHead(graphs, batch_size) if k > 0 else None
@@ -52,7 +57,8 @@ class Decoder:
             active = [r for r in requests if not r.done]
             if not active:
                 return [r.output() for r in requests]
-            batch = Batch(active)
+            batch = Batch(requests if self.fixed_rows else active)
+            self.graphs.arrays.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
             if self.k > 0 and room >= self.k:
                 self.speculative_step(batch)
@@ -68,7 +74,7 @@ class Decoder:
         with self.stats.timed("prefill"):
             out = self.target.prefill(rows, ids, positions)
             req.tokens = list(req.prompt)
-            first = int(out["tokens"][0, -1])
+            first = int(out.tokens[0, -1])
             if self.mtp is not None:
                 next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
                 self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req])
@@ -83,13 +89,14 @@ class Decoder:
         positions = batch.processed[:, None]  # [B, 1]
         with self.stats.timed("decode"):
             out = self.target.decode(batch.rows, batch.pending[:, None], positions)
-            tokens = out["tokens"][:, 0]  # [B]
+            tokens = out.tokens[:, 0]  # [B]
             if self.mtp is not None:
                 self._catch_up(batch.rows, out["hidden"], tokens[:, None], positions,
                                np.zeros(len(batch), np.int64), batch.requests)
         self.stats.steps += 1
         for req, t in zip(batch.requests, tokens):
-            self._emit(req, [t])
+            if not req.done:
+                self._emit(req, [t])
 
     def speculative_step(self, batch: Batch) -> None:
         k, T, rows = self.k, batch.processed, batch.rows
@@ -106,7 +113,7 @@ class Decoder:
             else:
                 snapshot = self.target.snapshot(rows, T)
                 out = self.target.verify(rows, ids, positions)
-        targets = out["tokens"]  # g_0..g_k: the target's argmax after each row
+        targets = out.tokens  # g_0..g_k: the target's argmax after each row
         # 3. accept: a = longest prefix with d_i == g_{i-1}; emit d_1..d_a and the bonus g_a
         accepted = accept_lengths(drafts, targets)  # [B]
         bonus = targets[np.arange(len(batch)), accepted]  # [B]
@@ -120,10 +127,12 @@ class Decoder:
             next_ids[np.arange(len(batch)), accepted] = bonus
             self._catch_up(rows, out["hidden"], next_ids, positions, accepted, batch.requests)
         self.stats.steps += 1
-        self.stats.record_accepts(accepted, k)
+        live = np.array([not r.done for r in batch.requests])
+        self.stats.record_accepts(accepted[live], k)
         for j, req in enumerate(batch.requests):
-            req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
-            self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
+            if live[j]:
+                req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
+                self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
 
     # -- commit mechanics ------------------------------------------------------------------
     def _readvance(self, batch: Batch, snapshot, ids, positions, accepted) -> None:
@@ -143,18 +152,16 @@ class Decoder:
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests) -> None:
         """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
         and never written); the head's output at last[j] is the next step's d1."""
-        width = int(last.max()) + 1
-        out = self.mtp.run(rows, next_ids[:, :width], hidden[:, :width], positions[:, :width], counts=last + 1)
-        for j, req in enumerate(requests):
-            req.next_draft = int(out["tokens"][j, last[j]])
-            req.draft_hidden = out["hidden_out"][j, last[j]].copy()
+        next_drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last)
+        for req, draft in zip(requests, next_drafts):
+            req.next_draft = int(draft)
 
     def _check_positions(self, batch: Batch) -> None:
         """The last accept length again, from positions: this step's first position minus the
         last step's, minus the bonus token. The states follow positions (every commit writes
         at T..T+a), so on disagreement positions win; the counter exposes the bug."""
         for req in batch.requests:
-            if req.last_first_position is None:
+            if req.last_first_position is None or req.done:
                 continue
             if req.processed - req.last_first_position - 1 != req.last_accepted:
                 self.stats.position_mismatches += 1

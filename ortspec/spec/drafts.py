@@ -29,13 +29,10 @@ class MTPDrafts:
     def propose(self, batch: Batch, k: int) -> np.ndarray:
         drafts = np.empty((len(batch), k), np.int64)  # [B, k]
         drafts[:, 0] = [r.next_draft for r in batch.requests]
-        hidden = np.stack([r.draft_hidden for r in batch.requests])[:, None, :]  # [B, 1, H]
         for i in range(1, k):
-            # entry T+i-1 of the head's cache: (its own hidden after d_i's predecessor, d_i)
+            # entry T+i-1 of the head's cache: (the head's own last output hidden, d_i)
             positions = (batch.processed + i - 1)[:, None]  # [B, 1]
-            out = self.mtp.run(batch.rows, drafts[:, i - 1: i], hidden, positions)
-            drafts[:, i] = out["tokens"][:, 0]
-            hidden = out["hidden_out"]
+            drafts[:, i] = self.mtp.draft(batch.rows, drafts[:, i - 1: i], positions)
         return drafts
 
 

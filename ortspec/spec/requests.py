@@ -23,7 +23,6 @@ class Request:
     stop_tokens: frozenset = frozenset()
     tokens: list[int] = dataclasses.field(default_factory=list)
     next_draft: int = 0  # d1: the MTP head's prediction after its last catch-up
-    draft_hidden: np.ndarray | None = None  # [H] the head's output hidden at that entry
     last_first_position: int | None = None  # first verify position of the previous step
     last_accepted: int = 0
     done: bool = False

@@ -1,0 +1,159 @@
+"""Where state and step buffers live, and the few operations the runtime does on them.
+
+``HostArrays`` keeps numpy arrays (CPU). ``CudaArrays`` keeps device memory owned by
+ortspec._native (PersistentBuffers) and runs the native kernels; ONNX Runtime sees both
+through zero-copy OrtValues (``ortvalue_from_numpy`` / ``OrtValue.from_dlpack``). The
+state kinds and the bound graphs are written once against this interface.
+
+Ordering on CUDA: ONNX Runtime runs on its own stream and its Run returns after that stream
+is done; the native kernels run on the default stream and ``settle()`` waits for them
+before the next Run, so each side sees the other's writes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from .._native_loader import load_native
+
+DTYPES = {"float32": np.float32, "int64": np.int64, "float16": np.float16}
+
+
+class HostArrays:
+    """numpy arrays and numpy operations (the reference semantics of the native kernels)."""
+
+    device = "cpu"
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def ort_value(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(array)
+
+    def rows(self, array: np.ndarray, start: int, stop: int) -> np.ndarray:
+        return array[start:stop]
+
+    def reshape(self, array: np.ndarray, shape) -> np.ndarray:
+        return array.reshape(shape)
+
+    def upload(self, dst: np.ndarray, host: np.ndarray) -> None:
+        np.copyto(dst, host)
+
+    def download(self, array) -> np.ndarray:
+        return np.array(array)
+
+    def wrap(self, value: ort.OrtValue):
+        """An ONNX-Runtime-allocated output as an array of this backend (no copy)."""
+        return value.numpy()
+
+    def copy(self, dst, src) -> None:
+        np.copyto(dst, src)
+
+    def clone(self, src) -> np.ndarray:
+        return np.array(src)
+
+    def select(self, window, index: np.ndarray, live) -> None:
+        """live[b] = window[index[b], b]; window [W, B, ...]."""
+        live[...] = window[index, np.arange(len(index))]
+
+    def gather(self, src, index: np.ndarray, dst) -> None:
+        """dst[b] = src[b, index[b]]; src [B, M, ...]."""
+        dst[...] = src[np.arange(len(index)), index]
+
+    def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
+        """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b]."""
+        for b in range(cache.shape[0]):
+            n = positions.shape[1] if counts is None else int(counts[b])
+            index = [slice(None)] * (cache.ndim - 1)
+            index[axis - 1] = positions[b, :n]
+            source = [slice(None)] * (cache.ndim - 1)
+            source[axis - 1] = slice(0, n)
+            cache[b][tuple(index)] = rows[b][tuple(source)]
+
+    def settle(self) -> None:
+        pass
+
+    def begin_step(self) -> None:
+        pass
+
+
+class CudaArrays:
+    device = "cuda"
+
+    def __init__(self, scratch_bytes: int, device_index: int = 0) -> None:
+        self.native = load_native()
+        if not self.native.cuda_available():
+            info = self.native.build_info()
+            raise RuntimeError(f"ortspec._native has no usable CUDA device: {info.get('cuda_unavailable_reason')}")
+        self.device_index = device_index
+        self.pool = self.native.PersistentBuffers("cuda", device_index)  # states, bound I/O: fixed for life
+        self.scratch_arena = self.native.StepScopedArena(scratch_bytes, "cuda", device_index)  # reset every step
+        self._ids = 0
+
+    def begin_step(self) -> None:
+        self.scratch_arena.reset()
+
+    def scratch(self, shape, dtype):
+        return self.scratch_arena.allocate(tuple(int(s) for s in shape), np.dtype(dtype).name)
+
+    def zeros(self, shape, dtype=np.float32):
+        self._ids += 1
+        buf = self.pool.allocate(f"b{self._ids}", tuple(int(s) for s in shape), np.dtype(dtype).name)
+        buf.zero_()
+        return buf
+
+    def ort_value(self, buffer) -> ort.OrtValue:
+        return ort.OrtValue.from_dlpack(buffer.__dlpack__())
+
+    def rows(self, buffer, start: int, stop: int):
+        row_bytes = buffer.nbytes // buffer.shape[0]
+        return self.native.Buffer.from_pointer(buffer.data_ptr + start * row_bytes,
+                                               (stop - start,) + tuple(buffer.shape[1:]), buffer.dtype,
+                                               "cuda", self.device_index)
+
+    def reshape(self, buffer, shape):
+        return self.native.Buffer.from_pointer(buffer.data_ptr, tuple(shape), buffer.dtype, "cuda", self.device_index)
+
+    def upload(self, dst, host: np.ndarray) -> None:
+        dst.copy_from_numpy(np.ascontiguousarray(host, DTYPES[dst.dtype]))
+
+    def download(self, buffer) -> np.ndarray:
+        return buffer.to_numpy()
+
+    def wrap(self, value: ort.OrtValue):
+        return self.native.Buffer.from_pointer(value.data_ptr(), tuple(value.shape()),
+                                               {"tensor(float)": "float32", "tensor(int64)": "int64",
+                                                "tensor(float16)": "float16"}[value.data_type()],
+                                               "cuda", self.device_index)
+
+    def copy(self, dst, src) -> None:
+        self.native.copy_buffer(dst, src)
+
+    def clone(self, src):
+        out = self.scratch(src.shape, DTYPES[src.dtype])
+        self.native.copy_buffer(out, src)
+        return out
+
+    def _index(self, index: np.ndarray):
+        buf = self.scratch((len(index),), np.int64)
+        buf.copy_from_numpy(np.ascontiguousarray(index, np.int64))
+        return buf
+
+    def select(self, window, index: np.ndarray, live) -> None:
+        self.native.select_slots(window, self._index(index), live)
+
+    def gather(self, src, index: np.ndarray, dst) -> None:
+        self.native.gather_rows(src, self._index(index), dst)
+
+    def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
+        if isinstance(positions, np.ndarray):
+            buf = self.scratch(positions.shape, np.int64)
+            buf.copy_from_numpy(np.ascontiguousarray(positions, np.int64))
+            positions = buf
+        counts = None if counts is None else self._index(counts)
+        self.native.write_rows(cache, rows, positions, counts, axis=axis)
+
+    def settle(self) -> None:
+        self.native.synchronize(0, self.device_index)
+        self.native.check_device_errors(self.device_index)
