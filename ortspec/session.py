@@ -7,6 +7,7 @@ from pathlib import Path
 from .errors import ConfigurationError, InputError
 from .manifest import Manifest, graph_name
 from .runtime.graphs import GraphSet
+from .runtime.model import MTPHead, TargetModel
 from .spec.decoder import COMMITS, Decoder
 from .spec.requests import Request
 from .spec.stats import Stats
@@ -27,7 +28,7 @@ class Session:
     """
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
-                 commit: str = "select", threads: int | None = None) -> None:
+                 commit: str = "select", threads: int | None = None, cuda_graphs: bool = True) -> None:
         self.manifest = Manifest.load(model_dir)
         self.k = self._check_k(num_speculative_tokens)
         if commit not in COMMITS:
@@ -37,10 +38,11 @@ class Session:
             raise ConfigurationError(
                 "commit='readvance' runs on the CPU provider only for now; use commit='select' with provider='cuda'."
             )
-        self.graphs = GraphSet(self.manifest, provider, threads)
+        self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs)
         self.graphs.load(self._graph_names())
         self._stats = Stats()
         self._tokenizer = None
+        self._engines: dict = {}
 
     def _check_k(self, k) -> int:
         m = self.manifest
@@ -67,7 +69,9 @@ class Session:
     # -- public ------------------------------------------------------------------------------
     @property
     def stats(self) -> dict:
-        return self._stats.as_dict()
+        stats = self._stats.as_dict()
+        stats["graphs"] = self.graphs.graph_counters()
+        return stats
 
     def reset_stats(self) -> None:
         self._stats = Stats()
@@ -112,8 +116,16 @@ class Session:
         stops = frozenset(self.manifest.spec.eos_token_ids if stop_tokens is None else stop_tokens)
         requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops)
                     for i, p in enumerate(prompts)]
-        decoder = Decoder(self.graphs, len(requests), self.k, self.commit, self._stats, **decoder_options)
+        decoder = Decoder(self.graphs, len(requests), self.k, self.commit, self._stats,
+                          engine=self._engine(len(requests)), **decoder_options)
         return decoder.generate(requests)
+
+    def _engine(self, batch: int):
+        """State buffers for a batch size, kept for the Session's life: on CUDA the captured
+        graphs bind their addresses, so a later call of the same size replays them."""
+        if batch not in self._engines:
+            self._engines[batch] = (TargetModel(self.graphs, batch), MTPHead(self.graphs, batch) if self.k else None)
+        return self._engines[batch]
 
     def _check_prompts(self, prompts, max_new_tokens) -> list[list[int]]:
         """Validates everything before any work starts, so a bad request leaves nothing half-done."""

@@ -43,6 +43,35 @@ def reference_gather(drafts, targets, accepted):
     return out
 
 
+def reference_write_rows(cache, rows, positions, counts, axis):
+    """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] for j < counts[b] (None: all M)."""
+    out = cache.copy()
+    for b in range(cache.shape[0]):
+        count = positions.shape[1] if counts is None else int(counts[b])
+        cache_rows = np.moveaxis(out[b], axis - 1, 0)  # view [L, ...] of out[b]
+        new_rows = np.moveaxis(rows[b], axis - 1, 0)  # [M, ...]
+        for j in range(count):
+            cache_rows[positions[b, j]] = new_rows[j]
+    return out
+
+
+def random_write(rng, cache_shape, axis, num_rows, counts_mode, dtype=np.float32):
+    """cache, rows, positions [B, M] (distinct per request; -1 past each count), counts or None."""
+    batch, length = cache_shape[0], cache_shape[axis]
+    rows_shape = list(cache_shape)
+    rows_shape[axis] = num_rows
+    cache = rng.standard_normal(cache_shape).astype(dtype)
+    rows = rng.standard_normal(rows_shape).astype(dtype)
+    positions = np.stack([rng.permutation(length)[:num_rows] for _ in range(batch)]).astype(np.int64)
+    positions = positions.reshape(batch, num_rows)
+    if counts_mode is None:
+        return cache, rows, positions, None
+    counts = np.zeros(batch, np.int64) if counts_mode == "zero" else rng.integers(0, num_rows + 1, size=batch)
+    for b in range(batch):
+        positions[b, counts[b]:] = -1  # never read
+    return cache, rows, positions, counts
+
+
 def random_step(rng, batch, num_drafts):
     """targets [B, k+1]; drafts [B, k] agreeing on a random prefix, then differing."""
     targets = rng.integers(0, 1000, size=(batch, num_drafts + 1), dtype=np.int64)
@@ -106,6 +135,59 @@ def test_advance_positions(positions_dtype, seq_lens_dtype):
     assert positions.tolist() == [14, 1, 7] and seq_lens.tolist() == [15, 2, 8]
 
 
+# Our two KV layouts: key [B, kvh, hd, L] (axis 3), value [B, kvh, L, hd] (axis 2); then
+# other shapes, the position axis anywhere after the batch.
+WRITE_LAYOUTS = [((3, 2, 8, 16), 3, 5), ((3, 2, 16, 8), 2, 5), ((2, 7), 1, 7), ((4, 9, 3), 1, 2),
+                 ((2, 3, 2, 6, 5), 3, 4), ((2, 5, 1, 4), 1, 0)]
+
+
+@pytest.mark.parametrize("cache_shape,axis,num_rows", WRITE_LAYOUTS)
+@pytest.mark.parametrize("counts_mode", [None, "partial", "zero"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_write_rows_matches_numpy(cache_shape, axis, num_rows, counts_mode, dtype):
+    rng = np.random.default_rng(sum(cache_shape) * 7 + axis)
+    cache, rows, positions, counts = random_write(rng, cache_shape, axis, num_rows, counts_mode, dtype)
+    expected = reference_write_rows(cache, rows, positions, counts, axis)
+    assert native.write_rows(cache, rows, positions, counts, axis=axis) is None
+    np.testing.assert_array_equal(cache, expected)
+
+    again = rng.standard_normal(cache_shape).astype(dtype)  # the same axis counted from the back
+    expected = reference_write_rows(again, rows, positions, counts, axis)
+    native.write_rows(again, rows, positions, counts, axis=axis - len(cache_shape))
+    np.testing.assert_array_equal(again, expected)
+
+
+def test_write_rows_bfloat16_buffers_are_copied_bitwise():
+    rng = np.random.default_rng(5)
+    buffers = native.PersistentBuffers()
+    cache_bits = rng.integers(0, 1 << 16, size=(2, 2, 6, 4), dtype=np.uint16)  # value [B, kvh, L, hd]
+    rows_bits = rng.integers(0, 1 << 16, size=(2, 2, 3, 4), dtype=np.uint16)
+    positions, counts = np.array([[5, 0, 2], [1, 3, -1]]), np.array([3, 2])
+    cache, rows = buffers.allocate("cache", cache_bits.shape, "bfloat16"), buffers.allocate("rows", rows_bits.shape, "bfloat16")
+    cache.copy_from_numpy(cache_bits)
+    rows.copy_from_numpy(rows_bits)
+    native.write_rows(cache, rows, positions, counts, axis=2)
+    np.testing.assert_array_equal(cache.to_numpy(), reference_write_rows(cache_bits, rows_bits, positions, counts, 2))
+
+
+def test_write_rows_duplicate_positions_keep_the_last_on_cpu():
+    cache = np.zeros((1, 4), np.float32)
+    native.write_rows(cache, np.array([[1.0, 2.0, 3.0]], np.float32), np.array([[1, 1, 3]]), axis=1)
+    assert cache.tolist() == [[0.0, 2.0, 0.0, 3.0]]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.int32])
+@pytest.mark.parametrize("feature_shape", [(), (16,), (2, 3, 5)])
+def test_gather_rows_matches_numpy(dtype, feature_shape):
+    rng = np.random.default_rng(len(feature_shape))
+    batch, num_rows = 4, 3
+    src = (rng.standard_normal((batch, num_rows, *feature_shape)) * 100).astype(dtype)  # [B, M, ...]
+    index = rng.integers(0, num_rows, size=batch, dtype=np.int64)
+    dst = np.zeros((batch, *feature_shape), dtype)
+    assert native.gather_rows(src, index, dst) is None
+    np.testing.assert_array_equal(dst, src[np.arange(batch), index])
+
+
 # ---- error messages ----------------------------------------------------------------------
 
 
@@ -146,6 +228,75 @@ def test_out_of_range_indices_name_the_row_and_write_nothing():
     with pytest.raises(ValueError, match=r"accepted\[1\]=-2 is negative"):
         native.advance_positions(positions, np.zeros(2, np.int64), np.array([0, -2]))
     assert positions.tolist() == [0, 0]
+
+
+def test_write_rows_errors_name_the_argument():
+    cache, rows = np.zeros((2, 3, 4), np.float32), np.ones((2, 3, 2), np.float32)  # axis 2: L=4, M=2
+    positions = np.array([[0, 1], [2, 3]])
+    with pytest.raises(TypeError, match="write_rows: cache must be float32, float16 or bfloat16, got int64"):
+        native.write_rows(np.zeros((2, 3, 4), np.int64), rows, positions, axis=2)
+    with pytest.raises(TypeError, match="write_rows: rows must have the cache's dtype float32, got float16"):
+        native.write_rows(cache, rows.astype(np.float16), positions, axis=2)
+    with pytest.raises(TypeError, match="write_rows: positions must be int64, got int32"):
+        native.write_rows(cache, rows, positions.astype(np.int32), axis=2)
+    with pytest.raises(TypeError, match="write_rows: counts must be int64, got int32"):
+        native.write_rows(cache, rows, positions, np.array([1, 1], np.int32), axis=2)
+    with pytest.raises(TypeError, match="write_rows: counts must be a numpy.ndarray .* got list"):
+        native.write_rows(cache, rows, positions, [1, 1], axis=2)
+    with pytest.raises(TypeError):  # axis is keyword-only and has no default
+        native.write_rows(cache, rows, positions, None, 2)
+    with pytest.raises(TypeError):
+        native.write_rows(cache, rows, positions)
+    for bad_axis in (0, 3, -3):
+        with pytest.raises(ValueError, match=rf"axis={bad_axis} is not a position axis of cache \[2, 3, 4\] "
+                                             r"\(rank 3\): use 1..2, or -2..-1 from the end"):
+            native.write_rows(cache, rows, positions, axis=bad_axis)
+    with pytest.raises(ValueError, match=r"rows must be cache.shape with axis 2 \(the positions\) of "
+                                         r"length M=2 = \[2, 3, 2\], got \[2, 2, 3\]"):
+        native.write_rows(cache, np.ones((2, 2, 3), np.float32), positions, axis=2)
+    with pytest.raises(ValueError, match=r"write_rows: positions must be \[B, M\] = \[2, 2\], got \[3, 2\]"):
+        native.write_rows(cache, rows, np.zeros((3, 2), np.int64), axis=2)
+    with pytest.raises(ValueError, match=r"write_rows: counts must be \[B\] = \[2\], got \[3\]"):
+        native.write_rows(cache, rows, positions, np.zeros(3, np.int64), axis=2)
+    read_only = cache.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="write_rows: cache is an output but the numpy array is read-only"):
+        native.write_rows(read_only, rows, positions, axis=2)
+
+
+def test_write_rows_out_of_range_entries_name_b_j_position_and_length_and_write_nothing():
+    cache, rows = np.full((2, 3, 4), 7.0, np.float32), np.ones((2, 3, 2), np.float32)
+    with pytest.raises(ValueError, match=r"write_rows: positions\[1, 1\]=4 is out of range for a cache "
+                                         r"of L=4 positions \(valid 0..3\)"):
+        native.write_rows(cache, rows, np.array([[0, 1], [2, 4]]), axis=2)
+    with pytest.raises(ValueError, match=r"positions\[0, 0\]=-1 is out of range for a cache of L=4"):
+        native.write_rows(cache, rows, np.array([[-1, 1], [2, 3]]), axis=-1)
+    with pytest.raises(ValueError, match=r"write_rows: counts\[1\]=3 is out of range 0..M=2"):
+        native.write_rows(cache, rows, np.array([[0, 1], [2, 3]]), np.array([2, 3]), axis=2)
+    with pytest.raises(ValueError, match=r"write_rows: counts\[0\]=-1 is out of range 0..M=2"):
+        native.write_rows(cache, rows, np.array([[0, 1], [2, 3]]), np.array([-1, 0]), axis=2)
+    assert (cache == 7.0).all()
+    native.write_rows(cache, rows, np.array([[3, -5], [-5, -5]]), np.array([1, 0]), axis=2)  # past counts: unread
+    assert (cache[0, :, 3] == 1.0).all() and (cache[0, :, :3] == 7.0).all() and (cache[1] == 7.0).all()
+
+
+def test_gather_rows_errors_name_the_argument():
+    src, index, dst = np.zeros((2, 4, 3), np.float32), np.array([0, 3]), np.full((2, 3), 5.0, np.float32)
+    with pytest.raises(TypeError, match="gather_rows: index must be int64, got int32"):
+        native.gather_rows(src, index.astype(np.int32), dst)
+    with pytest.raises(TypeError, match="gather_rows: dst must have the src's dtype float32, got float16"):
+        native.gather_rows(src, index, dst.astype(np.float16))
+    with pytest.raises(ValueError, match=r"gather_rows: src must be \[B, M\] \+ dst.shape\[1:\] = "
+                                         r"\[2, 4, 2\], got \[2, 4, 3\]"):
+        native.gather_rows(src, index, np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"gather_rows: index must be \[B\] = \[2\], got \[3\]"):
+        native.gather_rows(src, np.array([0, 1, 2]), dst)
+    with pytest.raises(ValueError, match=r"gather_rows: dst must be \[B, ...\] \(rank >= 1\), got shape \[\]"):
+        native.gather_rows(src, index, np.zeros((), np.float32))
+    with pytest.raises(ValueError, match=r"gather_rows: index\[1\]=4 is out of range for src of M=4 rows "
+                                         r"\(valid 0..3\)"):
+        native.gather_rows(src, np.array([1, 4]), dst)
+    assert (dst == 5.0).all()
 
 
 def test_mixed_devices_are_refused():
@@ -331,6 +482,50 @@ def test_cuda_kernels_match_cpu():
 
     native.select_slots(device["window"], upload("bad_index", np.array([0, 1, 2, 3, 9, 0])), live)
     with pytest.raises(ValueError, match=r"index\[4\]=9 is out of range for a window of W=5"):
+        native.check_device_errors()
+
+
+@needs_cuda_device
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_cuda_write_and_gather_rows_match_cpu(dtype):
+    rng = np.random.default_rng(17)
+    device = native.PersistentBuffers(device="cuda")
+
+    def cast(values):  # float32 values -> dtype; bfloat16 travels as its bits (uint16)
+        if dtype == "bfloat16":
+            return (values.view(np.uint32) >> 16).astype(np.uint16)
+        return values.astype(dtype)
+
+    def upload(name, array, buffer_dtype=None):
+        buffer = device.allocate(name, array.shape, buffer_dtype or array.dtype)
+        buffer.copy_from_numpy(array)
+        return buffer
+
+    for name, (cache_shape, axis, num_rows) in [("key", ((4, 2, 64, 48), 3, 9)),
+                                                ("value", ((4, 2, 48, 64), 2, 9))]:
+        cache, rows, positions, counts = random_write(rng, cache_shape, axis, num_rows, "partial")
+        cache, rows = cast(cache), cast(rows)
+        cache_gpu = upload(f"{name}_cache", cache, dtype)
+        native.write_rows(cache_gpu, upload(f"{name}_rows", rows, dtype), upload(f"{name}_positions", positions),
+                          upload(f"{name}_counts", counts), axis=axis)
+        native.check_device_errors()
+        np.testing.assert_array_equal(cache_gpu.to_numpy(), reference_write_rows(cache, rows, positions, counts, axis))
+
+    src = cast(rng.standard_normal((4, 9, 96)).astype(np.float32))  # [B, M, hidden]
+    index = np.array([8, 0, 3, 8])
+    dst = device.allocate("dst", (4, 96), dtype)
+    native.gather_rows(upload("src", src, dtype), upload("index", index), dst)
+    native.check_device_errors()
+    np.testing.assert_array_equal(dst.to_numpy(), src[np.arange(4), index])
+
+    bad_positions = np.tile(np.arange(9), (4, 1))
+    bad_positions[2, 5] = 48
+    native.write_rows(device["key_cache"], device["key_rows"], upload("bad", bad_positions), axis=3)
+    with pytest.raises(ValueError, match=r"write_rows: positions\[2, 5\]=48 is out of range for a cache of "
+                                         r"L=48 positions"):
+        native.check_device_errors()
+    native.gather_rows(device["src"], upload("bad_index", np.array([0, 9, 0, 0])), dst)
+    with pytest.raises(ValueError, match=r"gather_rows: index\[1\]=9 is out of range for src of M=9 rows"):
         native.check_device_errors()
 
 

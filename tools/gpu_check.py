@@ -28,6 +28,43 @@ from ortspec import _native  # noqa: E402
 from ortspec.bench import format_table, run_bench  # noqa: E402
 from ortspec.runtime.graphs import GraphSet  # noqa: E402
 from ortspec.spec.exactness import check_speculative, plain_decode_states  # noqa: E402
+from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
+
+# a larger random model in the Qwen3.5 layout (3 GDN : 1 attention), for memory and speed
+MEDIUM = dict(hidden_size=1024, intermediate_size=2816, vocab_size=8192, num_attention_heads=8,
+              num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
+              linear_key_head_dim=64, linear_value_head_dim=64,
+              layer_types=("linear_attention", "linear_attention", "linear_attention", "full_attention") * 2)
+
+
+def memory_with_and_without_sharing(model_dir: Path) -> dict:
+    """Device memory of the decode + verify + mtp sessions: weights shared through the native
+    buffers (how ortspec runs) against each session loading its own copy from the files."""
+    import gc
+
+    import torch
+
+    from ortspec.manifest import Manifest
+
+    def used():
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**20
+
+    names = ["decode", "verify_select_k3", "mtp"]
+    base = used()
+    graphs = GraphSet(Manifest.load(model_dir), provider="cuda")
+    graphs.load(names)
+    shared = used() - base
+    del graphs
+    gc.collect()
+    base = used()
+    sessions = [ort.InferenceSession(str(model_dir / f"{n}.onnx"), providers=["CUDAExecutionProvider"]) for n in names]
+    private = used() - base
+    del sessions
+    weights = (model_dir / "weights.bin").stat().st_size / 2**20
+    return {"weights_file": round(weights, 1), "shared_weights_3_sessions": round(shared, 1),
+            "private_weights_3_sessions": round(private, 1)}
 
 
 def main(argv=None) -> int:
@@ -67,14 +104,33 @@ def main(argv=None) -> int:
     results["cuda_state_check_row_steps"] = steps
     print(f"CUDA state check: {steps} row-steps, every commit within 1e-4 of the CUDA plain decode")
 
-    start = time.perf_counter()
-    bench = run_bench(out, ks=(0, 1, 2, 3, 4), batches=(1, 4), max_new_tokens=n, repeats=3, provider="cuda",
-                      progress=False)
-    results["bench"] = bench
-    print(f"bench took {time.perf_counter() - start:.1f} s")
+    medium = Path(args.out + "_medium")
+    make_checkpoint(medium / "ck", seed=7, draft_agreement=10.0, **MEDIUM)
+    ortspec.convert(medium / "ck", medium / "out", num_speculative_tokens=4, max_length=512, progress=False)
+    results["memory_mib"] = memory_with_and_without_sharing(medium / "out")
+    print("device memory (MiB):", results["memory_mib"])
+
+    session = ortspec.Session(out, provider="cuda", num_speculative_tokens=3)
+    for _ in range(4):  # 4 calls x ~30 steps: steady state must only replay
+        session.generate(prompts, max_new_tokens=n)
+    results["graph_counters_k3"] = session.stats["graphs"]
+    print("CUDA graph counters after 4 batched calls, k=3:")
+    for slot, c in session.stats["graphs"].items():
+        print(f"  {slot:22s} {c}")
+        failures += c["fallbacks"] != 0 or c["invalidations"] != 0
+
+    tables = {}
+    for label, model in (("tiny-qwen35", out), ("medium (116M params, random)", medium / "out")):
+        start = time.perf_counter()
+        bench = run_bench(model, ks=(0, 1, 2, 3, 4), batches=(1, 4), max_new_tokens=n, repeats=3, provider="cuda",
+                          progress=False)
+        results[f"bench {label}"] = bench
+        tables[label] = format_table(bench)
+        print(f"bench {label} took {time.perf_counter() - start:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    print(format_table(bench))
+    for label, table in tables.items():
+        print(f"\n### {label}, CUDA\n{table}")
     print("identity failures:", failures)
     return 1 if failures else 0
 

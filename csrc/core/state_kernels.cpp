@@ -224,6 +224,106 @@ void gather_accepted_tokens(const TensorRef& drafts, const TensorRef& targets,
 #endif
 }
 
+void write_rows(const TensorRef& cache, const TensorRef& rows, const TensorRef& positions,
+                const std::optional<TensorRef>& counts, std::int64_t axis,
+                std::uintptr_t stream) {
+  const char* op = "write_rows";
+  NamedTensor cache_arg{"cache", cache}, rows_arg{"rows", rows},
+      positions_arg{"positions", positions};
+  if (cache.dtype != DType::kFloat32 && cache.dtype != DType::kFloat16 &&
+      cache.dtype != DType::kBFloat16) {
+    throw DTypeError(std::string(op) + ": cache must be float32, float16 or bfloat16, got " +
+                     dtype_name(cache.dtype));
+  }
+  if (rows.dtype != cache.dtype) {
+    throw DTypeError(std::string(op) + ": rows must have the cache's dtype " +
+                     dtype_name(cache.dtype) + ", got " + dtype_name(rows.dtype));
+  }
+  require_dtype(op, positions_arg, DType::kInt64);
+  if (counts) require_dtype(op, NamedTensor{"counts", *counts}, DType::kInt64);
+
+  const std::int64_t rank = static_cast<std::int64_t>(cache.ndim());
+  if (rank < 2) {
+    throw std::invalid_argument(std::string(op) + ": cache must be [B, ..., L, ...] with a "
+                                "position axis after the batch axis (rank >= 2), got shape " +
+                                shape_to_string(cache.shape));
+  }
+  const std::int64_t position_axis = axis < 0 ? axis + rank : axis;
+  if (position_axis < 1 || position_axis >= rank) {
+    throw std::invalid_argument(
+        std::string(op) + ": axis=" + std::to_string(axis) + " is not a position axis of cache " +
+        shape_to_string(cache.shape) + " (rank " + std::to_string(rank) + "): use 1.." +
+        std::to_string(rank - 1) + ", or -" + std::to_string(rank - 1) +
+        "..-1 from the end (axis 0 is the batch)");
+  }
+  require_rank(op, positions_arg, 2, "[B, M]");
+  const std::int64_t batch = cache.shape[0], num_rows = positions.shape[1];
+  require_shape(op, positions_arg, {batch, num_rows}, "[B, M]");
+  Shape expected_rows = cache.shape;
+  expected_rows[position_axis] = num_rows;
+  require_shape(op, rows_arg, expected_rows,
+                "cache.shape with axis " + std::to_string(position_axis) +
+                    " (the positions) of length M=" + std::to_string(num_rows));
+  if (counts) require_shape(op, NamedTensor{"counts", *counts}, {batch}, "[B]");
+  Device device = counts ? require_one_device(op, {cache_arg, rows_arg, positions_arg,
+                                                   NamedTensor{"counts", *counts}})
+                         : require_one_device(op, {cache_arg, rows_arg, positions_arg});
+
+  // cache [B, P, L, Q], rows [B, P, M, Q]; a row is the Q elements after the axis.
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t d = 1; d < position_axis; ++d) outer *= cache.shape[d];
+  for (std::int64_t d = position_axis + 1; d < rank; ++d) inner *= cache.shape[d];
+  const std::int64_t cache_length = cache.shape[position_axis];
+  const std::size_t row_bytes = static_cast<std::size_t>(inner) * dtype_size(cache.dtype);
+  const std::int64_t* counts_data = counts ? counts->as<std::int64_t>() : nullptr;
+  if (!device.is_cuda()) {
+    cpu::write_rows(cache.data, rows.data, positions.as<std::int64_t>(), counts_data, batch,
+                    outer, cache_length, num_rows, row_bytes);
+    return;
+  }
+#ifdef ORTSPEC_WITH_CUDA
+  cuda::write_rows(cache.data, rows.data, positions.as<std::int64_t>(), counts_data, batch,
+                   outer, cache_length, num_rows, row_bytes, device.index, stream);
+#else
+  (void)stream;
+  unreachable_cuda();
+#endif
+}
+
+void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& dst,
+                 std::uintptr_t stream) {
+  const char* op = "gather_rows";
+  NamedTensor src_arg{"src", src}, index_arg{"index", index}, dst_arg{"dst", dst};
+  require_dtype(op, index_arg, DType::kInt64);
+  if (dst.dtype != src.dtype) {
+    throw DTypeError(std::string(op) + ": dst must have the src's dtype " +
+                     dtype_name(src.dtype) + ", got " + dtype_name(dst.dtype));
+  }
+  if (dst.ndim() < 1) {
+    throw std::invalid_argument(std::string(op) + ": dst must be [B, ...] (rank >= 1), got "
+                                "shape " + shape_to_string(dst.shape));
+  }
+  const std::int64_t batch = dst.shape[0];
+  const std::int64_t num_rows = src.ndim() >= 2 ? src.shape[1] : 1;
+  Shape expected_src = dst.shape;
+  expected_src.insert(expected_src.begin() + 1, num_rows);
+  require_shape(op, src_arg, expected_src, "[B, M] + dst.shape[1:]");
+  require_shape(op, index_arg, {batch}, "[B]");
+  Device device = require_one_device(op, {src_arg, index_arg, dst_arg});
+  std::size_t row_bytes = batch == 0 ? 0 : dst.nbytes() / static_cast<std::size_t>(batch);
+  if (!device.is_cuda()) {
+    cpu::gather_rows(src.data, index.as<std::int64_t>(), dst.data, batch, num_rows, row_bytes);
+    return;
+  }
+#ifdef ORTSPEC_WITH_CUDA
+  cuda::gather_rows(src.data, index.as<std::int64_t>(), dst.data, batch, num_rows, row_bytes,
+                    device.index, stream);
+#else
+  (void)stream;
+  unreachable_cuda();
+#endif
+}
+
 std::string take_kernel_error(Device device, std::uintptr_t stream) {
   if (!device.is_cuda()) return "";
 #ifdef ORTSPEC_WITH_CUDA

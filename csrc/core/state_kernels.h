@@ -11,6 +11,13 @@
 //                          (I, J each int32 or int64; accepted int64[B])
 //   gather_accepted_tokens drafts int64[B,k], targets int64[B,k+1], accepted int64[B]
 //                          -> out int64[B,k+1] = drafts[b,:a] ++ [targets[b,a]] ++ [-1]*(k-a)
+//   write_rows             cache T[B,d1..,L,e1..] (position axis `axis` >= 1, length L),
+//                          rows T[B,d1..,M,e1..], positions int64[B,M], counts int64[B]
+//                          (optional, none = M); viewed as cache [B,P,L,Q], rows [B,P,M,Q]:
+//                          cache[b,p,positions[b,j],q] = rows[b,p,j,q] for j < counts[b]
+//                          (T float32/float16/bfloat16, copied bitwise; KV cache append)
+//   gather_rows            src T[B,M,...], index int64[B] -> dst T[B,...]
+//                          dst[b] = src[b, index[b]]   (T any dtype, copied bitwise)
 //
 // Each entry point checks devices, dtypes and shapes (DTypeError or
 // std::invalid_argument naming the function and argument), then runs the CPU
@@ -20,7 +27,9 @@
 // leaves the row as documented, and take_kernel_error() reports it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/tensor_ref.h"
@@ -37,6 +46,16 @@ void advance_positions(const TensorRef& positions, const TensorRef& seq_lens,
 void gather_accepted_tokens(const TensorRef& drafts, const TensorRef& targets,
                             const TensorRef& accepted, const TensorRef& out,
                             std::uintptr_t stream = 0);
+// `axis` counts from the front (1..rank-1) or, when negative, from the back
+// (-1 = the last dimension); the batch axis 0 cannot be the position axis.
+// Positions written for one request should be distinct: the CPU applies the
+// entries in order j = 0, 1, ... (the last duplicate wins), CUDA writes them
+// concurrently (an unspecified duplicate wins).
+void write_rows(const TensorRef& cache, const TensorRef& rows, const TensorRef& positions,
+                const std::optional<TensorRef>& counts, std::int64_t axis,
+                std::uintptr_t stream = 0);
+void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& dst,
+                 std::uintptr_t stream = 0);
 
 // The first error a CUDA state kernel recorded on `device` since the last call
 // ("" when none; always "" for the CPU). Synchronizes `stream`.
@@ -56,6 +75,14 @@ void advance_positions(Position* positions, SeqLen* seq_lens, const std::int64_t
 void gather_accepted_tokens(const std::int64_t* drafts, const std::int64_t* targets,
                             const std::int64_t* accepted, std::int64_t* out,
                             std::int64_t batch, std::int64_t num_drafts);
+// cache [B, P, L, row_bytes], rows [B, P, M, row_bytes], positions [B, M],
+// counts [B] or nullptr (all M rows).
+void write_rows(void* cache, const void* rows, const std::int64_t* positions,
+                const std::int64_t* counts, std::int64_t batch, std::int64_t outer,
+                std::int64_t cache_length, std::int64_t num_rows, std::size_t row_bytes);
+// src [B, M, row_bytes], index [B] -> dst [B, row_bytes].
+void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int64_t batch,
+                 std::int64_t num_rows, std::size_t row_bytes);
 
 }  // namespace cpu
 }  // namespace ortspec

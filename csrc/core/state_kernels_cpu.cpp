@@ -91,4 +91,63 @@ void gather_accepted_tokens(const std::int64_t* drafts,    // [B, k]
   }
 }
 
+void write_rows(void* cache,                    // [B, P, L, row_bytes]
+                const void* rows,               // [B, P, M, row_bytes]
+                const std::int64_t* positions,  // [B, M]
+                const std::int64_t* counts,     // [B], or nullptr for all M rows
+                std::int64_t batch, std::int64_t outer, std::int64_t cache_length,
+                std::int64_t num_rows, std::size_t row_bytes) {
+  for (std::int64_t b = 0; b < batch; ++b) {  // check every entry before writing any
+    std::int64_t count = counts == nullptr ? num_rows : counts[b];
+    if (count < 0 || count > num_rows) {
+      throw std::invalid_argument("write_rows: counts[" + std::to_string(b) + "]=" +
+                                  std::to_string(count) + " is out of range 0..M=" +
+                                  std::to_string(num_rows));
+    }
+    for (std::int64_t j = 0; j < count; ++j) {
+      std::int64_t position = positions[b * num_rows + j];
+      if (position < 0 || position >= cache_length) {
+        throw std::invalid_argument("write_rows: positions[" + std::to_string(b) + ", " +
+                                    std::to_string(j) + "]=" + std::to_string(position) +
+                                    " is out of range for a cache of L=" +
+                                    std::to_string(cache_length) + " positions (valid 0.." +
+                                    std::to_string(cache_length - 1) + ")");
+      }
+    }
+  }
+  char* cache_bytes = static_cast<char*>(cache);
+  const char* rows_bytes = static_cast<const char*>(rows);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::int64_t count = counts == nullptr ? num_rows : counts[b];
+    for (std::int64_t p = 0; p < outer; ++p) {
+      std::int64_t plane = b * outer + p;  // one [L, row] plane of cache, [M, row] of rows
+      for (std::int64_t j = 0; j < count; ++j) {
+        std::int64_t position = positions[b * num_rows + j];
+        std::memcpy(cache_bytes + (plane * cache_length + position) * row_bytes,
+                    rows_bytes + (plane * num_rows + j) * row_bytes, row_bytes);
+      }
+    }
+  }
+}
+
+void gather_rows(const void* src,            // [B, M, row_bytes]
+                 const std::int64_t* index,  // [B]
+                 void* dst,                  // [B, row_bytes]
+                 std::int64_t batch, std::int64_t num_rows, std::size_t row_bytes) {
+  for (std::int64_t b = 0; b < batch; ++b) {  // check every row before writing any
+    if (index[b] < 0 || index[b] >= num_rows) {
+      throw std::invalid_argument("gather_rows: index[" + std::to_string(b) + "]=" +
+                                  std::to_string(index[b]) + " is out of range for src of M=" +
+                                  std::to_string(num_rows) + " rows (valid 0.." +
+                                  std::to_string(num_rows - 1) + ")");
+    }
+  }
+  const char* src_bytes = static_cast<const char*>(src);
+  char* dst_bytes = static_cast<char*>(dst);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::memcpy(dst_bytes + b * row_bytes, src_bytes + (b * num_rows + index[b]) * row_bytes,
+                row_bytes);
+  }
+}
+
 }  // namespace ortspec::cpu

@@ -88,6 +88,19 @@ void gather_accepted_tokens(const std::int64_t* drafts, const std::int64_t* targ
                             std::int64_t batch, std::int64_t num_drafts, int device,
                             std::uintptr_t stream);
 
+// cache [B, P, L, row] <- rows [B, P, M, row]: cache[b, p, positions[b, j]] = rows[b, p, j]
+// for j < counts[b] (counts nullptr: all M). Rows of row_bytes bytes, copied bitwise.
+// A bad count skips its request, a bad position its entry; both are recorded.
+void write_rows(void* cache, const void* rows, const std::int64_t* positions,
+                const std::int64_t* counts, std::int64_t batch, std::int64_t outer,
+                std::int64_t cache_length, std::int64_t num_rows, std::size_t row_bytes,
+                int device, std::uintptr_t stream);
+
+// dst[b, :] = src[b, index[b], :], rows of row_bytes bytes, copied bitwise.
+void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int64_t batch,
+                 std::int64_t num_rows, std::size_t row_bytes, int device,
+                 std::uintptr_t stream);
+
 // Synchronizes `stream`, then returns and clears the first error a state kernel
 // recorded on `device` ("" when none).
 std::string take_kernel_error(int device, std::uintptr_t stream);

@@ -1,13 +1,19 @@
 // CUDA state kernels: the device twins of core/state_kernels_cpu.cpp.
 //
-// Each kernel is small and launch-bound (B is a batch, not a token count), so
+// Most kernels are small and launch-bound (B is a batch, not a token count), so
 // they favour simple indexing over cleverness: one thread per batch row for the
-// per-request bookkeeping, one thread per machine word for select_slots. All of
-// them are asynchronous on the caller's stream and safe to capture in a CUDA
-// graph. An out-of-range index cannot throw on the device; it is recorded in
+// per-request bookkeeping, one thread per machine word for the row copies
+// (select_slots, gather_rows). write_rows moves whole KV-cache rows (millions of
+// elements), so it is the one that cares about throughput: one thread per word
+// of the new rows, consecutive threads along the contiguous row (coalesced), and
+// 32-bit index arithmetic whenever the tensors allow it. All of them are
+// asynchronous on the caller's stream and safe to capture in a CUDA graph. An
+// out-of-range index cannot throw on the device; it is recorded in
 // g_kernel_error (first one wins) and reported by take_kernel_error().
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -16,20 +22,32 @@
 namespace ortspec::cuda {
 namespace {
 
-enum KernelId : int { kNoError = 0, kSelectSlots = 1, kAdvancePositions = 2, kGatherTokens = 3 };
+enum KernelId : int {
+  kNoError = 0,
+  kSelectSlots = 1,
+  kAdvancePositions = 2,
+  kGatherTokens = 3,
+  kWriteRowsCount = 4,
+  kWriteRowsPosition = 5,
+  kGatherRows = 6,
+};
 
 struct KernelErrorRecord {
   int kernel;          // KernelId of the first failing kernel; kNoError when clear
   long long row;       // batch row b
-  long long value;     // the bad index / accepted length
-  long long limit;     // W for select_slots, k for gather_accepted_tokens
+  long long column;    // j for write_rows positions[b, j]; 0 otherwise
+  long long value;     // the bad index / accepted length / count / position
+  long long limit;     // W for select_slots, k for gather_accepted_tokens, M for gather_rows
+                       // and write_rows counts, L for write_rows positions
 };
 
-__device__ KernelErrorRecord g_kernel_error = {kNoError, 0, 0, 0};
+__device__ KernelErrorRecord g_kernel_error = {kNoError, 0, 0, 0, 0};
 
-__device__ void record_kernel_error(int kernel, long long row, long long value, long long limit) {
+__device__ void record_kernel_error(int kernel, long long row, long long value, long long limit,
+                                    long long column = 0) {
   if (atomicCAS(&g_kernel_error.kernel, kNoError, kernel) == kNoError) {
     g_kernel_error.row = row;
+    g_kernel_error.column = column;
     g_kernel_error.value = value;
     g_kernel_error.limit = limit;
   }
@@ -42,6 +60,32 @@ unsigned int blocks_for(long long work_items) {
 }
 
 cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+// Calls launch(Word{}) with the widest Word (16, 8, 4, 2 or 1 bytes) that divides
+// row_bytes and every address in `pointers`, so that rows are copied in as few,
+// as wide, aligned accesses as possible (bitwise: the dtype does not matter).
+template <typename Launch>
+void with_widest_word(std::size_t row_bytes, std::initializer_list<const void*> pointers,
+                      Launch&& launch) {
+  auto fits = [&](std::size_t word) {
+    if (row_bytes % word != 0) return false;
+    for (const void* pointer : pointers) {
+      if (reinterpret_cast<std::uintptr_t>(pointer) % word != 0) return false;
+    }
+    return true;
+  };
+  if (fits(16)) {
+    launch(uint4{});
+  } else if (fits(8)) {
+    launch(static_cast<unsigned long long>(0));
+  } else if (fits(4)) {
+    launch(static_cast<unsigned int>(0));
+  } else if (fits(2)) {
+    launch(static_cast<unsigned short>(0));
+  } else {
+    launch(static_cast<unsigned char>(0));
+  }
+}
 
 void check_launch(const char* kernel) {
   cudaError_t status = cudaGetLastError();
@@ -66,35 +110,99 @@ __global__ void accept_lengths_kernel(const long long* drafts,   // [B, k]
   accepted[b] = length;
 }
 
-// ---- select_slots: one thread per Word of the [B, row] live tensor ----------
+// ---- select_slots, gather_rows: one thread per Word of the [B, row] output ---
+// out[b] = source row (slot * slot_stride + b * batch_stride), slot = index[b]:
+// select_slots reads window [W, B, row] (slot_stride B, batch_stride 1),
+// gather_rows reads src [B, M, row] (slot_stride 1, batch_stride M).
 template <typename Word>
-__global__ void select_slots_kernel(const Word* window,  // [W, B, words_per_row]
-                                    const long long* index,  // [B]
-                                    Word* live,              // [B, words_per_row]
-                                    long long num_slots, long long batch,
-                                    long long words_per_row) {
+__global__ void pick_rows_kernel(const Word* source,      // [.., words_per_row]
+                                 const long long* index,  // [B]
+                                 Word* out,               // [B, words_per_row]
+                                 long long num_slots, long long batch, long long words_per_row,
+                                 long long slot_stride, long long batch_stride, int kernel) {
   long long item = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
   if (item >= batch * words_per_row) return;
   long long b = item / words_per_row;
   long long word = item % words_per_row;
   long long slot = index[b];
   if (slot < 0 || slot >= num_slots) {
-    if (word == 0) record_kernel_error(kSelectSlots, b, slot, num_slots);
-    return;  // this row of live is left unchanged
+    if (word == 0) record_kernel_error(kernel, b, slot, num_slots);
+    return;  // this row of out is left unchanged
   }
-  live[item] = window[(slot * batch + b) * words_per_row + word];
+  out[item] = source[(slot * slot_stride + b * batch_stride) * words_per_row + word];
+}
+
+void launch_pick_rows(const void* source, const std::int64_t* index, void* out,
+                      long long num_slots, long long batch, std::size_t row_bytes,
+                      long long slot_stride, long long batch_stride, KernelId kernel,
+                      cudaStream_t stream) {
+  const auto* slot_index = reinterpret_cast<const long long*>(index);
+  with_widest_word(row_bytes, {source, out}, [&](auto word_tag) {
+    using Word = decltype(word_tag);
+    long long words_per_row = static_cast<long long>(row_bytes / sizeof(Word));
+    long long work_items = batch * words_per_row;
+    if (work_items == 0) return;
+    pick_rows_kernel<Word><<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(
+        static_cast<const Word*>(source), slot_index, static_cast<Word*>(out), num_slots, batch,
+        words_per_row, slot_stride, batch_stride, kernel);
+  });
+}
+
+// ---- write_rows: one thread per Word of rows [B, P, M, words_per_row] --------
+// Index is int where every offset fits (the common case: 32-bit division is far
+// cheaper than 64-bit on the device), long long otherwise.
+template <typename Word, typename Index>
+__global__ void write_rows_kernel(Word* cache,                  // [B, P, L, words_per_row]
+                                  const Word* rows,             // [B, P, M, words_per_row]
+                                  const long long* positions,   // [B, M]
+                                  const long long* counts,      // [B] or nullptr (all M)
+                                  Index outer, Index cache_length, Index num_rows,
+                                  Index words_per_row, long long work_items) {
+  long long linear = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (linear >= work_items) return;
+  Index item = static_cast<Index>(linear);
+  Index word = item % words_per_row;
+  Index rest = item / words_per_row;
+  Index j = rest % num_rows;
+  rest /= num_rows;
+  Index p = rest % outer;
+  Index b = rest / outer;
+  long long count = counts == nullptr ? static_cast<long long>(num_rows) : counts[b];
+  if (count < 0 || count > static_cast<long long>(num_rows)) {
+    if (j == 0 && p == 0 && word == 0) record_kernel_error(kWriteRowsCount, b, count, num_rows);
+    return;  // nothing is written for this request
+  }
+  if (static_cast<long long>(j) >= count) return;
+  long long position = positions[b * num_rows + j];
+  if (position < 0 || position >= static_cast<long long>(cache_length)) {
+    if (p == 0 && word == 0) {
+      record_kernel_error(kWriteRowsPosition, b, position, cache_length, j);
+    }
+    return;  // this entry is not written
+  }
+  cache[((b * outer + p) * cache_length + static_cast<Index>(position)) * words_per_row + word] =
+      rows[item];
 }
 
 template <typename Word>
-void launch_select_slots(const void* window, const long long* index, void* live,
-                         long long num_slots, long long batch, std::size_t row_bytes,
-                         cudaStream_t stream) {
+void launch_write_rows(void* cache, const void* rows, const long long* positions,
+                       const long long* counts, long long batch, long long outer,
+                       long long cache_length, long long num_rows, std::size_t row_bytes,
+                       cudaStream_t stream) {
   long long words_per_row = static_cast<long long>(row_bytes / sizeof(Word));
-  long long work_items = batch * words_per_row;
+  long long work_items = batch * outer * num_rows * words_per_row;
   if (work_items == 0) return;
-  select_slots_kernel<Word><<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(
-      static_cast<const Word*>(window), index, static_cast<Word*>(live), num_slots, batch,
-      words_per_row);
+  long long cache_words = batch * outer * cache_length * words_per_row;
+  if (work_items <= INT_MAX && cache_words <= INT_MAX) {
+    write_rows_kernel<Word, int><<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(
+        static_cast<Word*>(cache), static_cast<const Word*>(rows), positions, counts,
+        static_cast<int>(outer), static_cast<int>(cache_length), static_cast<int>(num_rows),
+        static_cast<int>(words_per_row), work_items);
+  } else {
+    write_rows_kernel<Word, long long><<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(
+        static_cast<Word*>(cache), static_cast<const Word*>(rows), positions, counts, outer,
+        cache_length, num_rows, words_per_row, work_items);
+  }
 }
 
 // ---- advance_positions: one thread per row ----------------------------------
@@ -161,6 +269,17 @@ std::string describe_kernel_error(const KernelErrorRecord& record) {
     case kGatherTokens:
       return "gather_accepted_tokens: accepted[" + row + "]=" + value +
              " is out of range 0..k=" + limit + "; that row of out was filled with -1";
+    case kWriteRowsCount:
+      return "write_rows: counts[" + row + "]=" + value + " is out of range 0..M=" + limit +
+             "; nothing was written for that request";
+    case kWriteRowsPosition:
+      return "write_rows: positions[" + row + ", " + std::to_string(record.column) + "]=" +
+             value + " is out of range for a cache of L=" + limit + " positions (valid 0.." +
+             std::to_string(record.limit - 1) + "); that row was not written";
+    case kGatherRows:
+      return "gather_rows: index[" + row + "]=" + value + " is out of range for src of M=" +
+             limit + " rows (valid 0.." + std::to_string(record.limit - 1) +
+             "); that row of dst was left unchanged";
     default:
       return "unknown state kernel error " + std::to_string(record.kernel);
   }
@@ -184,29 +303,35 @@ void select_slots(const void* window, const std::int64_t* index, void* live,
                   std::uintptr_t stream) {
   if (batch == 0 || row_bytes == 0) return;
   DeviceGuard guard(device);
-  // Copy in the widest word that divides the row and both base addresses.
-  auto fits = [&](std::size_t word) {
-    return row_bytes % word == 0 && reinterpret_cast<std::uintptr_t>(window) % word == 0 &&
-           reinterpret_cast<std::uintptr_t>(live) % word == 0;
-  };
-  const auto* slot_index = reinterpret_cast<const long long*>(index);
-  cudaStream_t cuda_stream = as_stream(stream);
-  if (fits(16)) {
-    launch_select_slots<uint4>(window, slot_index, live, num_slots, batch, row_bytes, cuda_stream);
-  } else if (fits(8)) {
-    launch_select_slots<unsigned long long>(window, slot_index, live, num_slots, batch, row_bytes,
-                                            cuda_stream);
-  } else if (fits(4)) {
-    launch_select_slots<unsigned int>(window, slot_index, live, num_slots, batch, row_bytes,
-                                      cuda_stream);
-  } else if (fits(2)) {
-    launch_select_slots<unsigned short>(window, slot_index, live, num_slots, batch, row_bytes,
-                                        cuda_stream);
-  } else {
-    launch_select_slots<unsigned char>(window, slot_index, live, num_slots, batch, row_bytes,
-                                       cuda_stream);
-  }
+  launch_pick_rows(window, index, live, num_slots, batch, row_bytes, /*slot_stride=*/batch,
+                   /*batch_stride=*/1, kSelectSlots, as_stream(stream));
   check_launch("select_slots");
+}
+
+void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int64_t batch,
+                 std::int64_t num_rows, std::size_t row_bytes, int device,
+                 std::uintptr_t stream) {
+  if (batch == 0 || row_bytes == 0) return;
+  DeviceGuard guard(device);
+  launch_pick_rows(src, index, dst, num_rows, batch, row_bytes, /*slot_stride=*/1,
+                   /*batch_stride=*/num_rows, kGatherRows, as_stream(stream));
+  check_launch("gather_rows");
+}
+
+void write_rows(void* cache, const void* rows, const std::int64_t* positions,
+                const std::int64_t* counts, std::int64_t batch, std::int64_t outer,
+                std::int64_t cache_length, std::int64_t num_rows, std::size_t row_bytes,
+                int device, std::uintptr_t stream) {
+  if (batch == 0 || outer == 0 || num_rows == 0 || row_bytes == 0) return;
+  DeviceGuard guard(device);
+  const auto* positions_ll = reinterpret_cast<const long long*>(positions);
+  const auto* counts_ll = reinterpret_cast<const long long*>(counts);
+  cudaStream_t cuda_stream = as_stream(stream);
+  with_widest_word(row_bytes, {cache, rows}, [&](auto word_tag) {
+    launch_write_rows<decltype(word_tag)>(cache, rows, positions_ll, counts_ll, batch, outer,
+                                          cache_length, num_rows, row_bytes, cuda_stream);
+  });
+  check_launch("write_rows");
 }
 
 void advance_positions(void* positions, DType positions_dtype, void* seq_lens,
@@ -251,7 +376,7 @@ std::string take_kernel_error(int device, std::uintptr_t stream) {
                              cudaGetErrorString(status));
   }
   if (record.kernel == kNoError) return "";
-  KernelErrorRecord cleared = {kNoError, 0, 0, 0};
+  KernelErrorRecord cleared = {kNoError, 0, 0, 0, 0};
   status = cudaMemcpyToSymbolAsync(g_kernel_error, &cleared, sizeof(cleared), 0,
                                    cudaMemcpyHostToDevice, cuda_stream);
   if (status == cudaSuccess) status = cudaStreamSynchronize(cuda_stream);

@@ -6,6 +6,7 @@
 // and nothing synchronizes: device-side index errors surface at the next
 // check_device_errors(). Functions that produce a tensor allocate a numpy
 // result when `out` is omitted for CPU inputs; device kernels never allocate.
+#include <optional>
 #include <string>
 
 #include "core/device_memory.h"
@@ -141,6 +142,54 @@ is int32); accepted int64[B], >= 0.)doc");
 drafts int64[B, k], targets int64[B, k+1], accepted int64[B] in 0..k ->
 out int64[B, k+1] = drafts[b, :a] ++ [targets[b, a]] ++ [-1] * (k - a).
 Returns out (a new numpy array when omitted for CPU inputs).)doc");
+
+  module.def(
+      "write_rows",
+      [](py::handle cache, py::handle rows, py::handle positions, py::handle counts,
+         std::int64_t axis, py::handle stream) {
+        const char* op = "write_rows";
+        TensorRef cache_ref = tensor_arg(cache, op, "cache", true);
+        TensorRef rows_ref = tensor_arg(rows, op, "rows", false);
+        TensorRef positions_ref = tensor_arg(positions, op, "positions", false);
+        std::optional<TensorRef> counts_ref;
+        if (!counts.is_none()) counts_ref = tensor_arg(counts, op, "counts", false);
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        write_rows(cache_ref, rows_ref, positions_ref, counts_ref, axis, stream_handle);
+      },
+      py::arg("cache"), py::arg("rows"), py::arg("positions"), py::arg("counts") = py::none(),
+      py::kw_only(), py::arg("axis"), py::arg("stream") = 0,
+      R"doc(Writes new KV-cache rows in place: cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...].
+
+cache T[B, d1.., L, e1..] with the position axis `axis` (keyword-only; 1..ndim-1,
+or negative from the end) of length L; rows T[B, d1.., M, e1..] (cache's shape
+with M at `axis`); positions int64[B, M]; counts int64[B] or None (all M).
+T is float32, float16 or bfloat16 (copied bitwise). Viewing cache as [B, P, L, Q]
+and rows as [B, P, M, Q]: cache[b, p, positions[b, j], q] = rows[b, p, j, q] for
+j < counts[b]. Key cache [B, kvh, hd, L] takes axis=3, value cache [B, kvh, L, hd]
+axis=2. Positions of one request should be distinct (CPU: the last duplicate
+wins; CUDA: an unspecified one). A count outside 0..M or a written position
+outside 0..L-1 raises ValueError on the CPU (nothing written); on CUDA the bad
+request (count) or entry (position) is skipped and check_device_errors() raises.)doc");
+
+  module.def(
+      "gather_rows",
+      [](py::handle src, py::handle index, py::handle dst, py::handle stream) {
+        const char* op = "gather_rows";
+        TensorRef src_ref = tensor_arg(src, op, "src", false);
+        TensorRef index_ref = tensor_arg(index, op, "index", false);
+        TensorRef dst_ref = tensor_arg(dst, op, "dst", true);
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        gather_rows(src_ref, index_ref, dst_ref, stream_handle);
+      },
+      py::arg("src"), py::arg("index"), py::arg("dst"), py::arg("stream") = 0,
+      R"doc(dst[b] = src[b, index[b]] (one row per request, e.g. the MTP hidden state at
+the last accepted position).
+
+src T[B, M, ...], index int64[B] in 0..M-1, dst T[B, ...]. Any dtype T, copied
+bitwise. An index outside 0..M-1 raises ValueError on the CPU (nothing written);
+on CUDA that row of dst is left unchanged and check_device_errors() raises.)doc");
 
   module.def(
       "check_device_errors",

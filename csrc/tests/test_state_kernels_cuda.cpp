@@ -1,8 +1,10 @@
 // The CUDA state kernels against the CPU reference, on the device. Compiled
 // only in CUDA builds; without a device the suite prints SKIPPED and returns
 // kSkipReturnCode, so ctest lists it as skipped rather than passed.
+#include <array>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,6 +137,178 @@ void test_bad_indices_are_recorded_and_reported() {
   CHECK((to_host<std::int64_t>(out) == Tokens{-1, -1, -1}));
 }
 
+template <typename Bits>
+std::vector<Bits> random_bits(std::size_t count, std::mt19937_64& rng) {
+  std::vector<Bits> values(count);
+  for (Bits& value : values) value = static_cast<Bits>(rng());
+  return values;
+}
+
+TensorRef host_ref(void* data, DType dtype, ortspec::Shape shape) {
+  return TensorRef{data, dtype, std::move(shape), Device::cpu()};
+}
+
+// Runs write_rows on the device and the CPU kernel on host copies of the same
+// inputs; the caches must agree bitwise. `misalign` elements shift both the
+// cache and the rows off their 256-byte boundary (narrower device words).
+template <typename Bits>
+void check_write_rows_matches_cpu(const WriteRowsCase& c, DType dtype, std::mt19937_64& rng,
+                                  std::int64_t misalign = 0) {
+  ortspec::PersistentBuffers device(kGpu);
+  std::vector<Bits> cache = random_bits<Bits>(c.cache_numel() + misalign, rng);
+  std::vector<Bits> rows = random_bits<Bits>(c.rows_numel() + misalign, rng);
+  Tokens positions = c.positions, counts = c.counts;
+  Buffer cache_gpu = to_device(device, "cache", cache, dtype, {c.cache_numel() + misalign});
+  Buffer rows_gpu = to_device(device, "rows", rows, dtype, {c.rows_numel() + misalign});
+  Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64,
+                                   {c.batch(), c.num_rows});
+  std::optional<TensorRef> counts_gpu, counts_host;
+  if (!counts.empty()) {
+    counts_gpu = to_device(device, "counts", counts, DType::kInt64, {c.batch()}).ref();
+    counts_host = host_ref(counts.data(), DType::kInt64, {c.batch()});
+  }
+  ortspec::write_rows(
+      TensorRef{static_cast<Bits*>(cache_gpu.ref().data) + misalign, dtype, c.cache_shape, kGpu},
+      TensorRef{static_cast<Bits*>(rows_gpu.ref().data) + misalign, dtype, c.rows_shape(), kGpu},
+      positions_gpu.ref(), counts_gpu, c.axis);
+  ortspec::write_rows(host_ref(cache.data() + misalign, dtype, c.cache_shape),
+                      host_ref(rows.data() + misalign, dtype, c.rows_shape()),
+                      host_ref(positions.data(), DType::kInt64, {c.batch(), c.num_rows}),
+                      counts_host, c.axis);
+  CHECK(to_host<Bits>(cache_gpu) == cache);
+}
+
+void test_write_rows_match_cpu() {
+  std::mt19937_64 rng(404);
+  for (const WriteRowsCase& c : write_rows_cases(rng)) {
+    check_write_rows_matches_cpu<std::uint32_t>(c, DType::kFloat32, rng);
+    check_write_rows_matches_cpu<std::uint16_t>(c, DType::kFloat16, rng);
+    check_write_rows_matches_cpu<std::uint16_t>(c, DType::kBFloat16, rng, /*misalign=*/1);
+  }
+  // Our layouts at size: a prefill-sized M (2M elements of rows), counts None and
+  // partial; hd=128 fp16 rows take the 16-byte path, the key layout 2-byte words.
+  for (CountsMode mode : {CountsMode::kNone, CountsMode::kPartial}) {
+    check_write_rows_matches_cpu<std::uint16_t>(
+        make_write_rows_case({4, 8, 128, 1024}, 3, 512, mode, rng), DType::kFloat16, rng);
+    check_write_rows_matches_cpu<std::uint16_t>(
+        make_write_rows_case({4, 8, 1024, 128}, 2, 512, mode, rng), DType::kBFloat16, rng);
+    check_write_rows_matches_cpu<std::uint32_t>(
+        make_write_rows_case({4, 8, 64, 300}, 3, 40, mode, rng), DType::kFloat32, rng);
+    check_write_rows_matches_cpu<std::uint32_t>(
+        make_write_rows_case({4, 8, 300, 64}, 2, 40, mode, rng), DType::kFloat32, rng);
+  }
+  CHECK(ortspec::take_kernel_error(kGpu, 0).empty());
+}
+
+// A cache of more than INT_MAX words: the kernel's 64-bit index path.
+void test_write_rows_past_32_bit_offsets() {
+  const std::int64_t length = (std::int64_t{1} << 31) + 16;  // cache [1, L] fp16: 4 GiB
+  ortspec::PersistentBuffers device(kGpu);
+  Buffer cache = device.allocate("cache", {1, length}, DType::kFloat16);  // zero-filled
+  std::vector<std::uint16_t> rows{0x1111, 0x2222, 0x3333, 0x4444};
+  Tokens positions{length - 1, std::int64_t{1} << 31, 5, (std::int64_t{1} << 31) - 1};
+  Buffer rows_gpu = to_device(device, "rows", rows, DType::kFloat16, {1, 4});
+  Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64, {1, 4});
+  ortspec::write_rows(cache.ref(), rows_gpu.ref(), positions_gpu.ref(), std::nullopt, -1);
+  auto element = [&](std::int64_t position) {
+    std::uint16_t value = 0xFFFF;
+    ortspec::copy_bytes(&value, Device::cpu(), cache.ref().as<std::uint16_t>() + position, kGpu,
+                        sizeof(value), 0);
+    ortspec::synchronize(kGpu, 0);
+    return value;
+  };
+  for (std::size_t j = 0; j < rows.size(); ++j) CHECK_EQ(element(positions[j]), rows[j]);
+  CHECK_EQ(element(length - 2), 0);
+  CHECK_EQ(element(4), 0);
+  CHECK(ortspec::take_kernel_error(kGpu, 0).empty());
+}
+
+void test_gather_rows_match_cpu() {
+  std::mt19937_64 rng(808);
+  struct Case { std::int64_t batch, num_rows; ortspec::Shape features; DType dtype; };
+  for (const Case& c : {Case{3, 5, {16}, DType::kFloat32}, Case{1, 1, {2, 3}, DType::kFloat32},
+                        Case{4, 3, {}, DType::kFloat16}, Case{2, 6, {3, 1, 5}, DType::kBFloat16},
+                        Case{8, 5, {4096}, DType::kFloat32}, Case{5, 4, {3}, DType::kInt64}}) {
+    ortspec::PersistentBuffers device(kGpu);
+    std::int64_t features = 1;
+    for (std::int64_t dim : c.features) features *= dim;
+    ortspec::Shape dst_shape{c.batch}, src_shape{c.batch, c.num_rows};
+    dst_shape.insert(dst_shape.end(), c.features.begin(), c.features.end());
+    src_shape.insert(src_shape.end(), c.features.begin(), c.features.end());
+    std::size_t element = ortspec::dtype_size(c.dtype);
+    // 16-bit words of every dtype; the kernels copy bitwise.
+    std::vector<std::uint16_t> src = random_bits<std::uint16_t>(
+        c.batch * c.num_rows * features * element / 2, rng);
+    std::vector<std::uint16_t> dst(c.batch * features * element / 2, 0);
+    Tokens index = random_indices(c.batch, c.num_rows, rng);
+    Buffer src_gpu = to_device(device, "src", src, c.dtype, src_shape);
+    Buffer index_gpu = to_device(device, "index", index, DType::kInt64, {c.batch});
+    Buffer dst_gpu = device.allocate("dst", dst_shape, c.dtype);
+    ortspec::gather_rows(src_gpu.ref(), index_gpu.ref(), dst_gpu.ref());
+    ortspec::gather_rows(host_ref(src.data(), c.dtype, src_shape),
+                         host_ref(index.data(), DType::kInt64, {c.batch}),
+                         host_ref(dst.data(), c.dtype, dst_shape));
+    CHECK(to_host<std::uint16_t>(dst_gpu) == dst);
+  }
+  CHECK(ortspec::take_kernel_error(kGpu, 0).empty());
+}
+
+void test_write_and_gather_rows_errors_are_recorded() {
+  // cache [2, 1, 4, 2] fp32 (position axis 2) filled with 7; rows [2, 1, 2, 2] = 1..8.
+  ortspec::PersistentBuffers device(kGpu);
+  std::vector<float> filled(2 * 4 * 2, 7.0f), rows{1, 2, 3, 4, 5, 6, 7, 8};
+  Buffer rows_gpu = to_device(device, "rows", rows, DType::kFloat32, {2, 1, 2, 2});
+  auto fresh_cache = [&](const std::string& name) {
+    return to_device(device, name, filled, DType::kFloat32, {2, 1, 4, 2});
+  };
+  auto expect = [&](std::vector<std::array<std::int64_t, 3>> writes) {  // {b, j, position}
+    std::vector<float> expected = filled;
+    for (const auto& [b, j, position] : writes) {
+      for (std::int64_t q = 0; q < 2; ++q) expected[(b * 4 + position) * 2 + q] = rows[(b * 2 + j) * 2 + q];
+    }
+    return expected;
+  };
+
+  Tokens positions{0, 1, 2, 3}, too_many{2, 3};
+  Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64, {2, 2});
+  Buffer cache = fresh_cache("cache_count");
+  ortspec::write_rows(cache.ref(), rows_gpu.ref(), positions_gpu.ref(),
+                      to_device(device, "too_many", too_many, DType::kInt64, {2}).ref(), 2);
+  CHECK(ortspec::take_kernel_error(kGpu, 0) ==
+        "write_rows: counts[1]=3 is out of range 0..M=2; nothing was written for that request");
+  CHECK(to_host<float>(cache) == expect({{0, 0, 0}, {0, 1, 1}}));
+
+  Tokens past_end{0, 1, 2, 7};
+  cache = fresh_cache("cache_position");
+  ortspec::write_rows(cache.ref(), rows_gpu.ref(),
+                      to_device(device, "past_end", past_end, DType::kInt64, {2, 2}).ref(),
+                      std::nullopt, 2);
+  CHECK(ortspec::take_kernel_error(kGpu, 0) ==
+        "write_rows: positions[1, 1]=7 is out of range for a cache of L=4 positions (valid "
+        "0..3); that row was not written");
+  CHECK(to_host<float>(cache) == expect({{0, 0, 0}, {0, 1, 1}, {1, 0, 2}}));
+
+  // Positions past a request's count are never read.
+  Tokens padded{3, -1, -1, -1}, one_and_none{1, 0};
+  cache = fresh_cache("cache_padded");
+  ortspec::write_rows(cache.ref(), rows_gpu.ref(),
+                      to_device(device, "padded", padded, DType::kInt64, {2, 2}).ref(),
+                      to_device(device, "one_and_none", one_and_none, DType::kInt64, {2}).ref(), 2);
+  CHECK(ortspec::take_kernel_error(kGpu, 0).empty());
+  CHECK(to_host<float>(cache) == expect({{0, 0, 3}}));
+
+  std::vector<float> src{0, 1, 2, 3, 4, 5}, dst{9, 9};  // src [2, 3], dst [2]
+  Tokens bad_index{-1, 2};
+  Buffer dst_gpu = to_device(device, "dst", dst, DType::kFloat32, {2});
+  ortspec::gather_rows(to_device(device, "src", src, DType::kFloat32, {2, 3}).ref(),
+                       to_device(device, "bad_index", bad_index, DType::kInt64, {2}).ref(),
+                       dst_gpu.ref());
+  CHECK(ortspec::take_kernel_error(kGpu, 0) ==
+        "gather_rows: index[0]=-1 is out of range for src of M=3 rows (valid 0..2); that row "
+        "of dst was left unchanged");
+  CHECK((to_host<float>(dst_gpu) == std::vector<float>{9, 5}));
+}
+
 void test_device_arena_pins() {
   auto arena = ortspec::StepScopedArena::create(1 << 20, kGpu);
   Buffer pinned = arena->allocate({256}, DType::kFloat32);
@@ -158,6 +332,10 @@ int run_state_kernel_cuda_tests() {
   test_select_and_copy_match_cpu();
   test_bad_indices_are_recorded_and_reported();
   test_device_arena_pins();
+  test_write_rows_match_cpu();
+  test_write_rows_past_32_bit_offsets();
+  test_gather_rows_match_cpu();
+  test_write_and_gather_rows_errors_are_recorded();
   return 0;
 }
 

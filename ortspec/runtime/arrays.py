@@ -50,6 +50,9 @@ class HostArrays:
     def copy(self, dst, src) -> None:
         np.copyto(dst, src)
 
+    def zero(self, array) -> None:
+        array[...] = 0
+
     def clone(self, src) -> np.ndarray:
         return np.array(src)
 
@@ -129,6 +132,9 @@ class CudaArrays:
 
     def copy(self, dst, src) -> None:
         self.native.copy_buffer(dst, src)
+
+    def zero(self, buffer) -> None:
+        buffer.zero_()
 
     def clone(self, src):
         out = self.scratch(src.shape, DTYPES[src.dtype])

@@ -69,36 +69,63 @@ class SharedWeights:
 
 
 class GraphRunner:
-    """One graph of the manifest; ``run`` takes numpy feeds and returns the named outputs."""
+    """One graph of the manifest, in its own ONNX Runtime session.
+
+    ``run(feeds)`` runs it eagerly. ``run(feeds, slot=key)`` (CUDA graphs enabled) replays a
+    captured CUDA graph for that fixed shape: the slot's numpy inputs are uploaded into
+    static buffers, its buffer inputs must be the same buffers every time (else it runs
+    eagerly and counts a fallback), and its outputs are static buffers that the next replay
+    of the slot overwrites. Each session has its own CUDA memory arena, so the verify graph
+    (the "verify sibling") never shares scratch with the M=1 decode.
+    """
 
     def __init__(self, manifest: Manifest, name: str, weights: SharedWeights, arrays, provider: str = "cpu",
-                 threads: int | None = None) -> None:
-        self.name, self.arrays = name, arrays
+                 threads: int | None = None, cuda_graphs: bool = False, registry=None) -> None:
+        self.name, self.arrays, self.registry = name, arrays, registry
+        self.cuda_graphs = cuda_graphs and provider == "cuda"
         path = manifest.graph_path(name)
         options = weights.session_options(manifest.graphs[name]["weights"], threads)
         providers = [check_provider(provider)]
         if provider == "cuda":
-            providers = [(providers[0], {"device_id": str(arrays.device_index)})]
+            cuda_options = {"device_id": str(arrays.device_index)}
+            if self.cuda_graphs:
+                cuda_options["enable_cuda_graph"] = "1"
+            providers = [(providers[0], cuda_options)]
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self._slots: dict = {}
         self.seconds = 0.0
         self.runs = 0
 
-    def run(self, feeds: dict) -> dict:
-        """Runs with inputs given as numpy arrays or arrays of the backend; returns backend
-        arrays (numpy on the CPU; on CUDA device buffers ONNX Runtime allocated, kept alive
-        by the returned dict)."""
+    def run(self, feeds: dict, slot=None) -> dict:
+        """Inputs as numpy arrays or backend arrays; returns backend arrays (numpy on the CPU;
+        device buffers on CUDA, kept alive by the returned dict)."""
         start = time.perf_counter()
         self.arrays.settle()
         if self.arrays.device == "cpu":
             values = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
             out = dict(zip(self.output_names, values))
+        elif slot is not None and self.cuda_graphs:
+            out = self._run_slot(slot, feeds)
         else:
             out = self._run_bound(feeds)
         self.seconds += time.perf_counter() - start
         self.runs += 1
         return out
+
+    def _run_slot(self, key, feeds: dict) -> dict:
+        captured = self._slots.get(key)
+        if captured is None:  # first call: run eagerly, learn the output shapes, bind for next time
+            out = self._run_bound(feeds)
+            captured = self._slots[key] = CapturedSlot(self, key, feeds, out)
+            for name, value in out.items():  # hand out the static buffers from the start, so a
+                self.arrays.copy(captured.outputs[name], value)  # consumer bound to them stays valid
+            return captured.outputs
+        if not captured.matches(feeds):
+            self.registry.on_fallback(key)
+            return self._run_bound(feeds)
+        return captured.replay(feeds)
 
     def _run_bound(self, feeds: dict) -> dict:
         binding = self.session.io_binding()
@@ -110,11 +137,61 @@ class GraphRunner:
                 binding.bind_ortvalue_input(name, self.arrays.ort_value(value))
         for name in self.output_names:
             binding.bind_output(name, "cuda", self.arrays.device_index)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, _graph_id_options(-1) if self.cuda_graphs else None)
         values = binding.get_outputs()
         out = _Outputs({name: self.arrays.wrap(v) for name, v in zip(self.output_names, values)})
         out.keep_alive = (binding, values)
         return out
+
+
+def _graph_id_options(graph_id: int) -> ort.RunOptions:
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return options
+
+
+class CapturedSlot:
+    """One CUDA graph: a fixed-shape IOBinding over static buffers, captured on its first replay.
+
+    Nothing the graph reads is written by it: states come in as inputs and leave as separate
+    outputs that the runtime commits afterwards. So ONNX Runtime's warm-up runs before a
+    capture (the graph runs 3 times) leave every state as it was.
+    """
+
+    def __init__(self, runner: GraphRunner, key, feeds: dict, first_out: dict) -> None:
+        arrays = runner.arrays
+        self.runner, self.key, self.arrays = runner, key, arrays
+        self.graph_id = runner.registry.graph_id(key)
+        self.binding = runner.session.io_binding()
+        self.uploads, self.pointers, self.outputs = {}, {}, _Outputs()
+        for name in runner.input_names:
+            value = feeds[name]
+            if isinstance(value, np.ndarray):
+                value = self.uploads[name] = arrays.zeros(value.shape, value.dtype)
+            else:
+                self.pointers[name] = value.data_ptr
+            self.binding.bind_ortvalue_input(name, arrays.ort_value(value))
+        for name in runner.output_names:
+            buffer = self.outputs[name] = arrays.zeros(first_out[name].shape, {"float32": np.float32,
+                                                                               "int64": np.int64}[first_out[name].dtype])
+            self.binding.bind_ortvalue_output(name, arrays.ort_value(buffer))
+        self.captured = False
+
+    def matches(self, feeds: dict) -> bool:
+        return all(feeds[n].data_ptr == ptr for n, ptr in self.pointers.items()) and all(
+            feeds[n].shape == self.uploads[n].shape for n in self.uploads)
+
+    def replay(self, feeds: dict) -> dict:
+        for name, buffer in self.uploads.items():
+            self.arrays.upload(buffer, feeds[name])
+        self.arrays.settle()
+        self.runner.session.run_with_iobinding(self.binding, _graph_id_options(self.graph_id))
+        if self.captured:
+            self.runner.registry.on_replay(self.key)
+        else:
+            self.runner.registry.on_capture(self.key)
+            self.captured = True
+        return self.outputs
 
 
 class _Outputs(dict):
@@ -126,11 +203,14 @@ class _Outputs(dict):
 class GraphSet:
     """Lazily created GraphRunners keyed by graph name, over one arrays backend and one weight copy."""
 
-    def __init__(self, manifest: Manifest, provider: str = "cpu", threads: int | None = None) -> None:
+    def __init__(self, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
+                 cuda_graphs: bool = True) -> None:
         check_provider(provider)
         self.manifest, self.provider, self.threads = manifest, provider, threads
+        self.cuda_graphs = cuda_graphs and provider == "cuda"
         self.arrays = make_arrays(manifest, provider)
         self.weights = SharedWeights(manifest, self.arrays)
+        self.registry = self.arrays.native.GraphSlotRegistry() if provider == "cuda" else None
         self._runners: dict[str, GraphRunner] = {}
 
     def load(self, names) -> None:
@@ -138,8 +218,17 @@ class GraphSet:
         for name in names:
             self[name]
 
+    def graph_counters(self) -> dict:
+        """Per CUDA-graph slot: captures, replays, fallbacks, invalidations ({} on the CPU)."""
+        if self.registry is None:
+            return {}
+        return {f"{slot}/M{m}/B{b}": {k: v for k, v in c.items() if k in ("captures", "replays", "fallbacks",
+                                                                            "invalidations")}
+                for (slot, m, b), c in self.registry.counters().items()}
+
     def __getitem__(self, name: str) -> GraphRunner:
         if name not in self._runners:
+            graphed = self.cuda_graphs and (name in ("decode", "mtp") or name.startswith("verify_select"))
             self._runners[name] = GraphRunner(self.manifest, name, self.weights, self.arrays, self.provider,
-                                              self.threads)
+                                              self.threads, cuda_graphs=graphed, registry=self.registry)
         return self._runners[name]

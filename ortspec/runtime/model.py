@@ -12,7 +12,7 @@ import numpy as np
 
 from ..manifest import graph_name
 from .graphs import GraphSet
-from .states import Rows, Snapshot, StateSet
+from .states import LayerState, Rows, Snapshot, StateSet
 
 
 class Forward(dict):
@@ -35,9 +35,17 @@ class TargetModel:
         self.graphs = graphs
         self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
 
-    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
+    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, slot: str | None = None) -> Forward:
+        """slot names the CUDA graph for this fixed shape (slot, rows per request, batch)."""
         feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
-        return _forward(self.graphs, self.graphs[name].run(feeds))
+        key = (slot, ids.shape[1], len(rows)) if slot else None
+        return _forward(self.graphs, self.graphs[name].run(feeds, slot=key))
+
+    def reset(self, rows: Rows) -> None:
+        """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
+        for kind in self.states.kinds:
+            if isinstance(kind, LayerState):
+                self.graphs.arrays.zero(rows.take(self.graphs.arrays, kind.buffer))
 
     def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         out = self._run("prefill", rows, ids, positions)
@@ -46,7 +54,7 @@ class TargetModel:
 
     def decode(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, 1]."""
-        out = self._run("decode", rows, ids, positions)
+        out = self._run("decode", rows, ids, positions, slot="decode")
         self.states.advance(out, rows, positions)
         return out
 
@@ -58,7 +66,7 @@ class TargetModel:
 
     def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """Like verify, but leaves the states untouched; the outputs hold the state after each row."""
-        return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions)
+        return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions, slot="verify")
 
     def select(self, out: Forward, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
         self.states.select(out, rows, positions, accepted)
@@ -85,17 +93,19 @@ class MTPHead:
         self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
         self.draft_hidden = graphs.arrays.zeros([batch, 1, graphs.manifest.spec.hidden_size])  # [B, 1, H]
 
-    def run(self, rows: Rows, ids, hidden, positions, counts=None) -> Forward:
+    def run(self, rows: Rows, ids, hidden, positions, counts=None, slot: str | None = None) -> Forward:
         feeds = {"input_ids": ids, "hidden": hidden, "positions": positions, **self.states.feeds(rows)}
-        out = _forward(self.graphs, self.graphs["mtp"].run(feeds))
+        key = (slot, ids.shape[1], len(rows)) if slot else None
+        out = _forward(self.graphs, self.graphs["mtp"].run(feeds, slot=key))
         for kind in self.states.kinds:
             kind.write(out, rows, positions, counts)
         return out
 
-    def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray) -> np.ndarray:
+    def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
+                 slot: str | None = "mtp_catch_up") -> np.ndarray:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
         (rows past last[j] are padding, never written). Returns the next d1 per row [B]."""
-        out = self.run(rows, next_ids, hidden, positions, counts=last + 1)
+        out = self.run(rows, next_ids, hidden, positions, counts=last + 1, slot=slot)
         hidden_out = out["hidden_out"]  # [B, M, H]
         if rows.slice is not None:
             B, M, H = len(rows), positions.shape[1], self.graphs.manifest.spec.hidden_size
@@ -106,7 +116,7 @@ class MTPHead:
 
     def draft(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """One recursive draft per row: ids/positions [B, 1] -> next draft tokens [B]."""
-        out = self.run(rows, ids, rows.take(self.arrays, self.draft_hidden), positions)
+        out = self.run(rows, ids, rows.take(self.arrays, self.draft_hidden), positions, slot="mtp_draft")
         rows.put(self.arrays, self.draft_hidden, out["hidden_out"])
         return out.tokens[:, 0]
 

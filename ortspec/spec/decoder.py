@@ -41,12 +41,13 @@ class Decoder:
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
-                 on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None) -> None:
+                 on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
+                 engine: tuple[TargetModel, MTPHead | None] | None = None) -> None:
         self.graphs, self.k, self.commit, self.stats, self.on_commit = graphs, k, commit, stats, on_commit
         self.fixed_rows = graphs.arrays.device != "cpu" if fixed_rows is None else fixed_rows
         self.max_length = graphs.manifest.max_length
-        self.target = TargetModel(graphs, batch_size)
-        self.mtp = MTPHead(graphs, batch_size) if k > 0 else None
+        # engine: state buffers a Session keeps across calls (fixed addresses for CUDA graphs)
+        self.target, self.mtp = engine or (TargetModel(graphs, batch_size), MTPHead(graphs, batch_size) if k > 0 else None)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
 
     # -- driver ----------------------------------------------------------------------------
@@ -72,12 +73,13 @@ class Decoder:
         rows, n = Rows([req.row]), len(req.prompt)
         ids, positions = np.array([req.prompt], np.int64), np.arange(n, dtype=np.int64)[None]  # [1, n]
         with self.stats.timed("prefill"):
+            self.target.reset(rows)
             out = self.target.prefill(rows, ids, positions)
             req.tokens = list(req.prompt)
             first = int(out.tokens[0, -1])
             if self.mtp is not None:
                 next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
-                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req])
+                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req], slot=None)
         req.extend([first])
         self.stats.requests += 1
         self.stats.prompt_tokens += n
@@ -149,10 +151,10 @@ class Decoder:
             self.target.decode(Rows(rows.indices[live]), sub_ids[live, i: i + 1], sub_pos[live, i: i + 1])
             self.stats.readvance_tokens += int(live.sum())
 
-    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests) -> None:
+    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, slot="mtp_catch_up") -> None:
         """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
         and never written); the head's output at last[j] is the next step's d1."""
-        next_drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last)
+        next_drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, slot=slot)
         for req, draft in zip(requests, next_drafts):
             req.next_draft = int(draft)
 
