@@ -87,7 +87,8 @@ class GraphRunner:
         options = weights.session_options(manifest.graphs[name]["weights"], threads)
         providers = [check_provider(provider)]
         if provider == "cuda":
-            cuda_options = {"device_id": str(arrays.device_index)}
+            # use_tf32=0: fp32 graphs compute in fp32 (TF32 would make M=1 and M=k+1 differ far more)
+            cuda_options = {"device_id": str(arrays.device_index), "use_tf32": "0"}
             if self.cuda_graphs:
                 cuda_options["enable_cuda_graph"] = "1"
             providers = [(providers[0], cuda_options)]

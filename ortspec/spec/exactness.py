@@ -39,7 +39,8 @@ class RowState:
         if (self.pending, self.next_draft) != (other.pending, other.next_draft):
             diffs.append(f"pending/next draft {(self.pending, self.next_draft)} vs {(other.pending, other.next_draft)}")
         for label, mine, theirs in (("target", self.target, other.target), ("MTP", self.mtp, other.mtp)):
-            diffs += [f"{label} state {n}" for n in theirs if not same(mine[n], theirs[n])]
+            diffs += [f"{label} state {n} (max abs diff {np.max(np.abs(mine[n] - theirs[n])):.2e})"
+                      for n in theirs if not same(mine[n], theirs[n])]
         return diffs
 
 
