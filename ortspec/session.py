@@ -34,10 +34,6 @@ class Session:
         if commit not in COMMITS:
             raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
         self.commit = commit
-        if provider == "cuda" and commit == "readvance" and self.k:
-            raise ConfigurationError(
-                "commit='readvance' runs on the CPU provider only for now; use commit='select' with provider='cuda'."
-            )
         self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs)
         self.graphs.load(self._graph_names())
         self._stats = Stats()

@@ -68,9 +68,10 @@ def test_fixed_rows_batching_is_exact(models):
     """The all-rows batching CUDA uses (finished rows keep running, frozen) on the CPU, with
     requests of different lengths that finish at different steps."""
     graphs = GraphSet(ortspec.Session(models.converted("mixed")).manifest)
-    for k in (2, 4):
-        stats = check_speculative(graphs, PROMPTS, 60, k, "select", p=0.7, seed=k, fixed_rows=True)
-        assert stats.speculative_steps > 40
+    for commit in ("select", "readvance"):
+        for k in (2, 4):
+            stats = check_speculative(graphs, PROMPTS, 60, k, commit, p=0.7, seed=k, fixed_rows=True)
+            assert stats.speculative_steps > 40
 
 
 def test_readvance_skips_full_acceptance(models):

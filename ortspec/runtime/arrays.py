@@ -53,6 +53,9 @@ class HostArrays:
     def zero(self, array) -> None:
         array[...] = 0
 
+    def stack(self, arrays: list) -> np.ndarray:
+        return np.stack(arrays)
+
     def clone(self, src) -> np.ndarray:
         return np.array(src)
 
@@ -135,6 +138,13 @@ class CudaArrays:
 
     def zero(self, buffer) -> None:
         buffer.zero_()
+
+    def stack(self, buffers: list):
+        """[W, ...] scratch holding the buffers in order (copies)."""
+        window = self.scratch((len(buffers),) + tuple(buffers[0].shape), DTYPES[buffers[0].dtype])
+        for i, buffer in enumerate(buffers):
+            self.copy(self.reshape(self.rows(window, i, i + 1), buffer.shape), buffer)
+        return window
 
     def clone(self, src):
         out = self.scratch(src.shape, DTYPES[src.dtype])

@@ -60,7 +60,7 @@ class TargetModel:
 
     def verify(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, k+1]; advances every state past all k+1 rows (readvance fixes it)."""
-        out = self._run(graph_name("verify", ids.shape[1] - 1), rows, ids, positions)
+        out = self._run(graph_name("verify", ids.shape[1] - 1), rows, ids, positions, slot="verify_readvance")
         self.states.advance(out, rows, positions)
         return out
 

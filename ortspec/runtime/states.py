@@ -62,9 +62,6 @@ class Snapshot:
     lengths: np.ndarray  # int64 [B] tokens processed per row when taken
     data: dict  # buffer name -> copy of those rows
 
-    def subset(self, keep: np.ndarray) -> "Snapshot":
-        """The snapshot of the rows where keep (bool [B]) is set (CPU arrays)."""
-        return Snapshot(self.rows[keep], self.lengths[keep], {n: v[keep] for n, v in self.data.items()})
 
 
 class StateKind(Protocol):
@@ -150,11 +147,14 @@ class LayerState:
         rows.put(self.arrays, self.buffer, outputs[self._out])
 
     def select(self, outputs, rows, positions, accepted) -> None:
-        window = outputs[self._window]  # [M, B, ...]
+        self.select_window(outputs[self._window], rows, accepted)
+
+    def select_window(self, window, rows: Rows, index: np.ndarray) -> None:
+        """Row j of the live state takes window[index[j], j]; window is [W, B, ...]."""
         if rows.slice is not None:
-            self.arrays.select(window, accepted, rows.take(self.arrays, self.buffer))
+            self.arrays.select(window, index, rows.take(self.arrays, self.buffer))
         else:
-            self.buffer[rows.indices] = window[accepted, np.arange(len(rows))]
+            self.buffer[rows.indices] = window[index, np.arange(len(rows))]
 
     def snapshot(self, rows) -> dict:
         return {self.names[0]: self.arrays.clone(rows.take(self.arrays, self.buffer))}
@@ -196,10 +196,7 @@ class StateSet:
             kind.select(outputs, rows, positions, accepted)
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
-        data = {}
-        for kind in self.kinds:
-            data.update(kind.snapshot(rows))
-        return Snapshot(rows.indices.copy(), np.array(lengths, np.int64), data)
+        return Snapshot(rows.indices.copy(), np.array(lengths, np.int64), self.capture(rows))
 
     def restore(self, snap: Snapshot, rows: Rows, lengths: np.ndarray) -> None:
         if not np.array_equal(snap.rows, rows.indices):
@@ -211,6 +208,20 @@ class StateSet:
             )
         for kind in self.kinds:
             kind.restore(snap.data, rows)
+
+    def capture(self, rows: Rows) -> dict:
+        """Copies of the replaced-whole states (GDN) of these rows; KV needs none (positions)."""
+        data = {}
+        for kind in self.kinds:
+            data.update(kind.snapshot(rows))
+        return data
+
+    def select_captured(self, captures: list[dict], index: np.ndarray, rows: Rows) -> None:
+        """Row j takes its state from captures[index[j]]."""
+        for kind in self.kinds:
+            if isinstance(kind, LayerState):
+                name = kind.names[0]
+                kind.select_window(kind.arrays.stack([c[name] for c in captures]), rows, index)
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""

@@ -138,18 +138,23 @@ class Decoder:
 
     # -- commit mechanics ------------------------------------------------------------------
     def _readvance(self, batch: Batch, snapshot, ids, positions, accepted) -> None:
-        """Rows that rejected a draft: restore the pre-verify state and re-run their accepted
-        tokens one at a time with the M=1 graph. Full acceptance keeps the verify's state."""
+        """If a row rejected a draft: restore the pre-verify state and re-run the accepted
+        tokens one at a time with the M=1 graph, keeping each row's state after its own
+        a+1 tokens; rows that accepted everything keep the verify's state. All rows run
+        together (on CUDA the rows are fixed), so the states after each re-run step are
+        recorded and every row selects its own. Full acceptance of all rows re-runs nothing."""
         partial = accepted < self.k
         if not partial.any():
             return
-        rows = Rows(batch.rows.indices[partial])
-        self.target.restore(snapshot.subset(partial), rows, batch.processed[partial])
-        sub_ids, sub_pos, sub_acc = ids[partial], positions[partial], accepted[partial]
-        for i in range(int(sub_acc.max()) + 1):
-            live = sub_acc >= i
-            self.target.decode(Rows(rows.indices[live]), sub_ids[live, i: i + 1], sub_pos[live, i: i + 1])
-            self.stats.readvance_tokens += int(live.sum())
+        states, rows = self.target.states, batch.rows
+        last = int(accepted[partial].max())
+        recorded = [None] * (last + 1) + [states.capture(rows)]  # slot last+1: the verify's own state
+        self.target.restore(snapshot, rows, batch.processed)
+        for i in range(last + 1):
+            self.target.decode(rows, ids[:, i: i + 1], positions[:, i: i + 1])
+            recorded[i] = states.capture(rows)
+            self.stats.readvance_tokens += int(partial.sum())
+        states.select_captured(recorded, np.where(partial, accepted, last + 1), rows)
 
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, slot="mtp_catch_up") -> None:
         """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
