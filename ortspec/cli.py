@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("checkpoint", help="directory with config.json and *.safetensors")
     c.add_argument("out", help="output directory")
     c.add_argument("--num-speculative-tokens", "-K", type=int, default=4, help="largest k a Session may use (default 4)")
-    c.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                   help="weight storage (float16: weight-only on CPU; states stay fp32)")
+    c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="matrix weights and products (states stay fp32; bfloat16 needs --provider cuda)")
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
     c.set_defaults(func=_convert)
 

@@ -34,6 +34,11 @@ class Session:
         if commit not in COMMITS:
             raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
         self.commit = commit
+        if self.manifest.dtype == "bfloat16" and provider != "cuda":
+            raise ConfigurationError(
+                f"{self.manifest.dir} was converted with dtype bfloat16, which runs on provider='cuda' only "
+                "(ONNX Runtime's CPU has no bfloat16 MatMul); convert with --dtype float16 or float32 for the CPU."
+            )
         self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs)
         self.graphs.load(self._graph_names())
         self._stats = Stats()

@@ -83,17 +83,26 @@ def main(argv=None) -> int:
     results, failures = {}, 0
 
     cpu = ortspec.Session(out).generate(prompts, max_new_tokens=n)
-    gpu_greedy_session = ortspec.Session(out, provider="cuda")
-    gpu = gpu_greedy_session.generate(prompts, max_new_tokens=n)
+    gpu = ortspec.Session(out, provider="cuda").generate(prompts, max_new_tokens=n)
     same = [a == b for a, b in zip(cpu, gpu)]
     results["cuda_greedy_equals_cpu_greedy"] = same
-    print("CUDA greedy == CPU greedy per request:", same)
-    for k in (1, 2, 3, 4):
-        spec = ortspec.Session(out, provider="cuda", num_speculative_tokens=k).generate(prompts, max_new_tokens=n)
-        ok = spec == gpu
-        failures += not ok
-        results[f"cuda_spec_k{k}_equals_cuda_greedy"] = ok
-        print(f"CUDA speculative k={k} == CUDA greedy:", ok)
+    print("fp32: CUDA greedy == CPU greedy per request:", same)
+    for dtype in ("float32", "float16", "bfloat16"):
+        model = out if dtype == "float32" else Path(f"{args.out}_{dtype}")
+        if dtype != "float32":
+            ortspec.convert(ROOT / "models" / "tiny-qwen35", model, num_speculative_tokens=4, max_length=512,
+                            dtype=dtype, progress=False)
+        greedy = ortspec.Session(model, provider="cuda").generate(prompts, max_new_tokens=n)
+        line = []
+        for commit in ("select", "readvance"):
+            for k in (1, 2, 3, 4):
+                spec = ortspec.Session(model, provider="cuda", num_speculative_tokens=k, commit=commit).generate(
+                    prompts, max_new_tokens=n)
+                ok = spec == greedy
+                failures += not ok
+                results[f"cuda_{dtype}_{commit}_k{k}_equals_greedy"] = ok
+                line.append(f"{commit} k={k}: {'same' if ok else 'DIFFERENT'}")
+        print(f"{dtype}: CUDA speculative vs CUDA greedy ({len(prompts)} requests x {n} tokens):", ", ".join(line))
 
     graphs = GraphSet(ortspec.Session(out, provider="cuda").manifest, provider="cuda")
     steps, atol = 0, 1e-5
@@ -113,20 +122,28 @@ def main(argv=None) -> int:
     medium = Path(args.out + "_medium")
     make_checkpoint(medium / "ck", seed=7, draft_agreement=10.0, **MEDIUM)
     ortspec.convert(medium / "ck", medium / "out", num_speculative_tokens=4, max_length=512, progress=False)
+    ortspec.convert(medium / "ck", medium / "out_fp16", num_speculative_tokens=4, max_length=512, dtype="float16",
+                    progress=False)
     results["memory_mib"] = memory_with_and_without_sharing(medium / "out")
     print("device memory (MiB):", results["memory_mib"])
 
-    session = ortspec.Session(out, provider="cuda", num_speculative_tokens=3)
-    for _ in range(4):  # 4 calls x ~30 steps: steady state must only replay
-        session.generate(prompts, max_new_tokens=n)
-    results["graph_counters_k3"] = session.stats["graphs"]
-    print("CUDA graph counters after 4 batched calls, k=3:")
-    for slot, c in session.stats["graphs"].items():
-        print(f"  {slot:22s} {c}")
-        failures += c["fallbacks"] != 0 or c["invalidations"] != 0
+    counters, steps_by_k = {}, {}
+    for k in (1, 2, 3, 4):
+        session = ortspec.Session(out, provider="cuda", num_speculative_tokens=k)
+        for _ in range(2):  # the second call of the same batch size must only replay
+            session.generate(prompts, max_new_tokens=256)
+        steps_by_k[k] = session.stats["steps"]
+        for slot, c in session.stats["graphs"].items():
+            counters[f"k={k} {slot}"] = c
+            failures += c["fallbacks"] != 0 or c["invalidations"] != 0
+    results["graph_counters"], results["steps_by_k"] = counters, steps_by_k
+    print(f"CUDA graph counters, batch 4 x 256 tokens x 2 calls per k (speculative steps per k: {steps_by_k}):")
+    for slot, c in counters.items():
+        print(f"  {slot:26s} {c}")
 
     tables = {}
-    for label, model in (("tiny-qwen35", out), ("medium (116M params, random)", medium / "out")):
+    for label, model in (("tiny-qwen35", out), ("medium (116M params, random), fp32", medium / "out"),
+                         ("medium (116M params, random), fp16", medium / "out_fp16")):
         start = time.perf_counter()
         bench = run_bench(model, ks=(0, 1, 2, 3, 4), batches=(1, 4), max_new_tokens=n, repeats=3, provider="cuda",
                           progress=False)

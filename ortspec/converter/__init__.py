@@ -17,7 +17,7 @@ from .weights import WeightPreparer, cast_matrices
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "generation_config.json")
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
@@ -26,8 +26,9 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
     verify shape 1..K are written. max_length bounds prompt + generated tokens.
-    dtype "float16" stores the weight matrices in fp16 (half the size on disk and in
-    memory); the CPU graphs cast them back and compute in fp32. States are always fp32.
+    dtype "float16"/"bfloat16" stores the weight matrices in that dtype (half the size) and
+    runs the matrix products in it; norms, the GDN recurrence and every state stay float32.
+    bfloat16 graphs need the CUDA provider (the CPU has no bfloat16 MatMul).
     """
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -23,6 +24,7 @@ _ALIGN = 64
 _ONNX_TYPE = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,
     np.dtype(np.int64): TensorProto.INT64,
     np.dtype(np.int32): TensorProto.INT32,
 }
@@ -96,12 +98,24 @@ class GraphBuilder:
 
     # -- values ----------------------------------------------------------------------------
     def weight(self, name: str) -> str:
-        """A stored weight, cast to float32 when it is stored in float16 (weight-only fp16)."""
         if name not in self.used_weights:
             self.used_weights.append(name)
-        if self.weights.arrays[name].dtype == np.float16:
-            return self.op("Cast", [name], to=TensorProto.FLOAT, hint=f"{name}.f32")
         return name
+
+    def linear(self, x: str, weight: str, hint: str | None = None) -> str:
+        """x [.., in] @ W [in, out]. With W stored in fp16/bf16 the product runs in that dtype:
+        x is cast down, the result back to float32 (norms, GDN ops and states stay fp32)."""
+        dtype = _ONNX_TYPE[self.weights.arrays[weight].dtype]
+        if dtype == TensorProto.FLOAT:
+            return self.op("MatMul", [x, self.weight(weight)], hint=hint)
+        low = self.op("MatMul", [self.op("Cast", [x], to=dtype), self.weight(weight)])
+        return self.op("Cast", [low], to=TensorProto.FLOAT, hint=hint)
+
+    def embedding(self, ids: str, weight: str = "embed") -> str:
+        rows = self.op("Gather", [self.weight(weight), ids], hint="embed")
+        if self.weights.arrays[weight].dtype != np.float32:
+            rows = self.op("Cast", [rows], to=TensorProto.FLOAT)
+        return rows
 
     def const(self, value, dtype=np.int64, hint: str = "const") -> str:
         arr = np.asarray(value, dtype=dtype)

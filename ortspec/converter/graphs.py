@@ -68,7 +68,7 @@ def _decoder_layer(g, spec, x, residual, prefix, mixer):
 
 def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
     hidden, _ = make_add_rms_norm(g, x, residual, norm_weight, spec.rms_norm_eps)
-    logits = g.op("MatMul", [hidden, g.weight("lm_head")])
+    logits = g.linear(hidden, "lm_head")
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", rows])
     g.output(logits, "logits", F32, ["B", rows, spec.vocab_size])
     g.output(hidden, hidden_name, F32, ["B", rows, spec.hidden_size])
@@ -84,7 +84,7 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     positions = g.input("positions", I64, ["B", dim_m])
     states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec, max_length).items()}
     step = make_step_inputs(g, spec, positions, max_length)
-    x, residual = g.op("Gather", [g.weight("embed"), ids], hint="embed"), None
+    x, residual = g.embedding(ids), None
     state_outputs = []
     for i, kind in enumerate(spec.layer_types):
         prefix = f"L{i}"
@@ -123,9 +123,9 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
     step = make_step_inputs(g, spec, positions, max_length)
     eps = spec.rms_norm_eps
-    embedded = make_rms_norm(g, g.op("Gather", [g.weight("embed"), ids]), "mtp.pre_embed", eps)
+    embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
     normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
-    x = g.op("MatMul", [g.op("Concat", [embedded, normed_hidden], axis=-1), g.weight("mtp.fc")], hint="mtp.fc_out")
+    x = g.linear(g.op("Concat", [embedded, normed_hidden], axis=-1), "mtp.fc", hint="mtp.fc_out")
     outputs = {}
 
     def mixer(h):

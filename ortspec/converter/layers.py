@@ -52,10 +52,10 @@ def make_add_rms_norm(g: GraphBuilder, x: str, residual: str, weight: str, eps: 
 
 
 def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
-    gate, up = g.op("Split", [g.op("MatMul", [x, g.weight(f"{prefix}.gate_up")]), g.const([spec.intermediate_size] * 2)],
+    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up"), g.const([spec.intermediate_size] * 2)],
                     num_outputs=2, axis=-1)
     act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])  # SiLU
-    return g.op("MatMul", [g.op("Mul", [act, up]), g.weight(f"{prefix}.down")], hint=f"{prefix}.mlp_out")
+    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out")
 
 
 def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, step: StepInputs) -> str:
@@ -81,13 +81,13 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     """
     nh, kvh, hd, eps = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.rms_norm_eps
     groups = nh // kvh
-    q, gate = g.op("Split", [g.op("MatMul", [x, g.weight(f"{prefix}.q_gate")]), g.const([nh * hd, nh * hd])],
+    q, gate = g.op("Split", [g.linear(x, f"{prefix}.q_gate"), g.const([nh * hd, nh * hd])],
                    num_outputs=2, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
     q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), step)  # [B, M, nh, hd]
-    k = g.op("Reshape", [g.op("MatMul", [x, g.weight(f"{prefix}.k")]), g.const([0, 0, kvh, hd])])
+    k = g.op("Reshape", [g.linear(x, f"{prefix}.k"), g.const([0, 0, kvh, hd])])
     k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), step)  # [B, M, kvh, hd]
-    v = g.op("Reshape", [g.op("MatMul", [x, g.weight(f"{prefix}.v")]), g.const([0, 0, kvh, hd])])
+    v = g.op("Reshape", [g.linear(x, f"{prefix}.v"), g.const([0, 0, kvh, hd])])
 
     new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
     new_value = g.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, kvh, M, hd]
@@ -108,7 +108,7 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2, 3])])])  # [B, kvh, groups, M, 1, hd]
     ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4, 5]), g.const([0, 0, nh * hd])])
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
-    out = g.op("MatMul", [gated, g.weight(f"{prefix}.o")], hint=f"{prefix}.attn_out")
+    out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out")
     return out, new_key, new_value
 
 
@@ -145,7 +145,7 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     """
     nk, nv, dk, dv = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
-    qkv, z, b, a = g.op("Split", [g.op("MatMul", [x, g.weight(f"{prefix}.in_proj")]), g.const([C, vd, nv, nv])],
+    qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj"), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
@@ -186,5 +186,5 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
         conv_out = g.op("Concat", conv_window, axis=0)
         recurrent_out = g.op("Concat", rec_window, axis=0)
     normed = g.ms("GatedRMSNorm", [core, g.weight(f"{prefix}.gdn_norm"), z], activation="silu", epsilon=spec.rms_norm_eps)
-    out = g.op("MatMul", [normed, g.weight(f"{prefix}.out")], hint=f"{prefix}.gdn_out")
+    out = g.linear(normed, f"{prefix}.out", hint=f"{prefix}.gdn_out")
     return out, conv_out, recurrent_out

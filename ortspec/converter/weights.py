@@ -19,13 +19,15 @@ Store names (i = layer index, "mtp.L0" for the MTP layer):
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..model_spec import FULL, LINEAR, ModelSpec
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
 
-_MATRIX_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down", "lm_head", "embed", "mtp.fc")
+_MATRIX_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down")
+_MATRICES = ("embed", "lm_head", "mtp.fc")
 
 
 def _offset_norm(w: np.ndarray) -> np.ndarray:
@@ -133,9 +135,15 @@ class WeightPreparer:
 
 
 def cast_matrices(store: WeightStore, dtype: str) -> None:
-    """Weight-only float16: big matrices stored as fp16, cast back to fp32 inside the graph."""
+    """float16/bfloat16: the matrices (projections, MLP, embedding, lm_head) are stored and
+    multiplied in that dtype; norms, GDN parameters and RoPE tables stay float32."""
     if dtype == "float32":
         return
+    import torch
+
+    low = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     for name, arr in store.arrays.items():
-        if name.endswith(_MATRIX_SUFFIXES):
-            store.arrays[name] = arr.astype(np.float16)
+        if name in _MATRICES or name.endswith(_MATRIX_SUFFIXES):
+            rounded = torch.from_numpy(np.ascontiguousarray(arr)).to(low)  # round to nearest even
+            store.arrays[name] = rounded.view(torch.int16).numpy().view(np.uint16).view(
+                np.float16 if dtype == "float16" else ml_dtypes.bfloat16)

@@ -12,12 +12,17 @@ before the next Run, so each side sees the other's writes.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
 from .._native_loader import load_native
 
 DTYPES = {"float32": np.float32, "int64": np.int64, "float16": np.float16}
+
+
+def _dtype_name(dtype) -> str:
+    return "bfloat16" if dtype is ml_dtypes.bfloat16 or str(dtype) == "bfloat16" else np.dtype(dtype).name
 
 
 class HostArrays:
@@ -105,7 +110,7 @@ class CudaArrays:
 
     def zeros(self, shape, dtype=np.float32):
         self._ids += 1
-        buf = self.pool.allocate(f"b{self._ids}", tuple(int(s) for s in shape), np.dtype(dtype).name)
+        buf = self.pool.allocate(f"b{self._ids}", tuple(int(s) for s in shape), _dtype_name(dtype))
         buf.zero_()
         return buf
 
@@ -122,6 +127,9 @@ class CudaArrays:
         return self.native.Buffer.from_pointer(buffer.data_ptr, tuple(shape), buffer.dtype, "cuda", self.device_index)
 
     def upload(self, dst, host: np.ndarray) -> None:
+        if dst.dtype == "bfloat16":  # the native module takes bfloat16 as its uint16 bit pattern
+            dst.copy_from_numpy(np.ascontiguousarray(host).view(np.uint16))
+            return
         dst.copy_from_numpy(np.ascontiguousarray(host, DTYPES[dst.dtype]))
 
     def download(self, buffer) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
@@ -48,7 +49,8 @@ class SharedWeights:
         raw = np.fromfile(manifest.dir / "weights.bin", dtype=np.uint8)
         self._buffers, self._values = {}, {}
         for name, entry in manifest.weights.items():
-            array = raw[entry["offset"]: entry["offset"] + entry["length"]].view(entry["dtype"]).reshape(entry["shape"])
+            dtype = ml_dtypes.bfloat16 if entry["dtype"] == "bfloat16" else entry["dtype"]
+            array = raw[entry["offset"]: entry["offset"] + entry["length"]].view(dtype).reshape(entry["shape"])
             if arrays.device != "cpu":
                 device_array = arrays.zeros(array.shape, array.dtype)
                 arrays.upload(device_array, array)
