@@ -54,6 +54,27 @@ def test_bfloat16_checkpoint_and_float16_weights(plain, tmp_path):
     assert out == ortspec.Session(tmp_path / "half").generate(PROMPTS, max_new_tokens=8)
 
 
+def test_low_precision_compute(plain, tmp_path):
+    """float16: products in fp16, states fp32, speculative still bitwise exact on the CPU;
+    bfloat16: refused on the CPU with a clear message."""
+    import onnx
+
+    from ortspec.runtime.graphs import GraphSet
+    from ortspec.spec.exactness import check_speculative
+
+    root, _ = plain
+    convert(root / "ck", tmp_path / "f16", dtype="float16")
+    m = Manifest.load(tmp_path / "f16")
+    assert m.dtype == "float16" and all(e["dtype"] == "float32" for e in m.states.values())
+    decode = onnx.load(str(tmp_path / "f16" / "decode.onnx"), load_external_data=False)
+    low = {i.name for i in decode.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16}
+    assert "lm_head" in low and "L0.in_proj" in low and "L0.in_norm" not in low and "L0.decay_scale" not in low
+    check_speculative(GraphSet(m), PROMPTS, 24, 2, "readvance", p=0.6)
+    convert(root / "ck", tmp_path / "bf16", dtype="bfloat16")
+    with pytest.raises(ortspec.ConfigurationError, match="provider='cuda' only"):
+        ortspec.Session(tmp_path / "bf16")
+
+
 def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")
