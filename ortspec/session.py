@@ -109,6 +109,12 @@ class Session:
         outs = self._generate_ids(prompts, max_new_tokens, stop_tokens, decoder_options)
         return outs[0] if single else outs
 
+    def batcher(self, max_batch_size: int = 8, **decoder_options):
+        """A running batch that requests join and leave between steps (add_request / step)."""
+        from .spec.batcher import Batcher
+
+        return Batcher(self, max_batch_size, **decoder_options)
+
     # -- internals ---------------------------------------------------------------------------
     def _generate_ids(self, prompts, max_new_tokens, stop_tokens, decoder_options) -> list[list[int]]:
         prompts = self._check_prompts(prompts, max_new_tokens)

@@ -54,19 +54,26 @@ class Decoder:
     def generate(self, requests: list[Request]) -> list[list[int]]:
         for req in requests:
             self.prefill(req)
-        while True:
-            active = [r for r in requests if not r.done]
-            if not active:
-                return [r.output() for r in requests]
-            batch = Batch(requests if self.fixed_rows else active)
-            self.graphs.arrays.begin_step()
-            room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-            if self.k > 0 and room >= self.k:
-                self.speculative_step(batch)
-            else:
-                self.greedy_step(batch)
-            if self.on_commit:
-                self.on_commit(self, batch)
+        while self.step(requests):
+            pass
+        return [r.output() for r in requests]
+
+    def step(self, occupants: list[Request]) -> bool:
+        """One step over the unfinished requests (all occupants when rows are fixed); False
+        when none is left. ``occupants`` are the requests holding rows, in row order."""
+        active = [r for r in occupants if not r.done]
+        if not active:
+            return False
+        batch = Batch(occupants if self.fixed_rows else active)
+        self.graphs.arrays.begin_step()
+        room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
+        if self.k > 0 and room >= self.k:
+            self.speculative_step(batch)
+        else:
+            self.greedy_step(batch)
+        if self.on_commit:
+            self.on_commit(self, batch)
+        return True
 
     def prefill(self, req: Request) -> None:
         """Target over the prompt (positions 0..n-1) -> first token; then the MTP head's entries 0..n-1."""

@@ -8,12 +8,12 @@ length 0..k on random-weight models that would otherwise accept almost nothing.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
 from ..runtime.model import MTPHead
-from .requests import Batch
+from .requests import Batch, Request
 
 
 class DraftSource(Protocol):
@@ -40,11 +40,11 @@ class ScriptedDrafts:
     """Drafts that are right where a script says: each draft right with probability ``p``,
     or (p=None) an accept length drawn uniformly from 0..k each step.
 
-    ``oracle[row]`` is that request's plain-greedy token sequence (prompt + continuation,
+    ``oracle(request)`` is that request's plain-greedy token sequence (prompt + continuation,
     at least k tokens past the end); a wrong draft is the right token + 1 (mod vocab).
     """
 
-    def __init__(self, mtp_drafts: MTPDrafts, oracle: dict[int, list[int]], vocab_size: int,
+    def __init__(self, mtp_drafts: MTPDrafts, oracle: Callable[[Request], list[int]], vocab_size: int,
                  p: float | None = None, seed: int = 0) -> None:
         self.inner, self.oracle, self.vocab_size, self.p = mtp_drafts, oracle, vocab_size, p
         self.rng = np.random.default_rng(seed)
@@ -52,7 +52,7 @@ class ScriptedDrafts:
     def propose(self, batch: Batch, k: int) -> np.ndarray:
         drafts = self.inner.propose(batch, k)
         for j, req in enumerate(batch.requests):
-            truth = self.oracle[req.row]
+            truth = self.oracle(req)
             if self.p is None:
                 right = np.arange(k) < self.rng.integers(0, k + 1)
             else:

@@ -98,7 +98,8 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
 
     vocab = graphs.manifest.spec.vocab_size
     decoder = Decoder(graphs, len(prompts), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows,
-                      make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), oracle, vocab, p=p, seed=seed))
+                      make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: oracle[r.row], vocab, p=p,
+                                                             seed=seed))
     requests = make_requests(prompts, max_new_tokens)
     for req, out in zip(requests, decoder.generate(requests)):
         want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]

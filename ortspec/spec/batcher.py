@@ -1,0 +1,74 @@
+"""Continuous batching: requests join and leave a running batch between steps.
+
+    batcher = session.batcher(max_batch_size=4)
+    a = batcher.add_request([1, 2, 3], max_new_tokens=32)
+    batcher.step()                       # {request id: tokens committed this step}
+    b = batcher.add_request([4, 5], max_new_tokens=8)   # joins while `a` runs
+    while batcher.pending:
+        batcher.step()
+    batcher.result(a), batcher.result(b)
+
+A new request is prefilled into a free row when it is added and takes part from the next
+step on; a finished request's row is freed for the next arrival. Every request's tokens equal
+what it gets decoded alone. On CUDA every row always runs (rows stay one contiguous range at
+fixed addresses, so the captured graphs keep replaying): a free row holds a finished
+placeholder whose results are dropped.
+"""
+
+from __future__ import annotations
+
+from ..errors import InputError
+from .decoder import Decoder
+from .requests import Request
+
+
+class Batcher:
+    def __init__(self, session, max_batch_size: int = 8, **decoder_options) -> None:
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise InputError(f"max_batch_size={max_batch_size!r} must be an integer >= 1.")
+        self.session = session
+        self.decoder = Decoder(session.graphs, max_batch_size, session.k, session.commit, session._stats,
+                               engine=session._engine(max_batch_size), **decoder_options)
+        self.rows: list[Request | None] = [None] * max_batch_size
+        self.requests: dict[int, Request] = {}
+        self._next_id = 0
+        if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
+            for row in range(max_batch_size):
+                self._place(Request(row=row, prompt=[0], max_new_tokens=1))
+
+    @property
+    def pending(self) -> list[int]:
+        """Ids of the requests still generating."""
+        return [rid for rid, r in self.requests.items() if not r.done]
+
+    def add_request(self, prompt: list[int], max_new_tokens: int = 32, stop_tokens=None) -> int:
+        """Validates and prefills the prompt into a free row; returns the request id."""
+        [prompt] = self.session._check_prompts([prompt], max_new_tokens)
+        if max_new_tokens == 0:
+            raise InputError("max_new_tokens=0 leaves nothing to generate; use at least 1.")
+        row = next((i for i, r in enumerate(self.rows) if r is None or r.done), None)  # finished rows are free
+        if row is None:
+            raise InputError(f"all {len(self.rows)} rows are busy; call step() until a request finishes, "
+                             "or open a batcher with a larger max_batch_size.")
+        stops = frozenset(self.session.manifest.spec.eos_token_ids if stop_tokens is None else stop_tokens)
+        req = Request(row=row, prompt=prompt, max_new_tokens=max_new_tokens, stop_tokens=stops)
+        self._place(req)
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self.requests[rid] = req
+        return rid
+
+    def _place(self, req: Request) -> None:
+        self.rows[req.row] = req
+        self.decoder.prefill(req)
+
+    def step(self) -> dict[int, list[int]]:
+        """One decoding step for every running request; returns the tokens each committed."""
+        before = {rid: len(r.output()) for rid, r in self.requests.items() if not r.done}
+        self.decoder.step([r for r in self.rows if r is not None])
+        return {rid: self.requests[rid].output()[n:] for rid, n in before.items()}
+
+    def result(self, request_id: int) -> list[int]:
+        """The request's tokens so far (all of them once it is done)."""
+        if request_id not in self.requests:
+            raise InputError(f"no request with id {request_id}; ids come from add_request.")
+        return self.requests[request_id].output()

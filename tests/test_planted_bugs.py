@@ -1,0 +1,69 @@
+"""The seed bugs of DESIGN.md, planted one at a time: the exactness check must catch each.
+
+A check that passes with a bug planted proves nothing, so each test plants one bug class
+from the peers' history and asserts that the state comparison (batch 3, k = 3) fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ortspec
+from ortspec.runtime.graphs import GraphSet
+from ortspec.runtime.model import MTPHead
+from ortspec.runtime.states import LayerState
+from ortspec.spec.exactness import ExactnessError, check_speculative
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7]]
+
+
+@pytest.fixture
+def graphs(models):
+    return GraphSet(ortspec.Session(models.converted("base")).manifest)
+
+
+def test_clean_run_passes(graphs):
+    check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+
+
+def test_token_axis_buffer_sized_by_requests(graphs, monkeypatch):
+    """The hidden states handed to the MTP head held one row per request, not per token."""
+    original = MTPHead.catch_up
+
+    def sized_by_requests(self, rows, hidden, next_ids, positions, last, slot=None):
+        B, M, H = hidden.shape
+        per_request = hidden.reshape(B * M, H)[:B]  # a [B, H] buffer read as if it were [B*M, H]
+        return original(self, rows, np.repeat(per_request[:, None], M, axis=1), next_ids, positions, last, slot)
+
+    monkeypatch.setattr(MTPHead, "catch_up", sized_by_requests)
+    with pytest.raises(ExactnessError, match="MTP state"):
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+
+
+def test_stale_input_on_a_preplanned_path(graphs, monkeypatch):
+    """ids and positions refreshed, but the hidden-state input left from the last round."""
+    original, previous = MTPHead.catch_up, {}
+
+    def stale_hidden(self, rows, hidden, next_ids, positions, last, slot=None):
+        key = hidden.shape
+        stale = previous.get(key, hidden)
+        previous[key] = hidden.copy()
+        return original(self, rows, stale, next_ids, positions, last, slot)
+
+    monkeypatch.setattr(MTPHead, "catch_up", stale_hidden)
+    with pytest.raises(ExactnessError, match="MTP state"):
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+
+
+def test_outputs_sliced_by_request_rows(graphs, monkeypatch):
+    """Verify outputs are [M, B, ...] token rows; taking rows [:B] of the flattened window
+    looks right for request 0 at slot 0 and is wrong for the rest of the batch."""
+
+    def sliced_by_requests(self, window, rows, index):
+        flat = window.reshape((-1,) + window.shape[2:])  # [M*B, ...]
+        rows.put(self.arrays, self.buffer, flat[: len(rows)])
+
+    monkeypatch.setattr(LayerState, "select_window", sliced_by_requests)
+    with pytest.raises(ExactnessError, match="target state"):
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
