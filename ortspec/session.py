@@ -13,6 +13,15 @@ from .spec.requests import Request
 from .spec.stats import Stats
 
 
+BATCH_BUCKETS = (1, 2, 4, 8, 16)
+
+
+def batch_bucket(n: int) -> int:
+    """The batch size CUDA graphs are captured for: the next of 1, 2, 4, 8, 16 (then multiples of 16).
+    Padding rows hold finished placeholder requests; rows never mix, so they cannot affect real ones."""
+    return next((b for b in BATCH_BUCKETS if b >= n), -(-n // 16) * 16)
+
+
 class Session:
     """Greedy and MTP-speculative generation over a converted model directory.
 
@@ -123,9 +132,13 @@ class Session:
         stops = frozenset(self.manifest.spec.eos_token_ids if stop_tokens is None else stop_tokens)
         requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops)
                     for i, p in enumerate(prompts)]
-        decoder = Decoder(self.graphs, len(requests), self.k, self.commit, self._stats,
-                          engine=self._engine(len(requests)), **decoder_options)
-        return decoder.generate(requests)
+        rows = len(requests)
+        if self.graphs.arrays.device != "cpu":  # CUDA graphs per batch bucket: pad with placeholders
+            rows = batch_bucket(rows)
+            requests += [Request.filler(i) for i in range(len(requests), rows)]
+        decoder = Decoder(self.graphs, rows, self.k, self.commit, self._stats, engine=self._engine(rows),
+                          **decoder_options)
+        return decoder.generate(requests)[: len(prompts)]
 
     def _engine(self, batch: int):
         """State buffers for a batch size, kept for the Session's life: on CUDA the captured

@@ -35,20 +35,18 @@ def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3):
                     continue
                 if req.done:
                     done_rows.add((req.row, id(req)))
+                if req.placeholder:
+                    continue  # fills a free row in the fixed-rows batching
                 tokens, table = refs[tuple(req.prompt)]
-                if req.prompt == [0] and req.max_new_tokens == 1:
-                    continue  # a fixed-rows placeholder
                 diffs = row_state(decoder, req).differences(table[req.processed])
                 if diffs:
                     raise ExactnessError(f"request {req.prompt[:3]}... at length {req.processed}: {', '.join(diffs)}")
                 checked.append(req.processed)
 
         done_rows = set()
-        refs = dict(refs)
-        refs[(0,)] = ([0], {})
         vocab = session.manifest.spec.vocab_size
         options = dict(on_commit=compare, make_drafts=lambda mtp: ScriptedDrafts(
-            MTPDrafts(mtp), lambda r: refs[tuple(r.prompt)][0], vocab, p=p, seed=3))
+            MTPDrafts(mtp), lambda r: r.tokens if r.placeholder else refs[tuple(r.prompt)][0], vocab, p=p, seed=3))
     if fixed_rows is not None:
         options["fixed_rows"] = fixed_rows
     batcher = session.batcher(max_batch_size=max_batch_size, **options)

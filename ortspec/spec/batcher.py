@@ -34,7 +34,7 @@ class Batcher:
         self._next_id = 0
         if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
             for row in range(max_batch_size):
-                self._place(Request(row=row, prompt=[0], max_new_tokens=1))
+                self._place(Request.filler(row))
 
     @property
     def pending(self) -> list[int]:

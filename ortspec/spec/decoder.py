@@ -88,9 +88,10 @@ class Decoder:
                 next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
                 self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req], slot=None)
         req.extend([first])
-        self.stats.requests += 1
-        self.stats.prompt_tokens += n
-        self.stats.generated_tokens += 1
+        if not req.placeholder:
+            self.stats.requests += 1
+            self.stats.prompt_tokens += n
+            self.stats.generated_tokens += 1
 
     # -- one step --------------------------------------------------------------------------
     def greedy_step(self, batch: Batch) -> None:

@@ -26,6 +26,11 @@ class Request:
     last_first_position: int | None = None  # first verify position of the previous step
     last_accepted: int = 0
     done: bool = False
+    placeholder: bool = False  # fills a row that must run (CUDA batch buckets); never reported
+
+    @classmethod
+    def filler(cls, row: int) -> "Request":
+        return cls(row=row, prompt=[0], max_new_tokens=1, placeholder=True)
 
     @property
     def processed(self) -> int:
