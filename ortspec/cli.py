@@ -13,7 +13,7 @@ def _convert(args) -> None:
     from .converter import convert
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.num_speculative_tokens, dtype=args.dtype,
-                  max_length=args.max_length)
+                  max_length=args.max_length, pipeline_stages=args.pipeline_stages)
     print(f"converted {args.checkpoint} -> {out}")
 
 
@@ -30,7 +30,7 @@ def _generate(args) -> None:
     from .session import Session
 
     session = Session(args.model, provider=args.provider, num_speculative_tokens=args.num_speculative_tokens,
-                      commit=args.commit, threads=args.threads)
+                      commit=args.commit, threads=args.threads, pipeline_stages=args.pipeline_stages)
     prompt = _parse_prompt(args.prompt, args.ids)
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                    help="matrix weights and products (states stay fp32; bfloat16 needs --provider cuda)")
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
+    c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.set_defaults(func=_convert)
 
     g = sub.add_parser("generate", help="generate from a converted model")
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--commit", choices=["select", "readvance"], default="select")
     g.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
+    g.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
     g.set_defaults(func=_generate)
 
     b = sub.add_parser("bench", help="greedy vs speculative tokens/s, side by side in one run")

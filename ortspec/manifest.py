@@ -23,6 +23,11 @@ def graph_name(kind: str, k: int) -> str:
     return f"{kind}_k{k}"
 
 
+def stage_graph_name(graph: str, stage: int) -> str:
+    """A pipeline stage of a target graph: decode.stage0, decode.stage1, ..."""
+    return f"{graph}.stage{stage}"
+
+
 def state_table(spec: ModelSpec, max_length: int, with_mtp: bool) -> dict[str, dict]:
     """State name -> {kind, layer, shape (B = batch), dtype}. Kinds: kv_key, kv_value, conv,
     recurrent (target) and mtp_kv_key, mtp_kv_value (the MTP head's own cache)."""
@@ -58,7 +63,11 @@ class Manifest:
     states: dict
     tokenizer_files: list
     source: dict = dataclasses.field(default_factory=dict)
+    stage_layers: list = dataclasses.field(default_factory=list)  # pipeline boundaries, [0, ..., L]
 
+    @property
+    def num_stages(self) -> int:
+        return max(1, len(self.stage_layers) - 1)
     @property
     def has_mtp(self) -> bool:
         return "mtp" in self.graphs
@@ -74,10 +83,10 @@ class Manifest:
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
-               source, model_type) -> "Manifest":
+               source, model_type, stage_layers) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
-                   {"checkpoint": source, "model_type": model_type})
+                   {"checkpoint": source, "model_type": model_type}, stage_layers)
 
     def save(self, out_dir: Path) -> None:
         doc = {
@@ -91,6 +100,7 @@ class Manifest:
             "graphs": self.graphs,
             "states": self.states,
             "tokenizer": {"files": self.tokenizer_files},
+            "pipeline": {"stage_layers": self.stage_layers},
         }
         (Path(out_dir) / "manifest.json").write_text(json.dumps(doc, indent=1))
 
@@ -112,4 +122,4 @@ class Manifest:
             raise ModelDirError(f"{model_dir} is missing {missing}; reconvert the model.")
         return cls(model_dir, ModelSpec.from_dict(doc["model"]), doc["max_length"], doc["num_speculative_tokens"],
                    doc["dtype"], doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
-                   doc.get("source", {}))
+                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigurationError, InputError
-from .manifest import Manifest, graph_name
+from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.graphs import GraphSet
 from .runtime.model import MTPHead, TargetModel
 from .spec.decoder import COMMITS, Decoder
@@ -37,8 +37,10 @@ class Session:
     """
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
-                 commit: str = "select", threads: int | None = None, cuda_graphs: bool = True) -> None:
+                 commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
+                 pipeline_stages: int = 1, devices: list[int] | None = None) -> None:
         self.manifest = Manifest.load(model_dir)
+        self.stages = self._check_stages(pipeline_stages, devices, provider)
         self.k = self._check_k(num_speculative_tokens)
         if commit not in COMMITS:
             raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
@@ -70,11 +72,32 @@ class Session:
             )
         return k
 
+    def _check_stages(self, stages, devices, provider) -> int:
+        available = self.manifest.num_stages
+        if not isinstance(stages, int) or stages < 1:
+            raise ConfigurationError(f"pipeline_stages={stages!r} must be an integer >= 1.")
+        if stages > 1 and stages != available:
+            raise ConfigurationError(
+                f"pipeline_stages={stages}, but {self.manifest.dir} holds graphs for "
+                f"{available if available > 1 else 'no'} pipeline stages; reconvert with --pipeline-stages {stages}."
+            )
+        if devices is not None:
+            if len(devices) != stages:
+                raise ConfigurationError(f"devices={devices} must name one device per stage ({stages}).")
+            if provider == "cuda" and len(set(devices)) > 1:
+                raise ConfigurationError(
+                    f"devices={devices}: stages on different GPUs are not supported yet; run every stage on one "
+                    f"device (e.g. devices={[devices[0]] * stages})."
+                )
+        return stages
+
     def _graph_names(self) -> list[str]:
         names = ["prefill", "decode"]
         if self.k:
-            names += [graph_name("verify_select" if self.commit == "select" else "verify", self.k), "mtp"]
-        return names
+            names += [graph_name("verify_select" if self.commit == "select" else "verify", self.k)]
+        names = [g for name in names for g in ([name] if self.stages == 1 else
+                                                [stage_graph_name(name, s) for s in range(self.stages)])]
+        return names + (["mtp"] if self.k else [])
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -144,7 +167,8 @@ class Session:
         """State buffers for a batch size, kept for the Session's life: on CUDA the captured
         graphs bind their addresses, so a later call of the same size replays them."""
         if batch not in self._engines:
-            self._engines[batch] = (TargetModel(self.graphs, batch), MTPHead(self.graphs, batch) if self.k else None)
+            self._engines[batch] = (TargetModel(self.graphs, batch, self.stages),
+                                    MTPHead(self.graphs, batch) if self.k else None)
         return self._engines[batch]
 
     def _check_prompts(self, prompts, max_new_tokens) -> list[list[int]]:

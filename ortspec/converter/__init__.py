@@ -8,7 +8,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError, UnsupportedModelError
-from ..manifest import GRAPH_FILES, Manifest, graph_name
+from ..manifest import GRAPH_FILES, Manifest, graph_name, stage_graph_name
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
@@ -21,7 +21,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
-            max_length: int = 1024, progress: bool = True) -> Path:
+            max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
+            progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -29,6 +30,9 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     dtype "float16"/"bfloat16" stores the weight matrices in that dtype (half the size) and
     runs the matrix products in it; norms, the GDN recurrence and every state stay float32.
     bfloat16 graphs need the CUDA provider (the CPU has no bfloat16 MatMul).
+    pipeline_stages > 1 also writes every target graph split into that many stages
+    ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
+    [0, 2, 4] for layers 0-1 and 2-3.
     """
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
@@ -52,12 +56,18 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     cast_matrices(store, dtype)
     layout = store.save(out_dir)
 
-    builders = {"prefill": lambda: make_target_graph(spec, store, max_length, "prefill", rows=None),
-                "decode": lambda: make_target_graph(spec, store, max_length, "decode", rows=1)}
+    boundaries = _stage_boundaries(spec.num_layers, pipeline_stages, stage_layers)
+    shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
     for k in range(1, K + 1):
-        builders[graph_name("verify", k)] = lambda k=k: make_target_graph(spec, store, max_length, f"verify_k{k}", rows=k + 1)
-        builders[graph_name("verify_select", k)] = lambda k=k: make_target_graph(
-            spec, store, max_length, f"verify_select_k{k}", rows=k + 1, windows=True)
+        shapes[graph_name("verify", k)] = dict(rows=k + 1)
+        shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True)
+    builders = {}
+    for name, shape in shapes.items():
+        builders[name] = lambda name=name, shape=shape: make_target_graph(spec, store, max_length, name, **shape)
+        if len(boundaries) > 2:
+            for s, (start, stop) in enumerate(zip(boundaries, boundaries[1:])):
+                builders[stage_graph_name(name, s)] = lambda name=name, shape=shape, s=s, r=range(start, stop): (
+                    make_target_graph(spec, store, max_length, stage_graph_name(name, s), layers=r, stage=s, **shape))
     if with_mtp:
         builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length)
 
@@ -77,8 +87,19 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
             tokenizer_files.append(fname)
     Manifest.create(spec, max_length=max_length, num_speculative_tokens=K, dtype=dtype, weights=layout,
                     graphs=graphs, tokenizer_files=tokenizer_files, source=str(checkpoint_dir),
-                    model_type=hf_config.get("model_type")).save(out_dir)
+                    model_type=hf_config.get("model_type"), stage_layers=boundaries).save(out_dir)
     return out_dir
+
+
+def _stage_boundaries(num_layers: int, stages: int, stage_layers) -> list[int]:
+    if stage_layers is not None:
+        bounds = list(stage_layers)
+        if bounds[0] != 0 or bounds[-1] != num_layers or any(b > c for b, c in zip(bounds, bounds[1:])):
+            raise CheckpointError(f"stage_layers={bounds} must rise from 0 to num_layers={num_layers}.")
+        return bounds
+    if not 1 <= stages <= num_layers:
+        raise CheckpointError(f"pipeline_stages={stages} must be between 1 and the {num_layers} layers.")
+    return [round(s * num_layers / stages) for s in range(stages + 1)]
 
 
 def _mtp_available(spec: ModelSpec, reader: CheckpointReader) -> bool:

@@ -75,20 +75,31 @@ def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
 
 
 def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
-                      rows: int | None, windows: bool = False) -> GraphBuilder:
+                      rows: int | None, windows: bool = False, layers: range | None = None,
+                      stage: int = 0) -> GraphBuilder:
     """rows=None: any M (prefill); rows=M: static M (decode M=1, verify M=k+1).
-    windows=True (needs static rows): GDN states after every row, for the select commit."""
+    windows=True (needs static rows): GDN states after every row, for the select commit.
+    layers: a pipeline stage (a contiguous range of layers). The first stage embeds the ids;
+    a later stage takes the proxies ``proxy.hidden`` and ``proxy.residual`` [B, M, H] (token
+    rows) from the stage before; every stage but the last hands its own on. A stage after one
+    that ran no layer gets no residual: that proxy is legitimately absent."""
+    layers = range(spec.num_layers) if layers is None else layers
+    first, last = stage == 0, layers.stop == spec.num_layers
     g = GraphBuilder(name, store)
     dim_m = rows if rows is not None else "M"
-    ids = g.input("input_ids", I64, ["B", dim_m])
     positions = g.input("positions", I64, ["B", dim_m])
-    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec, max_length).items()}
+    if first:
+        x, residual = g.embedding(g.input("input_ids", I64, ["B", dim_m])), None
+    else:
+        x = g.input("proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
+        residual = g.input("proxy.residual", F32, ["B", dim_m, spec.hidden_size]) if layers.start > 0 else None
+    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec, max_length).items()
+              if int(n.split(".")[1]) in layers}
     step = make_step_inputs(g, spec, positions, max_length)
-    x, residual = g.embedding(ids), None
     state_outputs = []
-    for i, kind in enumerate(spec.layer_types):
+    for i in layers:
         prefix = f"L{i}"
-        if kind == FULL:
+        if spec.layer_types[i] == FULL:
             def mixer(h, i=i, prefix=prefix):
                 out, new_key, new_value = make_attention(g, spec, h, prefix, step, states[f"key.{i}"], states[f"value.{i}"])
                 state_outputs.append((new_key, f"new_key.{i}"))
@@ -103,7 +114,12 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                 state_outputs.append((rec, f"recurrent_{kind_of}.{i}"))
                 return out
         x, residual = _decoder_layer(g, spec, x, residual, prefix, mixer)
-    _head(g, spec, x, residual, "final_norm", "hidden", dim_m)
+    if last:
+        _head(g, spec, x, residual, "final_norm", "hidden", dim_m)
+    else:
+        g.output(x, "proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
+        if residual is not None:
+            g.output(residual, "proxy.residual", F32, ["B", dim_m, spec.hidden_size])
     for value, out_name in state_outputs:
         g.output(value, out_name, F32, None)
     return g

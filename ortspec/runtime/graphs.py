@@ -231,7 +231,8 @@ class GraphSet:
 
     def __getitem__(self, name: str) -> GraphRunner:
         if name not in self._runners:
-            graphed = self.cuda_graphs and (name in ("decode", "mtp") or name.startswith("verify"))
+            base = name.split(".stage")[0]
+            graphed = self.cuda_graphs and (base in ("decode", "mtp") or base.startswith("verify"))
             self._runners[name] = GraphRunner(self.manifest, name, self.weights, self.arrays, self.provider,
                                               self.threads, cuda_graphs=graphed, registry=self.registry)
         return self._runners[name]

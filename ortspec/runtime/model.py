@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..manifest import graph_name
+from ..manifest import graph_name, stage_graph_name
 from .graphs import GraphSet
 from .states import LayerState, Rows, Snapshot, StateSet
 
@@ -28,18 +28,41 @@ def _forward(graphs: GraphSet, out: dict) -> Forward:
     return result
 
 
-class TargetModel:
-    """The hybrid target: prefill, M=1 decode, M=k+1 verify (plain or with state windows)."""
+def proxies(outputs: dict) -> dict:
+    """The proxy tensors a pipeline stage handed on (``proxy.*``, [B, M, H] token rows). Only
+    those it produced: a proxy a stage legitimately lacks (no residual before any layer ran)
+    is absent here, and the next stage does not ask for it."""
+    return {name: value for name, value in outputs.items() if name.startswith("proxy.")}
 
-    def __init__(self, graphs: GraphSet, batch: int) -> None:
-        self.graphs = graphs
+
+class TargetModel:
+    """The hybrid target: prefill, M=1 decode, M=k+1 verify (plain or with state windows).
+
+    With pipeline stages each forward runs the stage graphs in order, each over its own
+    layers' states, passing the proxies on; the outputs of all stages are merged, so the
+    state kinds and the speculative step see one model.
+    """
+
+    def __init__(self, graphs: GraphSet, batch: int, stages: int = 1) -> None:
+        self.graphs, self.stages = graphs, stages
         self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
+
+    def graph_names(self, name: str) -> list[str]:
+        return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, slot: str | None = None) -> Forward:
         """slot names the CUDA graph for this fixed shape (slot, rows per request, batch)."""
         feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
-        key = (slot, ids.shape[1], len(rows)) if slot else None
-        return _forward(self.graphs, self.graphs[name].run(feeds, slot=key))
+        merged, keep_alive = {}, []
+        for stage, graph in enumerate(self.graph_names(name)):
+            key = (f"{slot}.stage{stage}" if self.stages > 1 else slot, ids.shape[1], len(rows)) if slot else None
+            out = self.graphs[graph].run(feeds, slot=key)
+            keep_alive.append(getattr(out, "keep_alive", None))
+            merged.update(out)
+            feeds = {**{n: v for n, v in feeds.items() if not n.startswith("proxy.")}, **proxies(out)}
+        result = _forward(self.graphs, merged)
+        result.keep_alive = keep_alive
+        return result
 
     def reset(self, rows: Rows) -> None:
         """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""

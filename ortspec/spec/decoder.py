@@ -42,12 +42,13 @@ class Decoder:
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
-                 engine: tuple[TargetModel, MTPHead | None] | None = None) -> None:
+                 engine: tuple[TargetModel, MTPHead | None] | None = None, stages: int = 1) -> None:
         self.graphs, self.k, self.commit, self.stats, self.on_commit = graphs, k, commit, stats, on_commit
         self.fixed_rows = graphs.arrays.device != "cpu" if fixed_rows is None else fixed_rows
         self.max_length = graphs.manifest.max_length
         # engine: state buffers a Session keeps across calls (fixed addresses for CUDA graphs)
-        self.target, self.mtp = engine or (TargetModel(graphs, batch_size), MTPHead(graphs, batch_size) if k > 0 else None)
+        self.target, self.mtp = engine or (TargetModel(graphs, batch_size, stages),
+                                           MTPHead(graphs, batch_size) if k > 0 else None)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
 
     # -- driver ----------------------------------------------------------------------------

@@ -54,9 +54,9 @@ def make_requests(prompts, max_new_tokens):
     return [Request(row=i, prompt=list(p), max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
 
 
-def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int):
+def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, stages: int = 1):
     """-> ({row: prompt + greedy tokens}, {(row, length): RowState})."""
-    decoder = Decoder(graphs, len(prompts), k, "select", Stats())
+    decoder = Decoder(graphs, len(prompts), k, "select", Stats(), stages=stages)
     requests, table = make_requests(prompts, max_new_tokens), {}
     for req in requests:
         decoder.prefill(req)
@@ -71,7 +71,7 @@ def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int):
 
 def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, commit: str, *,
                       p: float | None = None, seed: int = 0, reference=None, fixed_rows: bool | None = None,
-                      atol: float = 0.0) -> Stats:
+                      atol: float = 0.0, stages: int = 1) -> Stats:
     """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
 
     p=None draws each step's accept length uniformly from 0..k; else each draft is right with
@@ -97,7 +97,7 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
                 raise ExactnessError(f"{where}: differs from the plain decode in {', '.join(diffs)}")
 
     vocab = graphs.manifest.spec.vocab_size
-    decoder = Decoder(graphs, len(prompts), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows,
+    decoder = Decoder(graphs, len(prompts), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
                       make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: oracle[r.row], vocab, p=p,
                                                              seed=seed))
     requests = make_requests(prompts, max_new_tokens)

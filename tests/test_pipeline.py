@@ -1,0 +1,67 @@
+"""Pipeline stages: the layers split into stage graphs that hand proxy tensors on. Output and
+states equal the single-stage model's; an absent proxy is skipped, not indexed."""
+
+from __future__ import annotations
+
+import pytest
+
+import ortspec
+from ortspec.runtime import model as runtime_model
+from ortspec.runtime.graphs import GraphSet
+from ortspec.spec.exactness import check_speculative, plain_decode_states
+from tools.make_tiny_checkpoint import make_checkpoint
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5]]
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    make_checkpoint(root / "ck", seed=41, layer_types=("linear_attention", "full_attention", "linear_attention",
+                                                       "linear_attention", "full_attention"))
+    ortspec.convert(root / "ck", root / "two", num_speculative_tokens=3, max_length=128, pipeline_stages=2,
+                    progress=False)
+    ortspec.convert(root / "ck", root / "empty_first", num_speculative_tokens=2, max_length=128,
+                    stage_layers=[0, 0, 5], progress=False)
+    return root
+
+
+def test_two_stages_equal_one(staged):
+    reference = ortspec.Session(staged / "two").generate(PROMPTS, max_new_tokens=30)
+    for k, commit in ((0, "select"), (2, "select"), (3, "readvance")):
+        session = ortspec.Session(staged / "two", pipeline_stages=2, num_speculative_tokens=k, commit=commit)
+        assert session.generate(PROMPTS, max_new_tokens=30) == reference, (k, commit)
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance"])
+def test_staged_states_equal_unstaged_plain_decode(staged, commit):
+    """Every state after every commit of a 2-stage speculative run equals (bitwise) the
+    single-stage plain decode's: the stage boundary changes no bit."""
+    graphs = GraphSet(ortspec.Session(staged / "two").manifest)
+    reference = plain_decode_states(graphs, PROMPTS, 40 + 3 + 1, 3, stages=1)
+    stats = check_speculative(graphs, PROMPTS, 40, 3, commit, p=0.6, reference=reference, stages=2)
+    assert stats.speculative_steps > 20
+
+
+def test_absent_residual_proxy_is_skipped(staged):
+    """Stage 0 holds no layer, so it hands on the embedding and no residual."""
+    reference = ortspec.Session(staged / "two").generate(PROMPTS, max_new_tokens=20)
+    session = ortspec.Session(staged / "empty_first", pipeline_stages=2, num_speculative_tokens=2)
+    assert session.generate(PROMPTS, max_new_tokens=20) == reference
+
+
+def test_indexing_an_absent_proxy_fails(staged, monkeypatch):
+    """Planted: forwarding both proxies unconditionally breaks the empty-first-stage model."""
+    monkeypatch.setattr(runtime_model, "proxies", lambda out: {n: out[n] for n in ("proxy.hidden", "proxy.residual")})
+    session = ortspec.Session(staged / "empty_first", pipeline_stages=2)
+    with pytest.raises(KeyError, match="proxy.residual"):
+        session.generate(PROMPTS, max_new_tokens=4)
+
+
+def test_stage_errors(staged):
+    with pytest.raises(ortspec.ConfigurationError, match="reconvert with --pipeline-stages 3"):
+        ortspec.Session(staged / "two", pipeline_stages=3)
+    with pytest.raises(ortspec.ConfigurationError, match="one device per stage"):
+        ortspec.Session(staged / "two", pipeline_stages=2, devices=[0])
+    with pytest.raises(ortspec.CheckpointError, match="must rise from 0"):
+        ortspec.convert(staged / "ck", staged / "bad", stage_layers=[0, 3, 2, 5], progress=False)
