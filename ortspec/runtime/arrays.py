@@ -100,10 +100,15 @@ class CudaArrays:
         self.device_index = device_index
         self.pool = self.native.PersistentBuffers("cuda", device_index)  # states, bound I/O: fixed for life
         self.scratch_arena = self.native.StepScopedArena(scratch_bytes, "cuda", device_index)  # reset every step
+        self._uploaded: dict = {}  # small host arrays uploaded this step (scratch), by content
         self._ids = 0
 
     def begin_step(self) -> None:
+        """Per step: report any index error a kernel recorded, then hand the scratch back."""
+        self.native.synchronize(0, self.device_index)
+        self.native.check_device_errors(self.device_index)
         self.scratch_arena.reset()
+        self._uploaded = {}
 
     def scratch(self, shape, dtype):
         return self.scratch_arena.allocate(tuple(int(s) for s in shape), np.dtype(dtype).name)
@@ -160,8 +165,14 @@ class CudaArrays:
         return out
 
     def _index(self, index: np.ndarray):
-        buf = self.scratch((len(index),), np.int64)
-        buf.copy_from_numpy(np.ascontiguousarray(index, np.int64))
+        """A device copy of a small int64 host array, uploaded once per step per content
+        (every attention layer and the MTP head write KV rows at the same positions)."""
+        host = np.ascontiguousarray(index, np.int64)
+        key = (host.shape, host.tobytes())
+        buf = self._uploaded.get(key)
+        if buf is None:
+            buf = self._uploaded[key] = self.scratch(host.shape, np.int64)
+            buf.copy_from_numpy(host)
         return buf
 
     def select(self, window, index: np.ndarray, live) -> None:
@@ -171,13 +182,11 @@ class CudaArrays:
         self.native.gather_rows(src, self._index(index), dst)
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
-        if isinstance(positions, np.ndarray):
-            buf = self.scratch(positions.shape, np.int64)
-            buf.copy_from_numpy(np.ascontiguousarray(positions, np.int64))
-            positions = buf
+        positions = self._index(positions)
         counts = None if counts is None else self._index(counts)
         self.native.write_rows(cache, rows, positions, counts, axis=axis)
 
     def settle(self) -> None:
+        """The native kernels run on the default stream and ONNX Runtime on its own: wait for
+        ours before a Run reads what they wrote (a Run returns after its stream is done)."""
         self.native.synchronize(0, self.device_index)
-        self.native.check_device_errors(self.device_index)
