@@ -68,9 +68,41 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
             "repeats": repeats, "threads": threads, "rows": rows}
 
 
+def transformers_greedy(checkpoint, batches=(1,), max_new_tokens=64, repeats=3, device="cpu", dtype="float32",
+                        prompts_from=None) -> list[dict]:
+    """transformers' own greedy generate on the same weights, for a side-by-side row (k = "hf").
+    Prompts of a batch are left-padded to one length; tokens/s counts the new tokens."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).to(device).eval()
+    rows = []
+    for b in batches:
+        prompts = _prompts(prompts_from, b)
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            start = time.perf_counter()
+            with torch.no_grad():
+                model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                               do_sample=False, pad_token_id=0)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times[1:])
+        rows.append({"k": "hf", "batch": b, "tokens_per_second": b * max_new_tokens / seconds, "seconds": seconds})
+    return rows
+
+
 def format_table(result: dict) -> str:
     lines = ["| k | batch | tokens/s | vs greedy | tokens/step | acceptance | propose ms | verify ms | commit ms | decode ms |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result.get("transformers", []):
+        greedy = next((g for g in result["rows"] if g["k"] == 0 and g["batch"] == r["batch"]), None)
+        ratio = f"{r['tokens_per_second'] / greedy['tokens_per_second']:.2f}x" if greedy else "-"
+        lines.append(f"| transformers generate | {r['batch']} | {r['tokens_per_second']:.1f} | {ratio} | 1.00 | - | - | - | - | - |")
     for r in result["rows"]:
         ph = r["phase_ms"]
         ratio = f"{r['speedup_vs_greedy']:.2f}x" if r["speedup_vs_greedy"] else "-"
@@ -96,6 +128,7 @@ def write_outputs(result: dict, json_path: Path | None, plot_path: Path | None) 
         for b in sorted({r["batch"] for r in result["rows"]}):
             pts = sorted((r["k"], r["tokens_per_second"]) for r in result["rows"] if r["batch"] == b)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {b}")
+        ax.set_xticks(sorted({r["k"] for r in result["rows"]}))
         ax.set_xlabel("k (drafts per step; 0 = greedy)")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"ortspec bench ({result['provider']})")

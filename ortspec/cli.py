@@ -53,6 +53,13 @@ def _bench(args) -> None:
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     result = run_bench(args.model, ks=ints(args.k), batches=ints(args.batch), max_new_tokens=args.max_new_tokens,
                        repeats=args.repeats, provider=args.provider, commit=args.commit, threads=args.threads)
+    if args.transformers:
+        from .bench import transformers_greedy
+        from .session import Session
+
+        result["transformers"] = transformers_greedy(
+            args.transformers, ints(args.batch), args.max_new_tokens, args.repeats,
+            device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(args.model))
     print(format_table(result))
     write_outputs(result, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None)
 
@@ -92,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--commit", choices=["select", "readvance"], default="select")
     b.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--transformers", metavar="CHECKPOINT",
+                   help="also time transformers' greedy generate on this HF checkpoint (same weights)")
     b.add_argument("--json", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG plot (tokens/s against k, one line per batch) here")
     b.set_defaults(func=_bench)
