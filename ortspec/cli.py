@@ -35,7 +35,7 @@ def _generate(args) -> None:
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start
-    print(out if isinstance(out, str) else " ".join(map(str, out)))
+    print(prompt + out if isinstance(out, str) else " ".join(map(str, out)), flush=True)
     st = session.stats
     line = (f"[{st['generated_tokens']} tokens in {seconds:.3f} s: {st['generated_tokens'] / seconds:.1f} tokens/s"
             f" (decode only: {st['tokens_per_second']:.1f} tokens/s)")

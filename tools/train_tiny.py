@@ -261,7 +261,8 @@ class TrainableMTP(MTPHead):
         h = self.pre_fc_norm_hidden(hidden)  # [B, T, H]
         x = self.fc(torch.cat([e, h], dim=-1))  # [B, T, H]
         position_ids = positions.reshape(1, -1).expand(batch, -1)  # [B, T]
-        cos_sin = self.rotary(x, position_ids)
+        # transformers 5.17 wants text positions as (3, B, T); later versions expand (B, T) themselves
+        cos_sin = self.rotary(x, position_ids.expand(3, *position_ids.shape) if position_ids.dim() == 2 else position_ids)
         x = self.layers[0](x, position_embeddings=cos_sin, attention_mask=self._mask(x), position_ids=position_ids)
         return self.norm(x)  # [B, T, H]
 
