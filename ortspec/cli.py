@@ -13,7 +13,7 @@ def _convert(args) -> None:
     from .converter import convert
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.num_speculative_tokens, dtype=args.dtype,
-                  max_length=args.max_length, pipeline_stages=args.pipeline_stages)
+                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant)
     print(f"converted {args.checkpoint} -> {out}")
 
 
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matrix weights and products (states stay fp32; bfloat16 needs --provider cuda)")
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
+    c.add_argument("--quant", choices=["int4"], default=None, help="int4 projection weights (MatMulNBits, block 32)")
     c.set_defaults(func=_convert)
 
     g = sub.add_parser("generate", help="generate from a converted model")

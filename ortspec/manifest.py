@@ -64,6 +64,7 @@ class Manifest:
     tokenizer_files: list
     source: dict = dataclasses.field(default_factory=dict)
     stage_layers: list = dataclasses.field(default_factory=list)  # pipeline boundaries, [0, ..., L]
+    quant: str | None = None  # "int4": MatMulNBits weights
 
     @property
     def num_stages(self) -> int:
@@ -83,10 +84,10 @@ class Manifest:
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
-               source, model_type, stage_layers) -> "Manifest":
+               source, model_type, stage_layers, quant=None) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
-                   {"checkpoint": source, "model_type": model_type}, stage_layers)
+                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant)
 
     def save(self, out_dir: Path) -> None:
         doc = {
@@ -96,6 +97,7 @@ class Manifest:
             "max_length": self.max_length,
             "num_speculative_tokens": self.num_speculative_tokens,
             "dtype": self.dtype,
+            "quant": self.quant,
             "weights": {"file": "weights.bin", "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -122,4 +124,4 @@ class Manifest:
             raise ModelDirError(f"{model_dir} is missing {missing}; reconvert the model.")
         return cls(model_dir, ModelSpec.from_dict(doc["model"]), doc["max_length"], doc["num_speculative_tokens"],
                    doc["dtype"], doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
-                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []))
+                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"))

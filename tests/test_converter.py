@@ -75,6 +75,33 @@ def test_low_precision_compute(plain, tmp_path):
         ortspec.Session(tmp_path / "bf16")
 
 
+def test_int4_weights(plain, tmp_path):
+    """--quant int4: MatMulNBits blocks of 32, a bounded quantization error, and speculative
+    decoding still bitwise exact on the CPU (accuracy_level 4 is row-invariant)."""
+    import onnx
+
+    from ortspec.converter.quantize import dequantize_int4, quantize_int4
+    from ortspec.runtime.graphs import GraphSet
+    from ortspec.spec.exactness import check_speculative
+
+    w = np.random.default_rng(0).standard_normal((80, 24)).astype(np.float32)  # K=80: a padded last block
+    packed, scales = quantize_int4(w)
+    assert packed.shape == (24, 3, 16) and packed.dtype == np.uint8 and scales.shape == (72,)
+    block_max = np.abs(np.pad(w, ((0, 16), (0, 0))).T.reshape(24, 3, 32)).max(axis=2)
+    error = np.abs(dequantize_int4(packed, scales, 80) - w).T.reshape(24, -1)
+    assert np.all(error <= np.repeat(block_max / 14 + 1e-7, 32, axis=1)[:, :80])  # half a step
+
+    root, _ = plain
+    convert(root / "ck", tmp_path / "q4", quant="int4")
+    m = Manifest.load(tmp_path / "q4")
+    assert m.quant == "int4"
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "q4" / "decode.onnx"), load_external_data=False).graph.node]
+    assert ops.count("MatMulNBits") >= 10 and "Gather" in ops
+    assert (tmp_path / "q4" / "weights.bin").stat().st_size < 0.5 * (root / "out" / "weights.bin").stat().st_size
+    for commit in ("select", "readvance"):
+        check_speculative(GraphSet(m), PROMPTS, 24, 2, commit, p=0.6)
+
+
 def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")
@@ -198,6 +225,8 @@ def test_no_safetensors_and_bad_options(plain, tmp_path):
         convert(tmp_path / "ck", tmp_path / "out")
     with pytest.raises(ortspec.CheckpointError, match="dtype 'int8'"):
         convert(root / "ck", tmp_path / "out", dtype="int8")
+    with pytest.raises(ortspec.CheckpointError, match="quant='int8'"):
+        convert(root / "ck", tmp_path / "out", quant="int8")
     with pytest.raises(ortspec.CheckpointError, match="num_speculative_tokens=9"):
         convert(root / "ck", tmp_path / "out", num_speculative_tokens=9)
 

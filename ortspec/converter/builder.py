@@ -26,6 +26,7 @@ _ONNX_TYPE = {
     np.dtype(np.float16): TensorProto.FLOAT16,
     np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,
     np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.uint8): TensorProto.UINT8,
     np.dtype(np.int32): TensorProto.INT32,
 }
 
@@ -35,6 +36,7 @@ class WeightStore:
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
+        self.quantized: dict[str, tuple[int, int]] = {}  # int4 weights: name -> (K, N)
 
     def add(self, name: str, array: np.ndarray) -> str:
         if name in self.arrays:
@@ -104,7 +106,12 @@ class GraphBuilder:
 
     def linear(self, x: str, weight: str, hint: str | None = None) -> str:
         """x [.., in] @ W [in, out]. With W stored in fp16/bf16 the product runs in that dtype:
-        x is cast down, the result back to float32 (norms, GDN ops and states stay fp32)."""
+        x is cast down, the result back to float32 (norms, GDN ops and states stay fp32).
+        An int4 weight runs as MatMulNBits (see converter/quantize.py)."""
+        if weight in self.weights.quantized:
+            K, N = self.weights.quantized[weight]
+            return self.ms("MatMulNBits", [x, self.weight(weight), self.weight(f"{weight}.scales")], hint=hint,
+                           K=K, N=N, bits=4, block_size=32, accuracy_level=4)
         dtype = _ONNX_TYPE[self.weights.arrays[weight].dtype]
         if dtype == TensorProto.FLOAT:
             return self.op("MatMul", [x, self.weight(weight)], hint=hint)
