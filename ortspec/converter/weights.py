@@ -143,7 +143,7 @@ def cast_matrices(store: WeightStore, dtype: str) -> None:
 
     low = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     for name, arr in store.arrays.items():
-        if name in _MATRICES or name.endswith(_MATRIX_SUFFIXES):
+        if (name in _MATRICES or name.endswith(_MATRIX_SUFFIXES)) and name not in store.quantized:
             rounded = torch.from_numpy(np.ascontiguousarray(arr)).to(low)  # round to nearest even
             store.arrays[name] = rounded.view(torch.int16).numpy().view(np.uint16).view(
                 np.float16 if dtype == "float16" else ml_dtypes.bfloat16)

@@ -52,6 +52,8 @@ class SharedWeights:
             dtype = ml_dtypes.bfloat16 if entry["dtype"] == "bfloat16" else entry["dtype"]
             array = raw[entry["offset"]: entry["offset"] + entry["length"]].view(dtype).reshape(entry["shape"])
             if arrays.device != "cpu":
+                if array.dtype == np.uint8:  # int4 blocks: the native buffers hold no uint8; each
+                    continue  # session reads these (small) from weights.bin itself
                 device_array = arrays.zeros(array.shape, array.dtype)
                 arrays.upload(device_array, array)
                 array = device_array
@@ -66,7 +68,8 @@ class SharedWeights:
         if threads:
             options.intra_op_num_threads = threads
         for name in names:
-            options.add_initializer(name, self._values[name])
+            if name in self._values:
+                options.add_initializer(name, self._values[name])
         return options
 
 
