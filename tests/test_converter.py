@@ -100,6 +100,11 @@ def test_int4_weights(plain, tmp_path):
     assert (tmp_path / "q4" / "weights.bin").stat().st_size < 0.5 * (root / "out" / "weights.bin").stat().st_size
     for commit in ("select", "readvance"):
         check_speculative(GraphSet(m), PROMPTS, 24, 2, commit, p=0.6)
+    convert(root / "ck", tmp_path / "q4h", quant="int4", dtype="float16")  # int4 blocks stay uint8
+    decode = onnx.load(str(tmp_path / "q4h" / "decode.onnx"), load_external_data=False)
+    types = {i.name: i.data_type for i in decode.graph.initializer}
+    assert types["L0.in_proj"] == onnx.TensorProto.UINT8 and types["embed"] == onnx.TensorProto.FLOAT16
+    assert len(ortspec.Session(tmp_path / "q4h", num_speculative_tokens=2).generate(PROMPTS[0], max_new_tokens=6)) == 6
 
 
 def test_manifest_describes_graphs_and_states(plain):
