@@ -3,7 +3,6 @@ request's tokens, and its states after every commit, equal those it gets decoded
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import ortspec

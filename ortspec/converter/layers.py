@@ -143,7 +143,7 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                                               └─ b, a ─ LinearAttentionGate ─ decay,β   │
         q,k ─ l2norm ─ repeat heads ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
     """
-    nk, nv, dk, dv = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
     qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj"), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)
