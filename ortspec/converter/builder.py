@@ -86,6 +86,7 @@ class GraphBuilder:
         self.outputs: list[onnx.ValueInfoProto] = []
         self.used_weights: list[str] = []
         self.constants: dict[str, TensorProto] = {}
+        self._renamed: dict[str, str] = {}
         self._ids = itertools.count()
 
     # -- graph boundary --------------------------------------------------------------------
@@ -94,7 +95,18 @@ class GraphBuilder:
         return name
 
     def output(self, value: str, name: str, elem_type: int, shape: list) -> None:
-        if value != name:
+        """Declares `value` a graph output called `name`: the producing node's output is renamed
+        (an Identity would be one more kernel per step on the GPU), unless `value` is a graph
+        input or already an output, which need a copy."""
+        value = self._renamed.get(value, value)  # declared before under another name
+        producers = [n for n in self.nodes if value in n.output]
+        taken = {o.name for o in self.outputs} | {i.name for i in self.inputs}
+        if value != name and producers and value not in taken:
+            for node in self.nodes:
+                node.output[:] = [name if o == value else o for o in node.output]
+                node.input[:] = [name if i == value else i for i in node.input]
+            self._renamed[value] = name
+        elif value != name:
             self.op("Identity", [value], outputs=[name])
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
 
