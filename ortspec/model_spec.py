@@ -122,6 +122,12 @@ class ModelSpec:
                 raise CheckpointError(f"config.json lacks {key!r}, which a Qwen3.5 text config must have.")
             return t[key]
 
+        if t.get("attention_bias"):
+            raise UnsupportedModelError(
+                "attention_bias=true (q/k/v/o projections with biases) is not supported; Qwen3.5 models have none."
+            )
+        if t.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise UnsupportedModelError(f"hidden_act={t.get('hidden_act')!r} is not supported; the MLP must use SiLU.")
         num_layers = need("num_hidden_layers")
         layer_types = t.get("layer_types")
         if layer_types is None:

@@ -191,6 +191,8 @@ def _edit_config(ck, **changes):
     (dict(model_type="qwen3_next"), "mixture-of-experts"),
     (dict(model_type="llama"), "'llama' is not supported"),
     (dict(num_experts=8), "mixture-of-experts"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
     (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
      "sliding_attention"),
 ])
