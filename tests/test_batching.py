@@ -7,6 +7,7 @@ import pytest
 
 import ortspec
 from ortspec.runtime.graphs import GraphSet
+from ortspec.spec.batcher import run_arrivals
 from ortspec.spec.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.spec.exactness import ExactnessError, plain_decode_states, row_state
 
@@ -48,16 +49,7 @@ def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3):
             MTPDrafts(mtp), lambda r: r.tokens if r.placeholder else refs[tuple(r.prompt)][0], vocab, p=p, seed=3))
     if fixed_rows is not None:
         options["fixed_rows"] = fixed_rows
-    batcher = session.batcher(max_batch_size=max_batch_size, **options)
-    queue, ids, step = list(REQUESTS), [], 0
-    while queue or batcher.pending:
-        if queue and step % 2 == 0 and len(batcher.pending) < max_batch_size:
-            prompt, n = queue.pop(0)
-            ids.append(batcher.add_request(prompt, max_new_tokens=n))
-        if batcher.pending:
-            batcher.step()
-        step += 1
-    return [batcher.result(i) for i in ids], checked
+    return run_arrivals(session.batcher(max_batch_size=max_batch_size, **options), REQUESTS), checked
 
 
 @pytest.mark.parametrize("commit", ["select", "readvance"])

@@ -22,6 +22,7 @@ import onnxruntime as ort  # noqa: E402
 
 import ortspec  # noqa: E402
 from ortspec.bench import format_table, run_bench  # noqa: E402
+from ortspec.spec.batcher import run_arrivals  # noqa: E402
 from tools.gpu_check import MEDIUM  # noqa: E402
 from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
 
@@ -30,16 +31,7 @@ REQUESTS = [([5, 17, 99, 3, 250, 7, 11], 30), ([42], 45), ([8, 8, 8, 300, 1, 2, 
 
 
 def staggered(session, max_batch_size=3):
-    batcher = session.batcher(max_batch_size=max_batch_size)
-    queue, ids, step = list(REQUESTS), [], 0
-    while queue or batcher.pending:
-        if queue and step % 2 == 0 and len(batcher.pending) < max_batch_size:
-            prompt, n = queue.pop(0)
-            ids.append(batcher.add_request(prompt, max_new_tokens=n))
-        if batcher.pending:
-            batcher.step()
-        step += 1
-    return [batcher.result(i) for i in ids]
+    return run_arrivals(session.batcher(max_batch_size=max_batch_size), REQUESTS)
 
 
 def ratio_table(result) -> str:

@@ -72,3 +72,18 @@ class Batcher:
         if request_id not in self.requests:
             raise InputError(f"no request with id {request_id}; ids come from add_request.")
         return self.requests[request_id].output()
+
+
+def run_arrivals(batcher: Batcher, requests: list[tuple[list[int], int]], every: int = 2) -> list[list[int]]:
+    """Feeds (prompt, max_new_tokens) requests into a running batch, one every `every` steps
+    while a row is free, steps until all are done, and returns their tokens in request order.
+    A staggered-arrival driver for tests and benchmarks."""
+    queue, ids, step = list(requests), [], 0
+    while queue or batcher.pending:
+        if queue and step % every == 0 and len(batcher.pending) < len(batcher.rows):
+            prompt, n = queue.pop(0)
+            ids.append(batcher.add_request(prompt, max_new_tokens=n))
+        if batcher.pending:
+            batcher.step()
+        step += 1
+    return [batcher.result(i) for i in ids]
