@@ -21,8 +21,3 @@ def load_native() -> ModuleType:
     except ImportError as error:
         raise ImportError(f"{_BUILD_HINT} Cause: {error}") from error
     return _native
-
-
-def native_cuda_available() -> bool:
-    """True when the extension is built with CUDA and a CUDA device is usable here."""
-    return load_native().cuda_available()

@@ -48,10 +48,6 @@ class HostArrays:
     def download(self, array) -> np.ndarray:
         return np.array(array)
 
-    def wrap(self, value: ort.OrtValue):
-        """An ONNX-Runtime-allocated output as an array of this backend (no copy)."""
-        return value.numpy()
-
     def copy(self, dst, src) -> None:
         np.copyto(dst, src)
 

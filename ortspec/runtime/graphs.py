@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from ..errors import ProviderError
 from ..manifest import Manifest
+from .arrays import DTYPES
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -178,8 +179,7 @@ class CapturedSlot:
                 self.pointers[name] = value.data_ptr
             self.binding.bind_ortvalue_input(name, arrays.ort_value(value))
         for name in runner.output_names:
-            buffer = self.outputs[name] = arrays.zeros(first_out[name].shape, {"float32": np.float32,
-                                                                               "int64": np.int64}[first_out[name].dtype])
+            buffer = self.outputs[name] = arrays.zeros(first_out[name].shape, DTYPES[first_out[name].dtype])
             self.binding.bind_ortvalue_output(name, arrays.ort_value(buffer))
         self.captured = False
 
