@@ -31,8 +31,9 @@ def _prompts(session: Session, batch: int) -> list[list[int]]:
 
 
 def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, repeats=3, provider="cpu",
-              commit="select", threads=None, progress=True) -> dict:
-    sessions = {k: Session(model_dir, provider=provider, num_speculative_tokens=k, commit=commit, threads=threads)
+              commit="select", threads=None, progress=True, pipeline_stages=1, devices=None) -> dict:
+    sessions = {k: Session(model_dir, provider=provider, num_speculative_tokens=k, commit=commit, threads=threads,
+                           pipeline_stages=pipeline_stages, devices=devices)
                 for k in ks}
     samples = {(k, b): [] for k in ks for b in batches}
     stats = {}
@@ -65,7 +66,8 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
     for r in rows:
         r["speedup_vs_greedy"] = r["tokens_per_second"] / greedy[r["batch"]] if r["batch"] in greedy else None
     return {"model": str(model_dir), "provider": provider, "commit": commit, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "threads": threads, "rows": rows}
+            "repeats": repeats, "threads": threads, "pipeline_stages": pipeline_stages,
+            "devices": sessions[ks[0]].devices, "rows": rows}
 
 
 def transformers_greedy(checkpoint, batches=(1,), max_new_tokens=64, repeats=3, device="cpu", dtype="float32",

@@ -17,6 +17,13 @@ def _convert(args) -> None:
     print(f"converted {args.checkpoint} -> {out}")
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1; got {text!r}")
+
+
 def _parse_prompt(text: str, ids: bool):
     if ids:
         try:
@@ -30,7 +37,8 @@ def _generate(args) -> None:
     from .session import Session
 
     session = Session(args.model, provider=args.provider, num_speculative_tokens=args.num_speculative_tokens,
-                      commit=args.commit, threads=args.threads, pipeline_stages=args.pipeline_stages)
+                      commit=args.commit, threads=args.threads, pipeline_stages=args.pipeline_stages,
+                      devices=args.devices)
     prompt = _parse_prompt(args.prompt, args.ids)
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
@@ -50,15 +58,16 @@ def _bench(args) -> None:
 
     from .bench import format_table, run_bench, write_outputs
 
-    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    result = run_bench(args.model, ks=ints(args.k), batches=ints(args.batch), max_new_tokens=args.max_new_tokens,
-                       repeats=args.repeats, provider=args.provider, commit=args.commit, threads=args.threads)
+    result = run_bench(args.model, ks=args.k, batches=args.batch,
+                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, provider=args.provider,
+                       commit=args.commit, threads=args.threads, pipeline_stages=args.pipeline_stages,
+                       devices=args.devices)
     if args.transformers:
         from .bench import transformers_greedy
         from .session import Session
 
         result["transformers"] = transformers_greedy(
-            args.transformers, ints(args.batch), args.max_new_tokens, args.repeats,
+            args.transformers, args.batch, args.max_new_tokens, args.repeats,
             device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(args.model))
     print(format_table(result))
     write_outputs(result, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None)
@@ -89,17 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
     g.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
+    g.add_argument("--devices", type=_int_list, default=None, help="device per stage, e.g. 0,1 (default: all on 0)")
     g.set_defaults(func=_generate)
 
     b = sub.add_parser("bench", help="greedy vs speculative tokens/s, side by side in one run")
     b.add_argument("model", help="converted model directory")
-    b.add_argument("--k", default="0,1,2,3,4", help="comma-separated k values (0 = greedy)")
-    b.add_argument("--batch", default="1", help="comma-separated batch sizes")
+    b.add_argument("--k", type=_int_list, default=[0, 1, 2, 3, 4], help="comma-separated k values (0 = greedy)")
+    b.add_argument("--batch", type=_int_list, default=[1], help="comma-separated batch sizes")
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
     b.add_argument("--commit", choices=["select", "readvance"], default="select")
     b.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
+    b.add_argument("--devices", type=_int_list, default=None, help="device per stage, e.g. 0,1 (default: all on 0)")
     b.add_argument("--transformers", metavar="CHECKPOINT",
                    help="also time transformers' greedy generate on this HF checkpoint (same weights)")
     b.add_argument("--json", help="write the results as JSON here")

@@ -40,7 +40,8 @@ class Session:
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None) -> None:
         self.manifest = Manifest.load(model_dir)
-        self.stages = self._check_stages(pipeline_stages, devices, provider)
+        self.stages = self._check_stages(pipeline_stages)
+        self.devices = self._check_devices(devices, provider)
         self.k = self._check_k(num_speculative_tokens)
         if commit not in COMMITS:
             raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
@@ -50,7 +51,7 @@ class Session:
                 f"{self.manifest.dir} was converted with dtype bfloat16, which runs on provider='cuda' only "
                 "(ONNX Runtime's CPU has no bfloat16 MatMul); convert with --dtype float16 or float32 for the CPU."
             )
-        self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs)
+        self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs, devices=self.devices)
         self.graphs.load(self._graph_names())
         self._stats = Stats()
         self._tokenizer = None
@@ -72,7 +73,7 @@ class Session:
             )
         return k
 
-    def _check_stages(self, stages, devices, provider) -> int:
+    def _check_stages(self, stages) -> int:
         available = self.manifest.num_stages
         if not isinstance(stages, int) or stages < 1:
             raise ConfigurationError(f"pipeline_stages={stages!r} must be an integer >= 1.")
@@ -81,15 +82,31 @@ class Session:
                 f"pipeline_stages={stages}, but {self.manifest.dir} holds graphs for "
                 f"{available if available > 1 else 'no'} pipeline stages; reconvert with --pipeline-stages {stages}."
             )
-        if devices is not None:
-            if len(devices) != stages:
-                raise ConfigurationError(f"devices={devices} must name one device per stage ({stages}).")
-            if provider == "cuda" and len(set(devices)) > 1:
-                raise ConfigurationError(
-                    f"devices={devices}: stages on different GPUs are not supported yet; run every stage on one "
-                    f"device (e.g. devices={[devices[0]] * stages})."
-                )
         return stages
+
+    def _check_devices(self, devices, provider) -> list[int]:
+        """One device per stage (default: all on device 0). On the CPU the names only place the
+        stages' buffers apart (one host); on CUDA each must be a GPU of this machine."""
+        if devices is None:
+            return [0] * self.stages
+        if not isinstance(devices, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in devices):
+            raise ConfigurationError(f"devices={devices!r} must be a list of device indices (ints >= 0), one per stage.")
+        if len(devices) != self.stages:
+            raise ConfigurationError(
+                f"devices={list(devices)} must name one device per pipeline stage ({self.stages}); "
+                f"e.g. devices={list(range(self.stages))}."
+            )
+        if provider == "cuda":
+            from ._native_loader import load_native
+
+            count = load_native().build_info()["cuda_device_count"]
+            missing = [d for d in devices if d >= count]
+            if missing:
+                raise ConfigurationError(
+                    f"devices={list(devices)} names cuda:{missing[0]}, but this machine has {count} CUDA "
+                    f"device{'s' if count != 1 else ''}; use indices below {count}."
+                )
+        return list(devices)
 
     def _graph_names(self) -> list[str]:
         names = ["prefill", "decode"]

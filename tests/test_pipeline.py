@@ -61,7 +61,42 @@ def test_indexing_an_absent_proxy_fails(staged, monkeypatch):
 def test_stage_errors(staged):
     with pytest.raises(ortspec.ConfigurationError, match="reconvert with --pipeline-stages 3"):
         ortspec.Session(staged / "two", pipeline_stages=3)
-    with pytest.raises(ortspec.ConfigurationError, match="one device per stage"):
+    with pytest.raises(ortspec.ConfigurationError, match="one device per pipeline stage"):
         ortspec.Session(staged / "two", pipeline_stages=2, devices=[0])
     with pytest.raises(ortspec.CheckpointError, match="must rise from 0"):
         ortspec.convert(staged / "ck", staged / "bad", stage_layers=[0, 3, 2, 5], progress=False)
+
+
+def test_stages_on_two_devices_equal_one(staged):
+    """devices=[0, 1]: each stage's states live with its device's arrays and the proxies are
+    handed over into the next device's buffers (on the CPU both are host memory, so this checks
+    the placement and the hand-over; the peer copy itself is checked on a two-GPU host)."""
+    reference = ortspec.Session(staged / "two").generate(PROMPTS, max_new_tokens=30)
+    for k, commit in ((0, "select"), (3, "select"), (2, "readvance")):
+        session = ortspec.Session(staged / "two", pipeline_stages=2, devices=[0, 1], num_speculative_tokens=k,
+                                  commit=commit)
+        assert session.generate(PROMPTS, max_new_tokens=30) == reference, (k, commit)
+    target, mtp = session._engine(len(PROMPTS))
+    bounds = session.manifest.stage_layers
+    for kind in target.states.kinds:
+        layer = session.manifest.states[kind.names[0]]["layer"]
+        assert kind.arrays.device_index == (0 if layer < bounds[1] else 1), kind.names
+    assert all(kind.arrays.device_index == 1 for kind in mtp.states.kinds)
+    received = target.hand_overs[0]._slot_buffers
+    assert received and all(name == "proxy.hidden" or name == "proxy.residual" for _, name in received)
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance"])
+def test_states_on_two_devices_equal_unstaged_plain_decode(staged, commit):
+    graphs = GraphSet(ortspec.Session(staged / "two").manifest)
+    reference = plain_decode_states(graphs, PROMPTS, 30 + 3 + 1, 3, stages=1)
+    two_devices = GraphSet(graphs.manifest, devices=[0, 1])
+    stats = check_speculative(two_devices, PROMPTS, 30, 3, commit, p=0.6, reference=reference, stages=2)
+    assert stats.speculative_steps > 15
+
+
+def test_device_errors(staged):
+    with pytest.raises(ortspec.ConfigurationError, match="must be a list of device indices"):
+        ortspec.Session(staged / "two", pipeline_stages=2, devices=[0, "1"])
+    with pytest.raises(ortspec.ConfigurationError, match=r"one device per pipeline stage \(2\); e.g. devices=\[0, 1\]"):
+        ortspec.Session(staged / "two", pipeline_stages=2, devices=[0, 1, 2])

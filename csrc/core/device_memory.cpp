@@ -91,11 +91,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 #ifdef ORTSPEC_WITH_CUDA
   if (dst_device.is_cuda() && src_device.is_cuda()) {
     if (dst_device != src_device) {
-      throw std::invalid_argument("copy between different CUDA devices (" +
-                                  src_device.to_string() + " -> " + dst_device.to_string() +
-                                  ") is not supported");
+      cuda::copy_peer_async(dst, dst_device.index, src, src_device.index, nbytes, stream);
+    } else {
+      cuda::copy_async(dst, src, nbytes, cuda::CopyKind::kDeviceToDevice, dst_device.index, stream);
     }
-    cuda::copy_async(dst, src, nbytes, cuda::CopyKind::kDeviceToDevice, dst_device.index, stream);
   } else if (dst_device.is_cuda()) {
     cuda::copy_async(dst, src, nbytes, cuda::CopyKind::kHostToDevice, dst_device.index, stream);
   } else {

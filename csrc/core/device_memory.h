@@ -39,8 +39,9 @@ class DeviceAllocation {
   Device device_;
 };
 
-// Copies nbytes between any two of {cpu, cuda:N} (same CUDA device when both
-// are CUDA). Asynchronous on `stream` when a device is involved.
+// Copies nbytes between any two of {cpu, cuda:N} (a peer copy between two CUDA
+// devices). Asynchronous on `stream` when a device is involved (the destination's
+// stream for a peer copy).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                 std::size_t nbytes, std::uintptr_t stream);
 

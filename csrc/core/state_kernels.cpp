@@ -148,8 +148,13 @@ void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stre
   NamedTensor dst_arg{"dst", dst}, src_arg{"src", src};
   require_dtype(op, dst_arg, src.dtype);
   require_shape(op, dst_arg, src.shape, "src.shape");
-  Device device = require_one_device(op, {dst_arg, src_arg});
-  copy_bytes(dst.data, device, src.data, device, src.nbytes(), stream);
+  if (dst.device.is_cuda() && src.device.is_cuda()) {  // one GPU, or a peer copy between two
+    require_device(dst.device);
+    require_device(src.device);
+  } else {
+    require_one_device(op, {dst_arg, src_arg});
+  }
+  copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes(), stream);
 }
 
 void advance_positions(const TensorRef& positions, const TensorRef& seq_lens,

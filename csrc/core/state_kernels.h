@@ -6,7 +6,8 @@
 //                          accepted[b] = max a <= k with drafts[b,i] == targets[b,i] for i < a
 //   select_slots           window T[W,B,...], index int64[B] -> live T[B,...]
 //                          live[b] = window[index[b], b]    (T any dtype, copied bitwise)
-//   copy_buffer            dst <- src, same dtype/shape/device (snapshot / restore)
+//   copy_buffer            dst <- src, same dtype/shape; one device, or two GPUs (proxies
+//                          handed between pipeline stages)
 //   advance_positions      positions I[B] += accepted + 1; seq_lens J[B] += accepted + 1
 //                          (I, J each int32 or int64; accepted int64[B])
 //   gather_accepted_tokens drafts int64[B,k], targets int64[B,k+1], accepted int64[B]

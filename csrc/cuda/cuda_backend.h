@@ -58,6 +58,10 @@ void release(void* pointer, int device) noexcept;
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 void copy_async(void* dst, const void* src, std::size_t nbytes, CopyKind kind, int device,
                 std::uintptr_t stream);
+// Device to device across GPUs (pipeline stages on different devices), on the destination
+// device's `stream`; peer access is enabled on first use where the pair supports it.
+void copy_peer_async(void* dst, int dst_device, const void* src, int src_device,
+                     std::size_t nbytes, std::uintptr_t stream);
 void fill_zero_async(void* dst, std::size_t nbytes, int device, std::uintptr_t stream);
 void synchronize(int device, std::uintptr_t stream);
 

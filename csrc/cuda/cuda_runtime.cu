@@ -7,8 +7,11 @@
 // "no CUDA device" when called there.
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cuda/cuda_backend.h"
 
@@ -123,6 +126,30 @@ void copy_async(void* dst, const void* src, std::size_t nbytes, CopyKind kind, i
                              : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                                : cudaMemcpyDeviceToDevice;
   check(cudaMemcpyAsync(dst, src, nbytes, cuda_kind, as_stream(stream)), "cudaMemcpyAsync");
+}
+
+void copy_peer_async(void* dst, int dst_device, const void* src, int src_device,
+                     std::size_t nbytes, std::uintptr_t stream) {
+  DeviceGuard guard(dst_device);
+  static std::mutex mutex;
+  static std::set<std::pair<int, int>> tried;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (tried.insert({dst_device, src_device}).second) {
+      int can_access = 0;
+      check(cudaDeviceCanAccessPeer(&can_access, dst_device, src_device), "cudaDeviceCanAccessPeer");
+      if (can_access) {
+        cudaError_t status = cudaDeviceEnablePeerAccess(src_device, 0);
+        if (status == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();
+        } else {
+          check(status, "cudaDeviceEnablePeerAccess");
+        }
+      }  // else cudaMemcpyPeerAsync stages the copy through the host
+    }
+  }
+  check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, as_stream(stream)),
+        "cudaMemcpyPeerAsync");
 }
 
 void fill_zero_async(void* dst, std::size_t nbytes, int device, std::uintptr_t stream) {

@@ -98,8 +98,8 @@ check_device_errors() raises.)doc");
         copy_buffer(dst_ref, src_ref, stream_handle);
       },
       py::arg("dst"), py::arg("src"), py::arg("stream") = 0,
-      "dst <- src, same shape, dtype and device (snapshot / restore; device to device on "
-      "CUDA, asynchronous on stream).");
+      "dst <- src, same shape and dtype, on one device or on two GPUs (a peer copy, on "
+      "the destination's stream); asynchronous on stream on CUDA.");
 
   module.def(
       "advance_positions",

@@ -320,6 +320,24 @@ void test_device_arena_pins() {
   CHECK(pinned.is_live() && reinterpret_cast<std::uintptr_t>(pinned.ref().data) % 256 == 0);
 }
 
+// Pipeline stages on two GPUs hand their proxies over with copy_buffer: a peer copy
+// there. With one GPU it runs the same call between two buffers of that device.
+void test_copy_between_devices() {
+  int last = ortspec::cuda_device_count() - 1;
+  ortspec::PersistentBuffers first(kGpu), second(Device::cuda(last));
+  std::vector<float> values(3 * 1024);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 7.0f;
+  Buffer src = to_device(first, "proxy", values, DType::kFloat32, {3, 1024});
+  Buffer dst = second.allocate("proxy", {3, 1024}, DType::kFloat32);
+  ortspec::copy_buffer(dst.ref(), src.ref());
+  std::vector<float> back(values.size());
+  ortspec::copy_bytes(back.data(), Device::cpu(), dst.ref().data, Device::cuda(last),
+                      dst.ref().nbytes(), 0);
+  ortspec::synchronize(Device::cuda(last), 0);
+  CHECK(back == values);
+  std::printf("state_kernels_cuda: copy_buffer cuda:0 -> cuda:%d checked\n", last);
+}
+
 }  // namespace
 
 int run_state_kernel_cuda_tests() {
@@ -336,6 +354,7 @@ int run_state_kernel_cuda_tests() {
   test_write_rows_past_32_bit_offsets();
   test_gather_rows_match_cpu();
   test_write_and_gather_rows_errors_are_recorded();
+  test_copy_between_devices();
   return 0;
 }
 

@@ -30,6 +30,9 @@ class HostArrays:
 
     device = "cpu"
 
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index  # pipeline stages may name "devices" on the CPU too; one host
+
     def zeros(self, shape, dtype=np.float32) -> np.ndarray:
         return np.zeros(shape, dtype)
 
@@ -78,6 +81,10 @@ class HostArrays:
             source[axis - 1] = slice(0, n)
             cache[b][tuple(index)] = rows[b][tuple(source)]
 
+    def staging(self, name: str, shape, dtype) -> np.ndarray:
+        """A buffer valid until the next staging() of this name (eager hand-overs between devices)."""
+        return np.empty(shape, dtype)
+
     def settle(self) -> None:
         pass
 
@@ -97,6 +104,7 @@ class CudaArrays:
         self.pool = self.native.PersistentBuffers("cuda", device_index)  # states, bound I/O: fixed for life
         self.scratch_arena = self.native.StepScopedArena(scratch_bytes, "cuda", device_index)  # reset every step
         self._uploaded: dict = {}  # small host arrays uploaded this step (scratch), by content
+        self._staging: dict = {}
         self._ids = 0
 
     def begin_step(self) -> None:
@@ -181,6 +189,17 @@ class CudaArrays:
         positions = self._index(positions)
         counts = None if counts is None else self._index(counts)
         self.native.write_rows(cache, rows, positions, counts, axis=axis)
+
+    def staging(self, name: str, shape, dtype):
+        """A buffer valid until the next staging() of this name (eager hand-overs between
+        devices, of any shape): a view on one persistent buffer per name that grows as needed."""
+        nbytes = int(np.prod(shape)) * (2 if _dtype_name(dtype) == "bfloat16" else np.dtype(dtype).itemsize)
+        held = self._staging.get(name)
+        if held is None or held.nbytes < nbytes:  # int64 words: the native buffers hold no bytes
+            words = -(-max(nbytes, 2 * (held.nbytes if held else 0)) // 8)
+            held = self._staging[name] = self.zeros([words], np.int64)
+        return self.native.Buffer.from_pointer(held.data_ptr, tuple(int(s) for s in shape), _dtype_name(dtype),
+                                               "cuda", self.device_index)
 
     def settle(self) -> None:
         """The native kernels run on the default stream and ONNX Runtime on its own: wait for

@@ -33,35 +33,43 @@ def check_provider(provider: str) -> str:
     return name
 
 
-def make_arrays(manifest: Manifest, provider: str):
+def make_arrays(manifest: Manifest, provider: str, device: int = 0):
     from .arrays import CudaArrays, HostArrays
 
     if provider == "cpu":
-        return HostArrays()
+        return HostArrays(device)
     state_bytes = sum(4 * int(np.prod(e["shape"][1:])) for e in manifest.states.values())
-    return CudaArrays(scratch_bytes=64 * state_bytes + (64 << 20))
+    return CudaArrays(scratch_bytes=64 * state_bytes + (64 << 20), device_index=device)
 
 
 class SharedWeights:
-    """weights.bin once: numpy views on the CPU, or one upload into native device buffers,
-    wrapped in OrtValues that every session shares (no per-session copy)."""
+    """weights.bin once per device: numpy views on the CPU, or native device buffers on CUDA,
+    wrapped in OrtValues that every session on that device shares (no per-session copy).
+    On CUDA a weight is uploaded when the first session that needs it is created, so a
+    pipeline stage's device holds its own layers' weights only."""
 
     def __init__(self, manifest: Manifest, arrays) -> None:
-        raw = np.fromfile(manifest.dir / "weights.bin", dtype=np.uint8)
+        self.manifest, self.arrays = manifest, arrays
+        path = manifest.dir / "weights.bin"
+        self._raw = np.fromfile(path, dtype=np.uint8) if arrays.device == "cpu" else np.memmap(path, np.uint8, "r")
         self._buffers, self._values = {}, {}
-        for name, entry in manifest.weights.items():
+        self.nbytes = 0  # bytes this device holds
+
+    def _value(self, name: str) -> ort.OrtValue | None:
+        if name not in self._values:
+            entry = self.manifest.weights[name]
             dtype = ml_dtypes.bfloat16 if entry["dtype"] == "bfloat16" else entry["dtype"]
-            array = raw[entry["offset"]: entry["offset"] + entry["length"]].view(dtype).reshape(entry["shape"])
-            if arrays.device != "cpu":
+            array = self._raw[entry["offset"]: entry["offset"] + entry["length"]].view(dtype).reshape(entry["shape"])
+            if self.arrays.device != "cpu":
                 if array.dtype == np.uint8:  # int4 blocks: the native buffers hold no uint8; each
-                    continue  # session reads these (small) from weights.bin itself
-                device_array = arrays.zeros(array.shape, array.dtype)
-                arrays.upload(device_array, array)
+                    return None  # session reads these (small) from weights.bin itself
+                device_array = self.arrays.zeros(array.shape, array.dtype)
+                self.arrays.upload(device_array, np.ascontiguousarray(array))
                 array = device_array
             self._buffers[name] = array  # keeps the memory alive as long as the sessions
-            self._values[name] = arrays.ort_value(array)
-        arrays.settle()
-        self.nbytes = raw.nbytes
+            self._values[name] = self.arrays.ort_value(array)
+            self.nbytes += entry["length"]
+        return self._values[name]
 
     def session_options(self, names: list[str], threads: int | None) -> ort.SessionOptions:
         options = ort.SessionOptions()
@@ -69,8 +77,9 @@ class SharedWeights:
         if threads:
             options.intra_op_num_threads = threads
         for name in names:
-            if name in self._values:
+            if name in self.manifest.weights and self._value(name) is not None:
                 options.add_initializer(name, self._values[name])
+        self.arrays.settle()
         return options
 
 
@@ -207,17 +216,63 @@ class _Outputs(dict):
 
 
 class GraphSet:
-    """Lazily created GraphRunners keyed by graph name, over one arrays backend and one weight copy."""
+    """Lazily created GraphRunners keyed by graph name, each on its device with that device's
+    weights and arrays.
+
+    devices: the device of each pipeline stage (default: everything on device 0). Stage s's
+    graphs and its layers' states live on devices[s]; the MTP head, and so the tokens and the
+    final hidden state it reads, live with the last stage. ``arrays`` is that last device's.
+    """
 
     def __init__(self, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, devices: list[int] | None = None) -> None:
         check_provider(provider)
         self.manifest, self.provider, self.threads = manifest, provider, threads
         self.cuda_graphs = cuda_graphs and provider == "cuda"
-        self.arrays = make_arrays(manifest, provider)
-        self.weights = SharedWeights(manifest, self.arrays)
+        self.devices = list(devices) if devices else [0]
+        self._placed: dict[int, tuple] = {}  # device -> (arrays, SharedWeights)
+        self.arrays = self.arrays_on(self.devices[-1])
         self.registry = self.arrays.native.GraphSlotRegistry() if provider == "cuda" else None
         self._runners: dict[str, GraphRunner] = {}
+
+    def _place(self, device: int) -> tuple:
+        if device not in self._placed:
+            arrays = make_arrays(self.manifest, self.provider, device)
+            if self.provider == "cpu" and self._placed:  # host memory: one copy serves every "device"
+                weights = next(iter(self._placed.values()))[1]
+            else:
+                weights = SharedWeights(self.manifest, arrays)
+            self._placed[device] = (arrays, weights)
+        return self._placed[device]
+
+    def arrays_on(self, device: int):
+        return self._place(device)[0]
+
+    def stage_device(self, stage: int) -> int:
+        return self.devices[stage] if len(self.devices) > 1 else self.devices[0]
+
+    def graph_device(self, name: str) -> int:
+        if name == "mtp":
+            return self.devices[-1]
+        return self.stage_device(int(name.rsplit(".stage", 1)[1]) if ".stage" in name else 0)
+
+    def state_arrays(self, name: str):
+        """The arrays of the device that holds this state: its layer's stage, or the last for the MTP head's."""
+        layer = self.manifest.states[name]["layer"]
+        if layer == "mtp" or len(self.devices) == 1:
+            return self.arrays_on(self.devices[-1] if layer == "mtp" else self.devices[0])
+        bounds = self.manifest.stage_layers
+        stage = next(s for s in range(len(bounds) - 1) if bounds[s] <= layer < bounds[s + 1])
+        return self.arrays_on(self.stage_device(stage))
+
+    def begin_step(self) -> None:
+        for arrays, _ in self._placed.values():
+            arrays.begin_step()
+
+    @property
+    def weight_bytes(self) -> dict[int, int]:
+        """Weight bytes held per device."""
+        return {device: weights.nbytes for device, (_, weights) in self._placed.items()}
 
     def load(self, names) -> None:
         """Creates the sessions up front (a Session does this for the graphs it will use)."""
@@ -236,6 +291,7 @@ class GraphSet:
         if name not in self._runners:
             base = name.split(".stage")[0]
             graphed = self.cuda_graphs and (base in ("decode", "mtp") or base.startswith("verify"))
-            self._runners[name] = GraphRunner(self.manifest, name, self.weights, self.arrays, self.provider,
+            arrays, weights = self._place(self.graph_device(name))
+            self._runners[name] = GraphRunner(self.manifest, name, weights, arrays, self.provider,
                                               self.threads, cuda_graphs=graphed, registry=self.registry)
         return self._runners[name]

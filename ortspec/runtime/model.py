@@ -35,6 +35,34 @@ def proxies(outputs: dict) -> dict:
     return {name: value for name, value in outputs.items() if name.startswith("proxy.")}
 
 
+class HandOver:
+    """Proxies passed from one pipeline stage to the next when the two run on different devices:
+    copied into buffers on the receiving device. A captured CUDA graph binds its input
+    addresses, so each graph slot receives into its own fixed buffer; eager runs (prefill,
+    any M) receive into a staging buffer per proxy."""
+
+    def __init__(self, graphs: GraphSet, stage: int) -> None:
+        self.source = graphs.stage_device(stage - 1)
+        self.device = graphs.stage_device(stage)
+        self.arrays = graphs.arrays_on(self.device)
+        self._slot_buffers: dict = {}
+
+    def __call__(self, proxies: dict, slot) -> dict:
+        if self.device == self.source:
+            return proxies
+        received = {}
+        for name, value in proxies.items():
+            if slot is None:
+                buffer = self.arrays.staging(name, value.shape, value.dtype)
+            else:
+                buffer = self._slot_buffers.get((slot, name))
+                if buffer is None:
+                    buffer = self._slot_buffers[(slot, name)] = self.arrays.zeros(value.shape, value.dtype)
+            self.arrays.copy(buffer, value)
+            received[name] = buffer
+        return received
+
+
 class TargetModel:
     """The hybrid target: prefill, M=1 decode, M=k+1 verify (plain or with state windows).
 
@@ -45,7 +73,8 @@ class TargetModel:
 
     def __init__(self, graphs: GraphSet, batch: int, stages: int = 1) -> None:
         self.graphs, self.stages = graphs, stages
-        self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
+        self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
+        self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
 
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
@@ -59,7 +88,9 @@ class TargetModel:
             out = self.graphs[graph].run(feeds, slot=key)
             keep_alive.append(getattr(out, "keep_alive", None))
             merged.update(out)
-            feeds = {**{n: v for n, v in feeds.items() if not n.startswith("proxy.")}, **proxies(out)}
+            if stage + 1 < self.stages:
+                handed = self.hand_overs[stage](proxies(out), key)
+                feeds = {**{n: v for n, v in feeds.items() if not n.startswith("proxy.")}, **handed}
         result = _forward(self.graphs, merged)
         result.keep_alive = keep_alive
         return result
@@ -68,7 +99,7 @@ class TargetModel:
         """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
         for kind in self.states.kinds:
             if isinstance(kind, LayerState):
-                self.graphs.arrays.zero(rows.take(self.graphs.arrays, kind.buffer))
+                kind.arrays.zero(rows.take(kind.arrays, kind.buffer))
 
     def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         out = self._run("prefill", rows, ids, positions)
@@ -113,7 +144,7 @@ class MTPHead:
 
     def __init__(self, graphs: GraphSet, batch: int) -> None:
         self.graphs, self.arrays = graphs, graphs.arrays
-        self.states = StateSet(graphs.arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
+        self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
         self.draft_hidden = graphs.arrays.zeros([batch, 1, graphs.manifest.spec.hidden_size])  # [B, 1, H]
 
     def run(self, rows: Rows, ids, hidden, positions, counts=None, slot: str | None = None) -> Forward:

@@ -169,7 +169,8 @@ class LayerState:
 class StateSet:
     """All states of one model (target or MTP), driven together."""
 
-    def __init__(self, arrays, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
+    def __init__(self, arrays_for, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
+        """arrays_for(state name) -> the arrays backend of the device that holds it."""
         self.kinds: list[StateKind] = []
         for name, entry in table.items():
             if entry["kind"] not in kinds:
@@ -177,9 +178,10 @@ class StateSet:
             shape = [batch] + entry["shape"][1:]
             if entry["kind"] in ("kv_key", "mtp_kv_key"):
                 value_name = "value." + name.split(".", 1)[1]
-                self.kinds.append(KVCache(arrays, name, value_name, shape, [batch] + table[value_name]["shape"][1:]))
+                self.kinds.append(KVCache(arrays_for(name), name, value_name, shape,
+                                          [batch] + table[value_name]["shape"][1:]))
             elif entry["kind"] in ("conv", "recurrent"):
-                self.kinds.append(LayerState(arrays, name, shape))
+                self.kinds.append(LayerState(arrays_for(name), name, shape))
 
     def feeds(self, rows: Rows) -> dict:
         feeds = {}

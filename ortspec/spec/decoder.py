@@ -66,7 +66,7 @@ class Decoder:
         if not active:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
-        self.graphs.arrays.begin_step()
+        self.graphs.begin_step()
         room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
         if self.k > 0 and room >= self.k:
             self.speculative_step(batch)
