@@ -2,13 +2,19 @@
 # GPU host: train the small model (tools/train_tiny.py), convert it, check speculative == greedy
 # on CUDA, and benchmark it side by side with transformers. Run after tools/gpu_host.sh has
 # installed onnxruntime-gpu and built ortspec (GPU_TOOL=none skips its check script).
-#   MINUTES=7 bash tools/gpu_trained.sh        (results and the packed checkpoint land in $OUT)
+#   MINUTES=7 TRAIN_ARGS="--site-packages --max-corpus-mb 200" bash tools/gpu_trained.sh
+# (results and the packed checkpoint land in $OUT). A finished run already in /tmp/trained
+# (train_log.json present, e.g. trained in the background during an earlier call) is used as is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/ortgpu${PYTHONPATH:+:$PYTHONPATH} LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 tools/train_tiny.py /tmp/trained --minutes "${MINUTES:-7}" --device cuda 2>&1 | tail -45
+if [ -f /tmp/trained/train_log.json ]; then
+  tail -45 /tmp/train.log 2>/dev/null || true
+else
+  python3 tools/train_tiny.py /tmp/trained --minutes "${MINUTES:-7}" --device cuda ${TRAIN_ARGS:-} 2>&1 | tail -45
+fi
 python3 -m ortspec convert /tmp/trained /tmp/trained_fp32 --max-length 1024
 python3 -m ortspec convert /tmp/trained /tmp/trained_fp16 --max-length 1024 --dtype float16
 python3 - <<'PY'
