@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigurationError, InputError
+from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
-from .runtime.graphs import GraphSet
+from .runtime.graphs import GraphSet, check_provider
 from .runtime.model import MTPHead, TargetModel
 from .spec.decoder import COMMITS, Decoder
 from .spec.requests import Request
@@ -40,6 +41,7 @@ class Session:
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None) -> None:
         self.manifest = Manifest.load(model_dir)
+        check_provider(provider)
         self.stages = self._check_stages(pipeline_stages)
         self.devices = self._check_devices(devices, provider)
         self.k = self._check_k(num_speculative_tokens)
@@ -97,8 +99,6 @@ class Session:
                 f"e.g. devices={list(range(self.stages))}."
             )
         if provider == "cuda":
-            from ._native_loader import load_native
-
             count = load_native().build_info()["cuda_device_count"]
             missing = [d for d in devices if d >= count]
             if missing:

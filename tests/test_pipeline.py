@@ -100,3 +100,17 @@ def test_device_errors(staged):
         ortspec.Session(staged / "two", pipeline_stages=2, devices=[0, "1"])
     with pytest.raises(ortspec.ConfigurationError, match=r"one device per pipeline stage \(2\); e.g. devices=\[0, 1\]"):
         ortspec.Session(staged / "two", pipeline_stages=2, devices=[0, 1, 2])
+
+
+def test_devices_beyond_the_machine_are_refused(staged, monkeypatch):
+    """On CUDA every device must exist; checked before any session or buffer is made."""
+    from ortspec import session as session_module
+
+    class OneGpu:
+        def build_info(self):
+            return {"cuda_device_count": 1}
+
+    monkeypatch.setattr(session_module, "check_provider", lambda provider: None)
+    monkeypatch.setattr(session_module, "load_native", lambda: OneGpu())
+    with pytest.raises(ortspec.ConfigurationError, match=r"names cuda:1, but this machine has 1 CUDA device;"):
+        ortspec.Session(staged / "two", provider="cuda", pipeline_stages=2, devices=[0, 1])

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/ortgpu${PYTHONPATH:+:$PYTHONPATH} LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m ortspec convert models/qwen35-stdlib-20m /tmp/q4 --quant int4 --dtype float16 --max-length 1024
+python3 -m ortspec convert models/qwen35-python-20m /tmp/q4 --quant int4 --dtype float16 --max-length 1024
 python3 - <<'PY'
 import ortspec, onnxruntime as ort
 ort.set_default_logger_severity(3)

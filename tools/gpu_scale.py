@@ -1,6 +1,6 @@
 """GPU host: the memory-bound regime, and measured kernel times per step.
 
-    python tools/gpu_scale.py [--out DIR] [--json FILE] [--trained models/qwen35-stdlib-20m]
+    python tools/gpu_scale.py [--out DIR] [--json FILE] [--trained models/qwen35-python-20m]
 
 (1) LARGE, a random 0.9B-parameter model in the Qwen3.5 layout (hidden 2048, 12 layers,
     3 GDN : 1 attention, vocab 32k, tied embeddings, MTP head), converted to fp16: decode
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="/tmp/ortspec_gpu_scale")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--trained", default=str(ROOT / "models" / "qwen35-stdlib-20m"))
+    parser.add_argument("--trained", default=str(ROOT / "models" / "qwen35-python-20m"))
     args = parser.parse_args(argv)
     ort.set_default_logger_severity(3)
     out = Path(args.out)
