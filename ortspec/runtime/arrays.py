@@ -21,8 +21,16 @@ from .._native_loader import load_native
 DTYPES = {"float32": np.float32, "int64": np.int64, "float16": np.float16}
 
 
+_NAMES: dict = {}
+
+
 def _dtype_name(dtype) -> str:
-    return "bfloat16" if dtype is ml_dtypes.bfloat16 or str(dtype) == "bfloat16" else np.dtype(dtype).name
+    """numpy dtype, type or name -> the native module's dtype name (memoised: a step asks often)."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        bf16 = dtype is ml_dtypes.bfloat16 or str(dtype) == "bfloat16"
+        name = _NAMES[dtype] = "bfloat16" if bf16 else np.dtype(dtype).name
+    return name
 
 
 class HostArrays:
@@ -105,6 +113,8 @@ class CudaArrays:
         self.scratch_arena = self.native.StepScopedArena(scratch_bytes, "cuda", device_index)  # reset every step
         self._uploaded: dict = {}  # small host arrays uploaded this step (scratch), by content
         self._staging: dict = {}
+        self._persistent: dict = {}  # id -> persistent buffer (held, so an id is never reused)
+        self._views: dict = {}  # (id, start, stop) -> row view of a persistent buffer
         self._ids = 0
 
     def begin_step(self) -> None:
@@ -115,22 +125,31 @@ class CudaArrays:
         self._uploaded = {}
 
     def scratch(self, shape, dtype):
-        return self.scratch_arena.allocate(tuple(int(s) for s in shape), np.dtype(dtype).name)
+        return self.scratch_arena.allocate(tuple(int(s) for s in shape), _dtype_name(dtype))
 
     def zeros(self, shape, dtype=np.float32):
         self._ids += 1
         buf = self.pool.allocate(f"b{self._ids}", tuple(int(s) for s in shape), _dtype_name(dtype))
         buf.zero_()
+        self._persistent[id(buf)] = buf
         return buf
 
     def ort_value(self, buffer) -> ort.OrtValue:
         return ort.OrtValue.from_dlpack(buffer.__dlpack__())
 
     def rows(self, buffer, start: int, stop: int):
-        row_bytes = buffer.nbytes // buffer.shape[0]
-        return self.native.Buffer.from_pointer(buffer.data_ptr + start * row_bytes,
-                                               (stop - start,) + tuple(buffer.shape[1:]), buffer.dtype,
-                                               "cuda", self.device_index)
+        """A view of rows start..stop. Views of persistent buffers (fixed for life) are made
+        once: a step takes the same rows of every state several times."""
+        key = (id(buffer), start, stop)
+        view = self._views.get(key)
+        if view is None:
+            row_bytes = buffer.nbytes // buffer.shape[0]
+            view = self.native.Buffer.from_pointer(buffer.data_ptr + start * row_bytes,
+                                                   (stop - start,) + tuple(buffer.shape[1:]), buffer.dtype,
+                                                   "cuda", self.device_index)
+            if id(buffer) in self._persistent:
+                self._views[key] = view
+        return view
 
     def reshape(self, buffer, shape):
         return self.native.Buffer.from_pointer(buffer.data_ptr, tuple(shape), buffer.dtype, "cuda", self.device_index)
@@ -175,7 +194,7 @@ class CudaArrays:
         key = (host.shape, host.tobytes())
         buf = self._uploaded.get(key)
         if buf is None:
-            buf = self._uploaded[key] = self.scratch(host.shape, np.int64)
+            buf = self._uploaded[key] = self.scratch_arena.allocate(host.shape, "int64")
             buf.copy_from_numpy(host)
         return buf
 

@@ -63,9 +63,9 @@ class Batcher:
 
     def step(self) -> dict[int, list[int]]:
         """One decoding step for every running request; returns the tokens each committed."""
-        before = {rid: len(r.output()) for rid, r in self.requests.items() if not r.done}
+        before = {rid: r.output_length for rid, r in self.requests.items() if not r.done}
         self.decoder.step([r for r in self.rows if r is not None])
-        return {rid: self.requests[rid].output()[n:] for rid, n in before.items()}
+        return {rid: self.requests[rid].output(n) for rid, n in before.items()}
 
     def result(self, request_id: int) -> list[int]:
         """The request's tokens so far (all of them once it is done)."""

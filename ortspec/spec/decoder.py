@@ -183,6 +183,6 @@ class Decoder:
                 self.stats.position_mismatches += 1
 
     def _emit(self, req: Request, tokens) -> None:
-        before = len(req.output())
+        before = req.output_length
         req.extend(tokens)
-        self.stats.generated_tokens += len(req.output()) - before
+        self.stats.generated_tokens += req.output_length - before

@@ -27,6 +27,7 @@ class Request:
     last_accepted: int = 0
     done: bool = False
     placeholder: bool = False  # fills a row that must run (CUDA batch buckets); never reported
+    _output_length: int | None = None  # set when a stop token ends the request
 
     @classmethod
     def filler(cls, row: int) -> "Request":
@@ -45,22 +46,29 @@ class Request:
         return self.tokens[len(self.prompt):]
 
     def extend(self, new_tokens: list[int]) -> None:
-        """Appends committed tokens; marks the request done at max_new_tokens or a stop token."""
+        """Appends committed tokens; marks the request done at max_new_tokens or a stop token
+        (only the new tokens are scanned: a step costs the same at any length)."""
+        before = len(self.tokens) - len(self.prompt)
         self.tokens.extend(int(t) for t in new_tokens)
-        generated = self.generated
-        for i, t in enumerate(generated[: self.max_new_tokens]):
-            if t in self.stop_tokens:
-                self.done = True
+        generated = len(self.tokens) - len(self.prompt)
+        for i in range(before, min(generated, self.max_new_tokens)):
+            if self.tokens[len(self.prompt) + i] in self.stop_tokens:
+                self.done, self._output_length = True, i + 1
                 return
-        self.done = len(generated) >= self.max_new_tokens
+        self.done = generated >= self.max_new_tokens
 
-    def output(self) -> list[int]:
-        """Exactly max_new_tokens tokens (surplus accepted drafts dropped), or up to a stop token."""
-        out = self.generated[: self.max_new_tokens]
-        for i, t in enumerate(out):
-            if t in self.stop_tokens:
-                return out[: i + 1]
-        return out
+    @property
+    def output_length(self) -> int:
+        """len(output()), without building it."""
+        if self.done and self._output_length is not None:
+            return self._output_length
+        return min(len(self.tokens) - len(self.prompt), self.max_new_tokens)
+
+    def output(self, start: int = 0) -> list[int]:
+        """Exactly max_new_tokens tokens (surplus accepted drafts dropped), or up to a stop
+        token; from output position `start` on."""
+        first = len(self.prompt)
+        return self.tokens[first + start: first + self.output_length]
 
 
 class Batch:
