@@ -126,6 +126,30 @@ def test_copy_buffer_snapshot_and_restore():
     np.testing.assert_array_equal(state, snapshot)
 
 
+def test_many_states_in_one_call_or_none_on_a_bad_one():
+    """copy_buffers / select_slots_many (a step's GDN commit in one call) equal the one-by-one
+    calls, and a bad pair anywhere in the list leaves every destination untouched."""
+    rng = np.random.default_rng(5)
+    srcs = [rng.standard_normal(shape).astype(np.float32) for shape in ((3, 4), (3, 2, 5))]
+    dsts = [np.zeros_like(x) for x in srcs]
+    native.copy_buffers(dsts, srcs)
+    for dst, src in zip(dsts, srcs):
+        np.testing.assert_array_equal(dst, src)
+    windows = [rng.standard_normal((4,) + x.shape).astype(np.float32) for x in srcs]
+    index = np.array([3, 0, 2])
+    native.select_slots_many(windows, index, dsts)
+    for dst, window in zip(dsts, windows):
+        np.testing.assert_array_equal(dst, window[index, np.arange(3)])
+
+    before = [d.copy() for d in dsts]
+    with pytest.raises(ValueError, match=r"copy_buffers: pair 1: dst float32\[3, 2, 5\] and src float32\[3, 4\] differ"):
+        native.copy_buffers(dsts, [srcs[0], srcs[0]])
+    with pytest.raises(ValueError, match="select_slots_many: state 1: window"):
+        native.select_slots_many([windows[0], windows[0]], index, dsts)
+    for dst, kept in zip(dsts, before):
+        np.testing.assert_array_equal(dst, kept)
+
+
 @pytest.mark.parametrize("positions_dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("seq_lens_dtype", [np.int64, np.int32])
 def test_advance_positions(positions_dtype, seq_lens_dtype):

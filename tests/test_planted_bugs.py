@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import ortspec
+from ortspec.runtime.arrays import HostArrays
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead
-from ortspec.runtime.states import LayerState
 from ortspec.spec.exactness import ExactnessError, check_speculative
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7]]
@@ -60,10 +60,10 @@ def test_outputs_sliced_by_request_rows(graphs, monkeypatch):
     """Verify outputs are [M, B, ...] token rows; taking rows [:B] of the flattened window
     looks right for request 0 at slot 0 and is wrong for the rest of the batch."""
 
-    def sliced_by_requests(self, window, rows, index):
+    def sliced_by_requests(self, window, index, live):
         flat = window.reshape((-1,) + window.shape[2:])  # [M*B, ...]
-        rows.put(self.arrays, self.buffer, flat[: len(rows)])
+        live[...] = flat[: len(index)]
 
-    monkeypatch.setattr(LayerState, "select_window", sliced_by_requests)
+    monkeypatch.setattr(HostArrays, "select", sliced_by_requests)
     with pytest.raises(ExactnessError, match="target state"):
         check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)

@@ -54,11 +54,11 @@ def test_states_equal_plain_decode_after_every_commit(models, commit):
 
 def test_a_planted_state_bug_is_caught(models, monkeypatch):
     """The check is not vacuous: commit one slot too far in the select path and it must fail."""
-    from ortspec.runtime.states import LayerState
+    from ortspec.runtime.states import StateSet
 
     graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
-    original = LayerState.select
-    monkeypatch.setattr(LayerState, "select", lambda self, out, rows, pos, acc: original(
+    original = StateSet.select
+    monkeypatch.setattr(StateSet, "select", lambda self, out, rows, pos, acc: original(
         self, out, rows, pos, np.minimum(acc + 1, pos.shape[1] - 1)))
     with pytest.raises(ExactnessError, match="differs from the plain decode"):
         check_speculative(graphs, PROMPTS, 20, 2, "select", p=0.5)

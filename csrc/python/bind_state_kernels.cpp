@@ -6,8 +6,11 @@
 // and nothing synchronizes: device-side index errors surface at the next
 // check_device_errors(). Functions that produce a tensor allocate a numpy
 // result when `out` is omitted for CPU inputs; device kernels never allocate.
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/device_memory.h"
 #include "core/state_kernels.h"
@@ -100,6 +103,70 @@ check_device_errors() raises.)doc");
       py::arg("dst"), py::arg("src"), py::arg("stream") = 0,
       "dst <- src, same shape and dtype, on one device or on two GPUs (a peer copy, on "
       "the destination's stream); asynchronous on stream on CUDA.");
+
+  // Many states in one call: a step commits every GDN layer's state at once, and one
+  // Python -> C++ crossing per layer was a measured share of the step's host time. Every
+  // pair is validated before anything is written, so a bad one leaves all states as they were.
+  module.def(
+      "copy_buffers",
+      [](const py::list& dsts, const py::list& srcs, py::handle stream) {
+        const char* op = "copy_buffers";
+        if (dsts.size() != srcs.size()) {
+          throw std::invalid_argument(std::string(op) + ": " + std::to_string(dsts.size()) +
+                                      " destinations for " + std::to_string(srcs.size()) +
+                                      " sources");
+        }
+        std::vector<std::pair<TensorRef, TensorRef>> pairs;
+        for (std::size_t i = 0; i < dsts.size(); ++i) {
+          TensorRef dst = tensor_arg(dsts[i], op, "dst", true);
+          TensorRef src = tensor_arg(srcs[i], op, "src", false);
+          if (dst.dtype != src.dtype || dst.shape != src.shape) {
+            throw std::invalid_argument(std::string(op) + ": pair " + std::to_string(i) + ": dst " +
+                                        dtype_name(dst.dtype) + shape_to_string(dst.shape) +
+                                        " and src " + dtype_name(src.dtype) +
+                                        shape_to_string(src.shape) + " differ");
+          }
+          pairs.emplace_back(dst, src);
+        }
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        for (const auto& [dst, src] : pairs) copy_buffer(dst, src, stream_handle);
+      },
+      py::arg("dsts"), py::arg("srcs"), py::arg("stream") = 0,
+      "copy_buffer for each (dsts[i], srcs[i]), all validated first.");
+
+  module.def(
+      "select_slots_many",
+      [](const py::list& windows, py::handle index, const py::list& lives, py::handle stream) {
+        const char* op = "select_slots_many";
+        if (windows.size() != lives.size()) {
+          throw std::invalid_argument(std::string(op) + ": " + std::to_string(windows.size()) +
+                                      " windows for " + std::to_string(lives.size()) + " states");
+        }
+        TensorRef index_ref = tensor_arg(index, op, "index", false);
+        std::vector<std::pair<TensorRef, TensorRef>> pairs;
+        for (std::size_t i = 0; i < windows.size(); ++i) {
+          TensorRef window = tensor_arg(windows[i], op, "window", false);
+          TensorRef live = tensor_arg(lives[i], op, "live", true);
+          bool fits = window.dtype == live.dtype && window.device == live.device &&
+                      live.device == index_ref.device && window.ndim() == live.ndim() + 1 &&
+                      std::equal(live.shape.begin(), live.shape.end(), window.shape.begin() + 1) &&
+                      index_ref.ndim() == 1 && live.ndim() >= 2 && index_ref.shape[0] == live.shape[0];
+          if (!fits) {
+            throw std::invalid_argument(std::string(op) + ": state " + std::to_string(i) + ": window " +
+                                        dtype_name(window.dtype) + shape_to_string(window.shape) +
+                                        " does not hold [W] + live " + dtype_name(live.dtype) +
+                                        shape_to_string(live.shape) + " for index " +
+                                        shape_to_string(index_ref.shape));
+          }
+          pairs.emplace_back(window, live);
+        }
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        for (const auto& [window, live] : pairs) select_slots(window, index_ref, live, stream_handle);
+      },
+      py::arg("windows"), py::arg("index"), py::arg("lives"), py::arg("stream") = 0,
+      "select_slots(windows[i], index, lives[i]) for each state, all validated first.");
 
   module.def(
       "advance_positions",

@@ -62,6 +62,10 @@ class HostArrays:
     def copy(self, dst, src) -> None:
         np.copyto(dst, src)
 
+    def copy_many(self, dsts: list, srcs: list) -> None:
+        for dst, src in zip(dsts, srcs):
+            np.copyto(dst, src)
+
     def zero(self, array) -> None:
         array[...] = 0
 
@@ -74,6 +78,10 @@ class HostArrays:
     def select(self, window, index: np.ndarray, live) -> None:
         """live[b] = window[index[b], b]; window [W, B, ...]."""
         live[...] = window[index, np.arange(len(index))]
+
+    def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
+        for window, live in zip(windows, lives):
+            self.select(window, index, live)
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
@@ -172,6 +180,10 @@ class CudaArrays:
     def copy(self, dst, src) -> None:
         self.native.copy_buffer(dst, src)
 
+    def copy_many(self, dsts: list, srcs: list) -> None:
+        """Every pair in one native call (validated first)."""
+        self.native.copy_buffers(dsts, srcs)
+
     def zero(self, buffer) -> None:
         buffer.zero_()
 
@@ -200,6 +212,9 @@ class CudaArrays:
 
     def select(self, window, index: np.ndarray, live) -> None:
         self.native.select_slots(window, self._index(index), live)
+
+    def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
+        self.native.select_slots_many(windows, self._index(index), lives)
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         self.native.gather_rows(src, self._index(index), dst)
