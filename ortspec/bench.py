@@ -63,11 +63,43 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
             "graphs": st.get("graphs", {}),
         })
     greedy = {r["batch"]: r["tokens_per_second"] for r in rows if r["k"] == 0}
+    dtype = sessions[ks[0]].manifest.dtype
     for r in rows:
         r["speedup_vs_greedy"] = r["tokens_per_second"] / greedy[r["batch"]] if r["batch"] in greedy else None
+        r["dtype"] = dtype
     return {"model": str(model_dir), "provider": provider, "commit": commit, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "threads": threads, "pipeline_stages": pipeline_stages,
             "devices": sessions[ks[0]].devices, "rows": rows}
+
+
+def converted_models(model, dtypes: list[str] | None, num_speculative_tokens: int, workdir: Path,
+                     pipeline_stages: int = 1) -> list[Path]:
+    """The converted directories to bench: ``model`` itself when it is one (its dtype must be
+    the one asked for), or ``model`` as a HuggingFace checkpoint converted once per dtype into
+    workdir (default dtype float32)."""
+    from .converter import convert
+    from .errors import ConfigurationError
+    from .manifest import Manifest
+
+    model = Path(model)
+    if (model / "manifest.json").exists():
+        have = Manifest.load(model).dtype
+        if dtypes and dtypes != [have]:
+            raise ConfigurationError(
+                f"{model} was converted with dtype {have}; --dtype {','.join(dtypes)} needs the checkpoint it came "
+                f"from (ortspec bench CHECKPOINT --dtype ...), or drop --dtype."
+            )
+        return [model]
+    return [convert(model, workdir / dtype, num_speculative_tokens=max(1, num_speculative_tokens), dtype=dtype,
+                    pipeline_stages=pipeline_stages, progress=False) for dtype in (dtypes or ["float32"])]
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One result over several dtypes: the first's settings, every run's rows (each carries its dtype)."""
+    merged = dict(results[0])
+    merged["rows"] = [row for result in results for row in result["rows"]]
+    merged["dtypes"] = [result["rows"][0]["dtype"] for result in results]
+    return merged
 
 
 def transformers_greedy(checkpoint, batches=(1,), max_new_tokens=64, repeats=3, device="cpu", dtype="float32",
@@ -99,16 +131,22 @@ def transformers_greedy(checkpoint, batches=(1,), max_new_tokens=64, repeats=3, 
 
 
 def format_table(result: dict) -> str:
-    lines = ["| k | batch | tokens/s | vs greedy | tokens/step | acceptance | propose ms | verify ms | commit ms | decode ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown table; a dtype column when the result spans several dtypes ("vs greedy" is
+    against greedy of the same dtype and batch; the transformers row against the first dtype)."""
+    several = len({r.get("dtype") for r in result["rows"]}) > 1
+    lead = "| dtype " if several else ""
+    lines = [lead + "| k | batch | tokens/s | vs greedy | tokens/step | acceptance | propose ms | verify ms | commit ms "
+             "| decode ms |", ("|---" if several else "") + "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("transformers", []):
         greedy = next((g for g in result["rows"] if g["k"] == 0 and g["batch"] == r["batch"]), None)
         ratio = f"{r['tokens_per_second'] / greedy['tokens_per_second']:.2f}x" if greedy else "-"
-        lines.append(f"| transformers generate | {r['batch']} | {r['tokens_per_second']:.1f} | {ratio} | 1.00 | - | - | - | - | - |")
+        lines.append(("| - " if several else "") + f"| transformers generate | {r['batch']} | "
+                     f"{r['tokens_per_second']:.1f} | {ratio} | 1.00 | - | - | - | - | - |")
     for r in result["rows"]:
         ph = r["phase_ms"]
         ratio = f"{r['speedup_vs_greedy']:.2f}x" if r["speedup_vs_greedy"] else "-"
-        lines.append(f"| {r['k']} | {r['batch']} | {r['tokens_per_second']:.1f} | {ratio} | "
+        lines.append((f"| {r['dtype']} " if several else "") + f"| {r['k']} | {r['batch']} | "
+                     f"{r['tokens_per_second']:.1f} | {ratio} | "
                      f"{r['mean_tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | {ph['propose']:.1f} | "
                      f"{ph['verify']:.1f} | {ph['commit']:.1f} | {ph['decode']:.1f} |")
     return "\n".join(lines)
@@ -127,9 +165,13 @@ def write_outputs(result: dict, json_path: Path | None, plot_path: Path | None) 
             print("ortspec bench: matplotlib is not installed (pip install 'ortspec[bench]'); no plot written.")
             return
         fig, ax = plt.subplots(figsize=(6, 4))
-        for b in sorted({r["batch"] for r in result["rows"]}):
-            pts = sorted((r["k"], r["tokens_per_second"]) for r in result["rows"] if r["batch"] == b)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"batch {b}")
+        dtypes = sorted({r.get("dtype") for r in result["rows"]}, key=str)
+        for dtype in dtypes:
+            for b in sorted({r["batch"] for r in result["rows"]}):
+                pts = sorted((r["k"], r["tokens_per_second"]) for r in result["rows"]
+                             if r["batch"] == b and r.get("dtype") == dtype)
+                label = f"{dtype}, batch {b}" if len(dtypes) > 1 else f"batch {b}"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set_xticks(sorted({r["k"] for r in result["rows"]}))
         ax.set_xlabel("k (drafts per step; 0 = greedy)")
         ax.set_ylabel("tokens/s")

@@ -54,21 +54,24 @@ def _generate(args) -> None:
 
 
 def _bench(args) -> None:
+    import tempfile
     from pathlib import Path
 
-    from .bench import format_table, run_bench, write_outputs
+    from .bench import converted_models, format_table, merge_results, run_bench, write_outputs
 
-    result = run_bench(args.model, ks=args.k, batches=args.batch,
-                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, provider=args.provider,
-                       commit=args.commit, threads=args.threads, pipeline_stages=args.pipeline_stages,
-                       devices=args.devices)
-    if args.transformers:
-        from .bench import transformers_greedy
-        from .session import Session
+    with tempfile.TemporaryDirectory(prefix="ortspec-bench-") as workdir:
+        models = converted_models(args.model, args.dtype, max(args.k), Path(workdir), args.pipeline_stages)
+        result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
+                                          repeats=args.repeats, provider=args.provider, commit=args.commit,
+                                          threads=args.threads, pipeline_stages=args.pipeline_stages,
+                                          devices=args.devices) for model in models])
+        if args.transformers:
+            from .bench import transformers_greedy
+            from .session import Session
 
-        result["transformers"] = transformers_greedy(
-            args.transformers, args.batch, args.max_new_tokens, args.repeats,
-            device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(args.model))
+            result["transformers"] = transformers_greedy(
+                args.transformers, args.batch, args.max_new_tokens, args.repeats,
+                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]))
     print(format_table(result))
     write_outputs(result, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None)
 
@@ -102,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_generate)
 
     b = sub.add_parser("bench", help="greedy vs speculative tokens/s, side by side in one run")
-    b.add_argument("model", help="converted model directory")
+    b.add_argument("model", help="converted model directory, or a HuggingFace checkpoint (converted per --dtype)")
+    b.add_argument("--dtype", type=lambda text: text.split(","), default=None,
+                   help="with a checkpoint: comma-separated dtypes to convert and bench side by side "
+                        "(float32, float16, bfloat16; default float32)")
     b.add_argument("--k", type=_int_list, default=[0, 1, 2, 3, 4], help="comma-separated k values (0 = greedy)")
     b.add_argument("--batch", type=_int_list, default=[1], help="comma-separated batch sizes")
     b.add_argument("--max-new-tokens", type=int, default=64)

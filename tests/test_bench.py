@@ -19,3 +19,23 @@ def test_bench_cli_writes_table_and_json(models, tmp_path, capsys):
     assert set(rows) == {(0, 1), (0, 2), (2, 1), (2, 2)}
     assert rows[(0, 1)]["speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["mean_tokens_per_step"] >= 1.0
     assert rows[(2, 1)]["steps"] > 0 and rows[(2, 1)]["phase_ms"]["verify"] > 0
+
+
+def test_bench_converts_a_checkpoint_per_dtype(models, tmp_path, capsys):
+    """`ortspec bench CHECKPOINT --dtype float32,float16`: both converted and benched side by side,
+    each row labelled with its dtype and compared with greedy of its own dtype."""
+    code = main(["bench", str(models.checkpoint("base")), "--dtype", "float32,float16", "--k", "0,1", "--batch", "1",
+                 "--max-new-tokens", "4", "--repeats", "1", "--threads", "1", "--json", str(tmp_path / "b.json")])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "| dtype | k | batch |" in table and "| float16 | 1 | 1 |" in table
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result["dtypes"] == ["float32", "float16"]
+    greedy = {r["dtype"]: r for r in result["rows"] if r["k"] == 0}
+    assert greedy["float32"]["speedup_vs_greedy"] == greedy["float16"]["speedup_vs_greedy"] == 1.0
+
+
+def test_bench_dtype_of_a_converted_model_must_match(models, capsys):
+    code = main(["bench", str(models.converted("base")), "--dtype", "float16", "--k", "0"])
+    assert code == 2
+    assert "was converted with dtype float32; --dtype float16 needs the checkpoint" in capsys.readouterr().err
