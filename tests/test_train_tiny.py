@@ -13,7 +13,9 @@ from safetensors import safe_open
 
 import ortspec
 import reference_mtp
-from tools.train_tiny import MAX_SHARD_BYTES, greedy_chains, load_models
+from tools.train_tiny import load_models
+from tools.training.checkpoint import MAX_SHARD_BYTES
+from tools.training.evaluation import greedy_chains
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_SHARD_BYTES = int(0.6 * 2**20)  # --smoke writes small shards so that this test sees several

@@ -55,28 +55,28 @@ What it does, in order:
        eval.json, train_log.json         metrics; losses, tokens/s, wall times, memory
 
 On the GPU host (one H200; defaults batch 64 x 512 tokens): `python tools/train_tiny.py
-out/tiny-stdlib --minutes 8 --device cuda`. Total wall time = --minutes + corpus and tokenizer
+out/qwen35-python-20m --minutes 6.5 --device cuda --site-packages --max-corpus-mb 200` (how
+models/qwen35-python-20m was made). Total wall time = --minutes + corpus and tokenizer
 (20 s on 2 CPU cores, less on 16) + evaluation and saving (estimated < 1 min on the H200).
 --compile (torch.compile of trunk and MTP head) is optional; its compile time counts against
 --minutes.
+
+This file holds the model, the training loop and the entry point; the corpus and tokenizer, the
+objective, the evaluation and the checkpoint writer live in tools/training/.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,23 +86,13 @@ if str(ROOT) not in sys.path:
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding  # noqa: E402
 
-from tools.make_tiny_checkpoint import (  # noqa: E402
-    FULL,
-    LINEAR,
-    MTPHead,
-    build_config,
-    checkpoint_tensors,
-    mtp_layer_config,
-    write_config,
-    write_generation_config,
-)
+from tools.make_tiny_checkpoint import FULL, LINEAR, MTPHead, build_config, mtp_layer_config  # noqa: E402
+from tools.training.checkpoint import round_to_float16_, write_checkpoint  # noqa: E402
+from tools.training.corpus import VOCAB_SIZE, read_corpus, token_stream, train_tokenizer  # noqa: E402
+from tools.training.evaluation import evaluate, format_eval  # noqa: E402
+from tools.training.objective import losses, random_windows  # noqa: E402
 
-EOS = "<|endoftext|>"  # id 0: document separator and eos
-VOCAB_SIZE = 4096
-MAX_SHARD_BYTES = 15 * 2**20  # every safetensors file <= 15 MiB: small enough to bring back file by file
-HELD_OUT_PER_MILLE = 30  # sha1(path) % 1000 < 30 -> held-out test split (~3%)
 MTP_WEIGHT = 0.5
-K_MAX = 4
 
 # Model dimensions (any make_tiny_checkpoint.DEFAULTS key).
 FULL_MODEL = dict(  # ~20M parameters with the MTP head: about 40 MB in fp16, small enough to ship
@@ -139,104 +129,6 @@ class TrainSettings:
     eval_tokens: int
     eval_chains: int
     eval_batch: int
-
-
-# ---------------------------------------------------------------------------------------------
-# corpus and tokenizer
-
-
-@dataclass
-class Corpus:
-    train: list[str]
-    test: list[str]
-    train_files: int
-    test_files: int
-    skipped_files: int
-    sources: list[str]
-
-
-def is_held_out(rel_path: str) -> bool:
-    """Deterministic ~3% split by a hash of the path relative to its source root."""
-    return int.from_bytes(hashlib.sha1(rel_path.encode()).digest()[:8], "big") % 1000 < HELD_OUT_PER_MILLE
-
-
-def python_files(root: Path, *, skip_site_packages: bool) -> list[tuple[str, Path]]:
-    """(relative path, path) of every *.py under root, sorted by relative path."""
-    files = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if skip_site_packages and ({"site-packages", "dist-packages"} & set(rel.parts)):
-            continue
-        if path.is_file():
-            files.append((rel.as_posix(), path))
-    return sorted(files)
-
-
-def read_corpus(max_bytes: int, *, site_packages: bool = False) -> Corpus:
-    """The stdlib (+ purelib) Python sources up to max_bytes, split into train and test."""
-    roots = [Path(sysconfig.get_paths()["stdlib"])]
-    if site_packages:
-        roots.append(Path(sysconfig.get_paths()["purelib"]))
-    corpus = Corpus([], [], 0, 0, 0, [str(r) for r in roots])
-    total = 0
-    for i, root in enumerate(roots):
-        for rel, path in python_files(root, skip_site_packages=i == 0):
-            if total >= max_bytes:
-                return corpus
-            try:
-                text = path.read_bytes().decode("utf-8")
-            except (UnicodeDecodeError, OSError):
-                corpus.skipped_files += 1
-                continue
-            if not text.strip():
-                continue
-            total += len(text.encode())
-            if is_held_out(f"{i}/{rel}"):
-                corpus.test.append(text)
-                corpus.test_files += 1
-            else:
-                corpus.train.append(text)
-                corpus.train_files += 1
-    return corpus
-
-
-def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
-    """Byte-level BPE, <|endoftext|> = id 0."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    if tokenizer.token_to_id(EOS) != 0:
-        raise RuntimeError(f"{EOS} got id {tokenizer.token_to_id(EOS)}, expected 0")
-    return tokenizer
-
-
-def write_tokenizer(tokenizer, out_dir: Path, model_max_length: int) -> None:
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": model_max_length,
-        "eos_token": EOS,
-        "pad_token": EOS,
-        "add_bos_token": False,
-        "clean_up_tokenization_spaces": False,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
-
-
-def token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
-    """All texts encoded (in parallel) and joined as  doc0 <eos> doc1 <eos> ... : int32 [N]."""
-    ids: list[int] = []
-    for encoding in tokenizer.encode_batch(texts):
-        ids.extend(encoding.ids)
-        ids.append(0)
-    return torch.tensor(ids, dtype=torch.int32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,34 +210,6 @@ def count_parameters(module: nn.Module) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # training
-
-
-def losses(model, mtp, batch: torch.Tensor, *, detach_mtp_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch [B, L+1] token windows -> (target CE, MTP CE), mean nats/token.
-
-    Target position t (0..L-1) predicts x[t+1]; MTP position t (0..L-2) reads x[t+1] and h[t] and
-    predicts x[t+2].
-    """
-    ids, labels = batch[:, :-1], batch[:, 1:]  # [B, L] x[0..L-1], x[1..L]
-    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, L, H] final-normed
-    logits = model.lm_head(hidden)  # [B, L, V]
-    target_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.reshape(-1))
-    h = hidden[:, :-1].detach() if detach_mtp_hidden else hidden[:, :-1]  # h[0..L-2]
-    positions = torch.arange(ids.shape[1] - 1, device=ids.device)
-    out = mtp(model.model.embed_tokens, ids[:, 1:], h, positions)  # [B, L-1, H]
-    mtp_logits = model.lm_head(out)  # [B, L-1, V]
-    mtp_loss = F.cross_entropy(mtp_logits.flatten(0, 1).float(), labels[:, 1:].reshape(-1))  # x[2..L]
-    return target_loss, mtp_loss
-
-
-def random_windows(stream: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """[batch, length] windows at random offsets of a 1-D int stream -> long, on the stream's device.
-
-    With a generator on the stream's device nothing waits for the host (no per-step sync).
-    """
-    starts = torch.randint(0, stream.numel() - length + 1, (batch,), generator=generator, device=generator.device)
-    index = starts.to(stream.device)[:, None] + torch.arange(length, device=stream.device)  # [B, length]
-    return stream[index].long()
 
 
 def make_optimizer(model, mtp, settings: TrainSettings, device: torch.device) -> torch.optim.AdamW:
@@ -440,168 +304,6 @@ def train(model, mtp, stream: torch.Tensor, settings: TrainSettings, device: tor
     print(f"trained {step} steps, {summary['tokens']:,} tokens ({summary['epochs']} epochs) in {wall:.1f} s: "
           f"{summary['mean_tokens_per_s']:,.0f} tokens/s{memory}")
     return dict(log=log, summary=summary)
-
-
-# ---------------------------------------------------------------------------------------------
-# evaluation
-
-
-@torch.no_grad()
-def held_out_loss(model, mtp, stream: torch.Tensor, *, seq_len: int, max_tokens: int, batch: int) -> dict:
-    """Teacher-forced target and MTP cross-entropy (nats/token) over non-overlapping windows."""
-    num_windows = max(1, min((stream.numel() - 1) // seq_len, max_tokens // seq_len))
-    length = min(seq_len, stream.numel() - 1)
-    starts = torch.arange(num_windows, device=stream.device) * length
-    totals = torch.zeros(4, dtype=torch.float64)  # target nats, target count, mtp nats, mtp count
-    for i in range(0, num_windows, batch):
-        index = starts[i : i + batch, None] + torch.arange(length + 1, device=stream.device)
-        windows = stream[index].long()  # [b, L+1]
-        target_loss, mtp_loss = losses(model, mtp, windows, detach_mtp_hidden=True)
-        b = windows.shape[0]
-        totals += torch.tensor([target_loss.item() * b * length, b * length,
-                                mtp_loss.item() * b * (length - 1), b * (length - 1)], dtype=torch.float64)
-    target = totals[0].item() / totals[1].item()
-    return dict(loss=target, perplexity=math.exp(target), tokens=int(totals[1].item()),
-                mtp_loss=totals[2].item() / totals[3].item())
-
-
-@torch.no_grad()
-def greedy_chains(model, mtp, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Committed tokens [B, T+1] -> (target greedy g [B, k], MTP drafts d [B, k]).
-
-    g: the target decodes k tokens greedily after x[0..T] (no cache: a full forward per token).
-    d: reference_drafts semantics: MTP position p = 0..T-1 pairs x[p+1] with h[p]; d1 = argmax at
-    p = T-1; position T+j-1 pairs d_j with the MTP's own normed output at T+j-2.
-    """
-    seq, greedy, hidden = tokens, [], None
-    for j in range(k):
-        out = model.model(input_ids=seq, use_cache=False).last_hidden_state  # [B, n, H]
-        if j == 0:
-            hidden = out[:, :-1]  # h[0..T-1]
-        greedy.append(model.lm_head(out[:, -1]).argmax(-1))  # [B]
-        seq = torch.cat([seq, greedy[-1][:, None]], dim=1)
-    ids, hiddens, drafts = tokens[:, 1:], hidden, []
-    for j in range(k):
-        out = mtp(model.model.embed_tokens, ids, hiddens, torch.arange(ids.shape[1], device=ids.device))
-        drafts.append(model.lm_head(out[:, -1]).argmax(-1))  # [B]
-        ids = torch.cat([ids, drafts[-1][:, None]], dim=1)
-        hiddens = torch.cat([hiddens, out[:, -1:]], dim=1)
-    return torch.stack(greedy, 1), torch.stack(drafts, 1)
-
-
-def acceptance(matches: torch.Tensor) -> dict:
-    """matches [N, K] bool (d_i == g_i) -> per-k accepted lengths and per-draft rates."""
-    accepted_prefix = matches.long().cumprod(dim=1).float()  # [N, K]: 1 while every draft so far matched
-    num_drafts = matches.shape[1]
-    table = {}
-    for k in range(1, num_drafts + 1):
-        mean = accepted_prefix[:, :k].sum(1).mean().item()
-        table[str(k)] = dict(mean_accepted=mean, acceptance_rate=mean / k, tokens_per_step=mean + 1)
-    reached = [1.0, *accepted_prefix.mean(0).tolist()]  # reached[i] = P(accepted length >= i)
-    per_draft = [dict(draft=i, p_accepted=reached[i],
-                      p_accepted_given_previous=reached[i] / reached[i - 1] if reached[i - 1] else None)
-                 for i in range(1, num_drafts + 1)]
-    return dict(samples=matches.shape[0], by_k=table, per_draft=per_draft)
-
-
-@torch.no_grad()
-def mtp_acceptance(model, mtp, stream: torch.Tensor, *, num_chains: int, batch: int, max_context: int,
-                   seed: int, k: int = K_MAX) -> dict:
-    """Greedy-chain acceptance at random points of the held-out stream; context lengths 16..max_context."""
-    generator = torch.Generator().manual_seed(seed + 2)
-    min_context = min(16, max_context)
-    matches = []
-    done = 0
-    while done < num_chains:
-        b = min(batch, num_chains - done)
-        context = int(torch.randint(min_context, max_context + 1, (1,), generator=generator))  # T+1
-        tokens = random_windows(stream, b, context, generator)  # [b, T+1]
-        greedy, drafts = greedy_chains(model, mtp, tokens, k)
-        matches.append((greedy == drafts).cpu())
-        done += b
-    return acceptance(torch.cat(matches))
-
-
-def evaluate(model, mtp, test_stream: torch.Tensor, settings: TrainSettings, seed: int, bytes_per_token: float) -> dict:
-    model.eval()
-    mtp.eval()
-    start = time.perf_counter()
-    loss = held_out_loss(model, mtp, test_stream, seq_len=settings.seq_len, max_tokens=settings.eval_tokens,
-                         batch=settings.eval_batch)
-    loss["bits_per_byte"] = loss["loss"] / math.log(2) / bytes_per_token
-    accept = mtp_acceptance(model, mtp, test_stream, num_chains=settings.eval_chains, batch=settings.eval_batch,
-                            max_context=settings.seq_len - K_MAX, seed=seed)
-    return dict(target=loss, mtp_acceptance=accept, eval_wall_s=round(time.perf_counter() - start, 2),
-                precision="float16 weights, float32 compute", held_out_bytes_per_token=bytes_per_token)
-
-
-def format_eval(result: dict) -> str:
-    t, a = result["target"], result["mtp_acceptance"]
-    lines = [f"held-out: loss {t['loss']:.4f} nats/token, perplexity {t['perplexity']:.2f}, "
-             f"{t['bits_per_byte']:.3f} bits/byte over {t['tokens']:,} tokens; MTP (t+2) loss {t['mtp_loss']:.4f}",
-             f"MTP greedy-chain acceptance, {a['samples']} samples:",
-             "  k  mean accepted  acceptance rate  tokens/step",
-             *[f"  {k}  {v['mean_accepted']:13.3f}  {v['acceptance_rate']:15.3f}  {v['tokens_per_step']:11.3f}"
-               for k, v in a["by_k"].items()],
-             "  draft  P(accepted)  P(accepted | previous accepted)",
-             *[f"  {d['draft']:5d}  {d['p_accepted']:11.3f}  "
-               f"{'-' if d['p_accepted_given_previous'] is None else format(d['p_accepted_given_previous'], '.3f'):>31}"
-               for d in a["per_draft"]]]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# output
-
-
-def write_sharded(tensors: dict[str, torch.Tensor], out_dir: Path, max_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
-    """Name-ordered shards, each file <= max_bytes, + model.safetensors.index.json covering every key."""
-    headroom = min(64 * 1024, max_bytes // 16)  # the safetensors JSON header
-    groups: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes > max_bytes - headroom:
-            raise ValueError(f"{name} alone is {nbytes} bytes, more than a {max_bytes}-byte shard holds")
-        if groups[-1] and size + nbytes > max_bytes - headroom:
-            groups.append({})
-            size = 0
-        groups[-1][name] = tensor
-        size += nbytes
-    weight_map, paths = {}, []
-    for i, part in enumerate(groups):
-        file_name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        path = out_dir / file_name
-        save_file(part, str(path), metadata={"format": "pt"})
-        path.chmod(0o644)
-        if path.stat().st_size > max_bytes:
-            raise RuntimeError(f"{path} is {path.stat().st_size} bytes > {max_bytes}")
-        weight_map.update(dict.fromkeys(part, file_name))
-        paths.append(path)
-    total_size = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return paths
-
-
-def write_checkpoint(model, mtp, tokenizer, out_dir: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
-    for stale in [*out_dir.glob("model*.safetensors"), out_dir / "model.safetensors.index.json"]:
-        stale.unlink(missing_ok=True)
-    mtp_tensors = {k: v.detach().cpu() for k, v in mtp.tensors().items()}
-    tensors = checkpoint_tensors(model.cpu(), mtp_tensors, nested=False, dtype="float16")
-    paths = write_sharded(tensors, out_dir, max_shard_bytes)
-    write_config(model.config, out_dir, nested=False)
-    write_generation_config(model.config, out_dir)
-    write_tokenizer(tokenizer, out_dir, model.config.max_position_embeddings)
-    return paths
-
-
-@torch.no_grad()
-def round_to_float16_(*modules: nn.Module) -> None:
-    """Make the in-memory weights equal what the float16 checkpoint stores."""
-    for module in modules:
-        for param in module.parameters():
-            param.copy_(param.to(torch.float16).float())
 
 
 # ---------------------------------------------------------------------------------------------
