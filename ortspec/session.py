@@ -114,7 +114,7 @@ class Session:
             names += [graph_name("verify_select" if self.commit == "select" else "verify", self.k)]
         names = [g for name in names for g in ([name] if self.stages == 1 else
                                                 [stage_graph_name(name, s) for s in range(self.stages)])]
-        return names + (["mtp"] if self.k else [])
+        return names + ([graph_name("mtp_propose", self.k)] if self.k else [])
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -185,7 +185,7 @@ class Session:
         graphs bind their addresses, so a later call of the same size replays them."""
         if batch not in self._engines:
             self._engines[batch] = (TargetModel(self.graphs, batch, self.stages),
-                                    MTPHead(self.graphs, batch) if self.k else None)
+                                    MTPHead(self.graphs, batch, self.k) if self.k else None)
         return self._engines[batch]
 
     def _check_prompts(self, prompts, max_new_tokens) -> list[list[int]]:

@@ -111,7 +111,8 @@ def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")
     assert m.num_speculative_tokens == 2 and m.max_length == 64
-    assert set(m.graphs) == {"prefill", "decode", "verify_k1", "verify_k2", "verify_select_k1", "verify_select_k2", "mtp"}
+    assert set(m.graphs) == {"prefill", "decode", "verify_k1", "verify_k2", "verify_select_k1", "verify_select_k2", "mtp",
+                             "mtp_propose_k1", "mtp_propose_k2"}
     kinds = {e["kind"] for e in m.states.values()}
     assert kinds == {"kv_key", "kv_value", "conv", "recurrent", "mtp_kv_key", "mtp_kv_value"}
     assert all(e["dtype"] == "float32" for e in m.states.values())
@@ -132,7 +133,7 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
     for name in m.graphs:
         runner = graphs[name]
         session = runner.session
-        rows = 3 if name in ("prefill", "mtp") else 1 if name == "decode" else int(name[-1]) + 1
+        rows = 3 if name in ("prefill", "mtp") or name.startswith("mtp_") else 1 if name == "decode" else int(name[-1]) + 1
         feeds = {}
         for i in session.get_inputs():
             if i.name == "input_ids":
@@ -141,9 +142,14 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 feeds[i.name] = np.tile(np.arange(5, 5 + rows), (2, 1))
             elif i.name == "hidden":
                 feeds[i.name] = rng.standard_normal((2, rows, m.spec.hidden_size)).astype(np.float32)
+            elif i.name == "last":
+                feeds[i.name] = np.array([rows - 1, 0])
             else:
                 feeds[i.name] = np.zeros([2] + list(i.shape[1:]), np.float32)
         out = runner.run(feeds)
+        if name.startswith("mtp_propose"):  # drafts d1..dk, and the catch-up's KV rows
+            assert out["drafts"].shape == (2, int(name[-1])) and np.isfinite(out["new_key.mtp"]).all()
+            continue
         assert out["tokens"].shape == (2, rows) and np.isfinite(out["logits"]).all()
         assert "CPUExecutionProvider" in session.get_providers()
 

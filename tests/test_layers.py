@@ -17,8 +17,6 @@ from ortspec.converter.layers import make_attention, make_gated_deltanet, make_s
 from ortspec.converter.weights import WeightPreparer, rope_tables
 from ortspec.model_spec import FULL, LINEAR, ModelSpec
 from ortspec.runtime.graphs import GraphSet
-from ortspec.runtime.model import MTPHead
-from ortspec.runtime.states import Rows
 from tests.reference_mtp import mtp_reference, reference_drafts, target_model
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -124,9 +122,17 @@ def test_mtp_head_matches_reference(models):
     ids = rng.integers(0, graphs.manifest.spec.vocab_size, (1, T))
     hidden = rng.standard_normal((1, T, H)).astype(np.float32)
     ref_logits, ref_hidden = mtp_reference(checkpoint).forward(ids[0], hidden[0], np.arange(T))
-    head = MTPHead(graphs, 1)
-    out = head.run(Rows([0]), ids[:, :6], hidden[:, :6], np.arange(6)[None])
-    rest = head.run(Rows([0]), ids[:, 6:], hidden[:, 6:], np.arange(6, T)[None])  # continues through its KV cache
+    cache = {n: np.zeros([1] + e["shape"][1:], np.float32) for n, e in graphs.manifest.states.items()
+             if e["layer"] == "mtp"}
+
+    def run(rows):  # the one-pass "mtp" graph, its KV rows written back at their positions
+        out = graphs["mtp"].run({"input_ids": ids[:, rows], "hidden": hidden[:, rows],
+                                 "positions": np.arange(rows.start, rows.stop)[None], **cache})
+        cache["key.mtp"][..., rows] = out["new_key.mtp"]
+        cache["value.mtp"][:, :, rows] = out["new_value.mtp"]
+        return out
+
+    out, rest = run(slice(0, 6)), run(slice(6, T))  # the second continues through the KV cache
     logits = np.concatenate([out["logits"], rest["logits"]], axis=1)[0]
     hidden_out = np.concatenate([out["hidden_out"], rest["hidden_out"]], axis=1)[0]
     np.testing.assert_allclose(hidden_out, ref_hidden.numpy(), atol=ATOL, rtol=1e-4)

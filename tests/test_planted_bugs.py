@@ -67,3 +67,20 @@ def test_outputs_sliced_by_request_rows(graphs, monkeypatch):
     monkeypatch.setattr(HostArrays, "select", sliced_by_requests)
     with pytest.raises(ExactnessError, match="target state"):
         check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+
+
+def test_drafts_from_the_wrong_row(graphs, monkeypatch):
+    """The head's drafts for the next step must start from the last accepted row a; drafting
+    from row 0 (the first verify position) keeps every cache entry right and only the drafts
+    wrong, which the comparison of the proposed drafts catches."""
+    original = MTPHead.catch_up
+
+    def drafts_from_row_zero(self, rows, hidden, next_ids, positions, last, slot=None):
+        drafts = original(self, rows, hidden, next_ids, positions, last, slot)
+        wrong = original(self, rows, hidden, next_ids, positions, np.zeros_like(last), slot)
+        original(self, rows, hidden, next_ids, positions, last, slot)  # the cache as the real run left it
+        return wrong if (last > 0).any() else drafts
+
+    monkeypatch.setattr(MTPHead, "catch_up", drafts_from_row_zero)
+    with pytest.raises(ExactnessError, match="next drafts"):
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)

@@ -12,7 +12,7 @@ from ..manifest import GRAPH_FILES, Manifest, graph_name, stage_graph_name
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
-from .graphs import make_mtp_graph, make_target_graph
+from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
 from .quantize import quantize_store
 from .weights import WeightPreparer, cast_matrices
 
@@ -76,6 +76,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                     make_target_graph(spec, store, max_length, stage_graph_name(name, s), layers=r, stage=s, **shape))
     if with_mtp:
         builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length)
+        for k in range(1, K + 1):
+            builders[graph_name("mtp_propose", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k)
 
     import onnx
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
+from ..manifest import graph_name
 from ..model_spec import FULL, ModelSpec
 from .builder import GraphBuilder, WeightStore
 from .layers import (
@@ -125,8 +126,28 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     return g
 
 
+def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, past_key: str, past_value: str):
+    """One pass of the MTP head over M rows: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) ->
+    attention layer (own KV) -> mtp.norm. Returns (hidden_out, logits, new_key, new_value,
+    merged key view, merged value view)."""
+    eps = spec.rms_norm_eps
+    embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
+    normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
+    x = g.linear(g.op("Concat", [embedded, normed_hidden], axis=-1), "mtp.fc", hint="mtp.fc_out")
+    cache = []
+
+    def mixer(h):
+        out, *kv = make_attention(g, spec, h, "mtp.L0", step, past_key, past_value, merged=True)
+        cache.extend(kv)
+        return out
+
+    x, residual = _decoder_layer(g, spec, x, None, "mtp.L0", mixer)
+    hidden_out, _ = make_add_rms_norm(g, x, residual, "mtp.norm", eps)
+    return (hidden_out, g.linear(hidden_out, "lm_head"), *cache)
+
+
 def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> GraphBuilder:
-    """MTP head: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) -> attention layer -> norm -> lm_head.
+    """MTP head, one pass (the layer-level reference the tests compare with torch):
 
            input_ids ─ embed ─ pre_embed norm ─┐
                                                Concat ─ MatMul(fc) ─ decoder layer (own KV) ─ mtp.norm ─ lm_head
@@ -138,19 +159,53 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     positions = g.input("positions", I64, ["B", "M"])
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
     step = make_step_inputs(g, spec, positions, max_length)
-    eps = spec.rms_norm_eps
-    embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
-    normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
-    x = g.linear(g.op("Concat", [embedded, normed_hidden], axis=-1), "mtp.fc", hint="mtp.fc_out")
-    outputs = {}
+    hidden_out, logits, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"],
+                                                             states["value.mtp"])
+    g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", "M"])
+    g.output(logits, "logits", F32, ["B", "M", spec.vocab_size])
+    g.output(hidden_out, "hidden_out", F32, ["B", "M", spec.hidden_size])
+    g.output(new_key, "new_key.mtp", F32, None)
+    g.output(new_value, "new_value.mtp", F32, None)
+    return g
 
-    def mixer(h):
-        out, outputs["new_key.mtp"], outputs["new_value.mtp"] = make_attention(
-            g, spec, h, "mtp.L0", step, states["key.mtp"], states["value.mtp"])
-        return out
 
-    x, residual = _decoder_layer(g, spec, x, None, "mtp.L0", mixer)
-    _head(g, spec, x, residual, "mtp.norm", "hidden_out", "M")
-    for out_name, value in outputs.items():
-        g.output(value, out_name, F32, None)
+def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int) -> GraphBuilder:
+    """The MTP head's whole share of a step in one graph (one Run instead of k): the catch-up
+    over M rows of target hiddens, then k-1 recursive draft passes.
+
+      in   input_ids [B, M] (x_{p+1} per row), hidden [B, M, H], positions [B, M],
+           last int64 [B] (row a: the last real row of each request), key.mtp, value.mtp
+      out  drafts int64 [B, k]: d1 = argmax at row a, d_{j+1} from (d_j, the pass's own
+           normed output) at position T+a+j; new_key.mtp, new_value.mtp: the catch-up's rows
+           (the runtime writes rows 0..a; the draft passes' rows stay inside the graph)
+
+    Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
+    past a are padding: their slots lie after every draft's position, so the mask hides them.
+    Draft positions are clamped to L-1 (near the end of max_length their drafts go unused).
+    """
+    g = GraphBuilder(graph_name("mtp_propose", k), store)
+    ids = g.input("input_ids", I64, ["B", "M"])
+    hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
+    positions = g.input("positions", I64, ["B", "M"])
+    last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
+    step = make_step_inputs(g, spec, positions, max_length)
+    out, logits, new_key, new_value, key_view, value_view = _mtp_pass(
+        g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
+    g.output(new_key, "new_key.mtp", F32, None)
+    g.output(new_value, "new_value.mtp", F32, None)
+
+    def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
+        return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
+
+    draft = at_last(g.op("ArgMax", [logits], axis=-1, keepdims=0))  # [B, 1]
+    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]
+    drafts = [draft]
+    for j in range(1, k):
+        position = g.op("Min", [g.op("Add", [base, g.const([j])]), g.const([max_length - 1])])
+        out, logits, _, _, key_view, value_view = _mtp_pass(
+            g, spec, draft, out, make_step_inputs(g, spec, position, max_length), key_view, value_view)
+        draft = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B, 1]
+        drafts.append(draft)
+    g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
     return g

@@ -70,8 +70,10 @@ def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, step: StepInputs) -> str
 
 
 def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
-                   past_key: str, past_value: str) -> tuple[str, str, str]:
-    """Gated GQA over a static cache. Returns (output [B,M,H], new_key, new_value).
+                   past_key: str, past_value: str, merged: bool = False) -> tuple[str, ...]:
+    """Gated GQA over a static cache. Returns (output [B,M,H], new_key, new_value), and with
+    merged=True also the merged key and value views (the cache with this call's rows in place,
+    for a later pass in the same graph to attend over).
 
     Cache layout: key transposed [B, kvh, hd, L], value [B, kvh, L, hd]. The graph scatters
     this call's rows into a merged view at their positions and attends over all L slots
@@ -109,7 +111,7 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4, 5]), g.const([0, 0, nh * hd])])
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
     out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out")
-    return out, new_key, new_value
+    return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
 
 
 def _l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:

@@ -254,7 +254,7 @@ class GraphSet:
         return self.devices[stage] if len(self.devices) > 1 else self.devices[0]
 
     def graph_device(self, name: str) -> int:
-        if name == "mtp":
+        if name == "mtp" or name.startswith("mtp_"):
             return self.devices[-1]
         return self.stage_device(int(name.rsplit(".stage", 1)[1]) if ".stage" in name else 0)
 
@@ -292,7 +292,7 @@ class GraphSet:
     def __getitem__(self, name: str) -> GraphRunner:
         if name not in self._runners:
             base = name.split(".stage")[0]
-            graphed = self.cuda_graphs and (base in ("decode", "mtp") or base.startswith("verify"))
+            graphed = self.cuda_graphs and (base in ("decode", "mtp") or base.startswith(("verify", "mtp_propose")))
             arrays, weights = self._place(self.graph_device(name))
             self._runners[name] = GraphRunner(self.manifest, name, weights, arrays, self.provider,
                                               self.threads, cuda_graphs=graphed, registry=self.registry)

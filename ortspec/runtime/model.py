@@ -133,48 +133,32 @@ class TargetModel:
 
 
 class MTPHead:
-    """The MTP draft head: its own KV cache and the hidden state its next draft step reads.
+    """The MTP draft head: its own KV cache, and the k drafts it proposes for the next step.
 
     Entry p of its cache holds (h_p, x_{p+1}): the target's final-normed hidden state at
     position p and the token that followed. ``catch_up`` fills entries from target hiddens
-    (after prefill and after every commit); its output at the last entry is the next d1 and
-    ``draft_hidden``. ``draft`` runs one recursive step on ``draft_hidden``, writing a
-    speculative entry that the next catch-up overwrites.
+    (after prefill and after every commit) and, in the same graph (``mtp_propose_k{k}``),
+    drafts d1..dk for the next step: d1 from the entry at the last real row, each further
+    draft from the previous one and the head's own output. Only the catch-up's entries are
+    written to the cache; the draft passes' entries live inside the graph.
     """
 
-    def __init__(self, graphs: GraphSet, batch: int) -> None:
-        self.graphs, self.arrays = graphs, graphs.arrays
+    def __init__(self, graphs: GraphSet, batch: int, k: int) -> None:
+        self.graphs, self.arrays, self.k = graphs, graphs.arrays, k
+        self.graph = graph_name("mtp_propose", k)
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
-        self.draft_hidden = graphs.arrays.zeros([batch, 1, graphs.manifest.spec.hidden_size])  # [B, 1, H]
-
-    def run(self, rows: Rows, ids, hidden, positions, counts=None, slot: str | None = None) -> Forward:
-        feeds = {"input_ids": ids, "hidden": hidden, "positions": positions, **self.states.feeds(rows)}
-        key = (slot, ids.shape[1], len(rows)) if slot else None
-        out = _forward(self.graphs, self.graphs["mtp"].run(feeds, slot=key))
-        for kind in self.states.kinds:
-            kind.write(out, rows, positions, counts)
-        return out
 
     def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
                  slot: str | None = "mtp_catch_up") -> np.ndarray:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
-        (rows past last[j] are padding, never written). Returns the next d1 per row [B]."""
-        out = self.run(rows, next_ids, hidden, positions, counts=last + 1, slot=slot)
-        hidden_out = out["hidden_out"]  # [B, M, H]
-        if rows.slice is not None:
-            B, M, H = len(rows), positions.shape[1], self.graphs.manifest.spec.hidden_size
-            self.arrays.gather(self.arrays.reshape(hidden_out, (B, M, 1, H)), last, rows.take(self.arrays, self.draft_hidden))
-        else:
-            self.draft_hidden[rows.indices, 0] = hidden_out[np.arange(len(rows)), last]
-        return out.tokens[np.arange(len(rows)), last]
-
-    def draft(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One recursive draft per row: ids/positions [B, 1] -> next draft tokens [B]."""
-        out = self.run(rows, ids, rows.take(self.arrays, self.draft_hidden), positions, slot="mtp_draft")
-        rows.put(self.arrays, self.draft_hidden, out["hidden_out"])
-        return out.tokens[:, 0]
+        (rows past last[j] are padding, never written). Returns the next step's drafts [B, k]."""
+        feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
+                 "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows)}
+        key = (slot, next_ids.shape[1], len(rows)) if slot else None
+        out = self.graphs[self.graph].run(feeds, slot=key)
+        for kind in self.states.kinds:
+            kind.write(out, rows, positions, counts=last + 1)
+        return self.arrays.download(out["drafts"])
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
-        state = self.states.row_state(row, length)
-        state["draft_hidden"] = self.arrays.download(self.arrays.rows(self.draft_hidden, row, row + 1))[0, 0]
-        return state
+        return self.states.row_state(row, length)

@@ -48,7 +48,7 @@ class Decoder:
         self.max_length = graphs.manifest.max_length
         # engine: state buffers a Session keeps across calls (fixed addresses for CUDA graphs)
         self.target, self.mtp = engine or (TargetModel(graphs, batch_size, stages),
-                                           MTPHead(graphs, batch_size) if k > 0 else None)
+                                           MTPHead(graphs, batch_size, k) if k > 0 else None)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
 
     # -- driver ----------------------------------------------------------------------------
@@ -168,9 +168,9 @@ class Decoder:
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, slot="mtp_catch_up") -> None:
         """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
         and never written); the head's output at last[j] is the next step's d1."""
-        next_drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, slot=slot)
-        for req, draft in zip(requests, next_drafts):
-            req.next_draft = int(draft)
+        drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, slot=slot)  # [B, k]
+        for req, row in zip(requests, drafts):
+            req.next_drafts = row.tolist()
 
     def _check_positions(self, batch: Batch) -> None:
         """The last accept length again, from positions: this step's first position minus the

@@ -1,9 +1,9 @@
 """Where drafts come from: the MTP head, or (for tests) a scripted source.
 
-A draft source answers ``propose(batch, k) -> int64 [B, k]``. The scripted source still
-runs the MTP head, so its cache and hidden-state bookkeeping are exercised exactly as in
-production; it only replaces the proposed tokens, which lets tests drive every accept
-length 0..k on random-weight models that would otherwise accept almost nothing.
+A draft source answers ``propose(batch, k) -> int64 [B, k]``. With the scripted source the
+MTP head still runs at every catch-up exactly as in production (its cache and its drafts
+are kept and compared); the script only replaces the proposed tokens, which lets tests drive
+every accept length 0..k on random-weight models that would otherwise accept almost nothing.
 """
 
 from __future__ import annotations
@@ -21,19 +21,16 @@ class DraftSource(Protocol):
 
 
 class MTPDrafts:
-    """d1 comes from the last catch-up; d2..dk recursively from the head's own output hidden."""
+    """The drafts the MTP head proposed at its last catch-up (d1 from the target's hidden at
+    the last committed position, d2..dk recursively from its own output): the head drafts
+    for the next step in the same graph run as its catch-up, so proposing costs no forward."""
 
     def __init__(self, mtp: MTPHead) -> None:
         self.mtp = mtp
 
     def propose(self, batch: Batch, k: int) -> np.ndarray:
-        drafts = np.empty((len(batch), k), np.int64)  # [B, k]
-        drafts[:, 0] = [r.next_draft for r in batch.requests]
-        for i in range(1, k):
-            # entry T+i-1 of the head's cache: (the head's own last output hidden, d_i)
-            positions = (batch.processed + i - 1)[:, None]  # [B, 1]
-            drafts[:, i] = self.mtp.draft(batch.rows, drafts[:, i - 1: i], positions)
-        return drafts
+        """[B, k]; a placeholder row (never caught up) proposes zeros."""
+        return np.array([(r.next_drafts + [0] * k)[:k] for r in batch.requests], np.int64).reshape(len(batch), k)
 
 
 class ScriptedDrafts:

@@ -28,16 +28,17 @@ class ExactnessError(AssertionError):
 @dataclasses.dataclass
 class RowState:
     pending: int
-    next_draft: int
+    next_drafts: list[int]
     target: dict
-    mtp: dict  # the head's KV cache and draft_hidden
+    mtp: dict  # the head's KV cache
 
     def differences(self, other: "RowState", atol: float = 0.0) -> list[str]:
         """Names of what differs; atol=0 means bitwise (CPU), else max abs difference (GPU)."""
         same = np.array_equal if atol == 0 else (lambda a, b: np.allclose(a, b, rtol=0, atol=atol))
         diffs = []
-        if (self.pending, self.next_draft) != (other.pending, other.next_draft):
-            diffs.append(f"pending/next draft {(self.pending, self.next_draft)} vs {(other.pending, other.next_draft)}")
+        if (self.pending, self.next_drafts) != (other.pending, other.next_drafts):
+            diffs.append(f"pending/next drafts {(self.pending, self.next_drafts)} vs "
+                         f"{(other.pending, other.next_drafts)}")
         for label, mine, theirs in (("target", self.target, other.target), ("MTP", self.mtp, other.mtp)):
             diffs += [f"{label} state {n} (max abs diff {np.max(np.abs(mine[n] - theirs[n])):.2e})"
                       for n in theirs if not same(mine[n], theirs[n])]
@@ -46,7 +47,7 @@ class RowState:
 
 def row_state(decoder: Decoder, req: Request) -> RowState:
     T = req.processed
-    return RowState(req.pending, req.next_draft, decoder.target.states.row_state(req.row, T),
+    return RowState(req.pending, list(req.next_drafts), decoder.target.states.row_state(req.row, T),
                     decoder.mtp.row_state(req.row, T))
 
 

@@ -22,7 +22,7 @@ class Request:
     max_new_tokens: int
     stop_tokens: frozenset = frozenset()
     tokens: list[int] = dataclasses.field(default_factory=list)
-    next_draft: int = 0  # d1: the MTP head's prediction after its last catch-up
+    next_drafts: list[int] = dataclasses.field(default_factory=list)  # d1..dk from the last catch-up
     last_first_position: int | None = None  # first verify position of the previous step
     last_accepted: int = 0
     done: bool = False
