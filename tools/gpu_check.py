@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="/tmp/ortspec_gpu_check")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-bench", action="store_true", help="identity, state and graph checks only")
     args = parser.parse_args(argv)
     ort.set_default_logger_severity(3)
     print("onnxruntime", ort.__version__, ort.get_available_providers())
@@ -141,8 +142,9 @@ def main(argv=None) -> int:
         print(f"  {slot:26s} {c}")
 
     tables = {}
-    for label, model in (("tiny-qwen35", out), ("medium (116M params, random), fp32", medium / "out"),
-                         ("medium (116M params, random), fp16", medium / "out_fp16")):
+    benches = (("tiny-qwen35", out), ("medium (116M params, random), fp32", medium / "out"),
+               ("medium (116M params, random), fp16", medium / "out_fp16"))
+    for label, model in benches if not args.no_bench else ():
         start = time.perf_counter()
         bench = run_bench(model, ks=(0, 1, 2, 3, 4), batches=(1, 4), max_new_tokens=n, repeats=3, provider="cuda",
                           progress=False)

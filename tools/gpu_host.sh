@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One visit to the GPU host: install the staged onnxruntime-gpu, build ortspec with CUDA,
-# run the native CUDA tests, then each GPU tool named in GPU_TOOL (default gpu_check;
-# "none" runs none). WAIT_FOR=FILE waits (up to 15 min) for FILE before the tools (while a train_tiny.py runs), e.g. for a
-# training run started in the background to finish before anything is timed.
-# Output goes to stdout and $OUT (if set).
+# run the native CUDA tests, then each GPU tool named in GPU_TOOL (default gpu_check; "none"
+# runs none), each with GPU_TOOL_ARGS. WAIT_FOR=FILE waits (up to 15 min, while a
+# train_tiny.py runs) for FILE before the tools, e.g. for a training run started in the
+# background to finish before anything is timed. Output goes to stdout and $OUT (if set).
 #   (the .ortgpu parts must already be in /tmp/ortgpu-parts; see README "GPU users")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,6 @@ fi
 status=0
 for tool in ${GPU_TOOL:-gpu_check}; do
   [ "$tool" = none ] && continue
-  python3 tools/$tool.py --json "${OUT:-/tmp}/$tool.json" 2>&1 | tee "${OUT:-/tmp}/$tool.log" || status=1
+  python3 tools/$tool.py --json "${OUT:-/tmp}/$tool.json" ${GPU_TOOL_ARGS:-} 2>&1 | tee "${OUT:-/tmp}/$tool.log" || status=1
 done
 exit $status
