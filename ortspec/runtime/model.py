@@ -154,7 +154,7 @@ class MTPHead:
         (rows past last[j] are padding, never written). Returns the next step's drafts [B, k]."""
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
                  "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows)}
-        key = (slot, next_ids.shape[1], len(rows)) if slot else None
+        key = (f"{slot}.k{self.k}", next_ids.shape[1], len(rows)) if slot else None  # one graph per k
         out = self.graphs[self.graph].run(feeds, slot=key)
         for kind in self.states.kinds:
             kind.write(out, rows, positions, counts=last + 1)
