@@ -114,3 +114,32 @@ def test_devices_beyond_the_machine_are_refused(staged, monkeypatch):
     monkeypatch.setattr(session_module, "load_native", lambda: OneGpu())
     with pytest.raises(ortspec.ConfigurationError, match=r"names cuda:1, but this machine has 1 CUDA device;"):
         ortspec.Session(staged / "two", provider="cuda", pipeline_stages=2, devices=[0, 1])
+
+
+def test_a_stale_hand_over_is_caught(staged, monkeypatch):
+    """Planted: the receiving device's buffer of a graph slot is filled on the slot's first
+    step only (a pre-planned path that skips the refresh); the state check must fail."""
+    from ortspec.spec.exactness import ExactnessError
+
+    filled = set()
+
+    def stale(self, proxies, slot):
+        received = {}
+        for name, value in proxies.items():
+            if slot is None:  # eager runs (prefill) stay right
+                received[name] = value
+                continue
+            key = (slot, name)
+            if key not in filled:
+                self._slot_buffers[key] = self.arrays.zeros(value.shape, value.dtype)
+                self.arrays.copy(self._slot_buffers[key], value)
+                filled.add(key)
+            received[name] = self._slot_buffers[key]
+        return received
+
+    monkeypatch.setattr(runtime_model.HandOver, "__call__", stale)
+    graphs = GraphSet(ortspec.Session(staged / "two").manifest)
+    reference = plain_decode_states(graphs, PROMPTS, 20 + 3 + 1, 3, stages=1)
+    with pytest.raises(ExactnessError):
+        check_speculative(GraphSet(graphs.manifest, devices=[0, 1]), PROMPTS, 20, 3, "select", p=0.6,
+                          reference=reference, stages=2)
