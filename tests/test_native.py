@@ -142,9 +142,13 @@ def test_many_states_in_one_call_or_none_on_a_bad_one():
         np.testing.assert_array_equal(dst, window[index, np.arange(3)])
 
     before = [d.copy() for d in dsts]
-    with pytest.raises(ValueError, match=r"copy_buffers: pair 1: dst float32\[3, 2, 5\] and src float32\[3, 4\] differ"):
+    with pytest.raises(ValueError, match=r"copy_buffers: pair 1: copy_buffer: dst must be src.shape = \[3, 4\], "
+                                         r"got \[3, 2, 5\]"):
         native.copy_buffers(dsts, [srcs[0], srcs[0]])
-    with pytest.raises(ValueError, match="select_slots_many: state 1: window"):
+    on_device = native.Buffer.from_pointer(srcs[1].ctypes.data, srcs[1].shape, "float32", "cuda")
+    with pytest.raises(ValueError, match="copy_buffers: pair 1: copy_buffer: all tensors must be on one device"):
+        native.copy_buffers(dsts, [srcs[0], on_device])  # every check of copy_buffer runs first, devices too
+    with pytest.raises(ValueError, match=r"select_slots_many: state 1: select_slots: window must be \[W\] \+ live.shape"):
         native.select_slots_many([windows[0], windows[0]], index, dsts)
     for dst, kept in zip(dsts, before):
         np.testing.assert_array_equal(dst, kept)

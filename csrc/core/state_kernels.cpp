@@ -105,8 +105,7 @@ void accept_lengths(const TensorRef& drafts, const TensorRef& targets, const Ten
 #endif
 }
 
-void select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live,
-                  std::uintptr_t stream) {
+Device check_select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live) {
   const char* op = "select_slots";
   NamedTensor window_arg{"window", window}, index_arg{"index", index}, live_arg{"live", live};
   require_dtype(op, index_arg, DType::kInt64);
@@ -126,7 +125,13 @@ void select_slots(const TensorRef& window, const TensorRef& index, const TensorR
     require_shape(op, window_arg, expected, "[W] + live.shape");
   }
   require_shape(op, index_arg, {batch}, "[B]");
-  Device device = require_one_device(op, {window_arg, index_arg, live_arg});
+  return require_one_device(op, {window_arg, index_arg, live_arg});
+}
+
+void select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live,
+                  std::uintptr_t stream) {
+  Device device = check_select_slots(window, index, live);
+  std::int64_t batch = live.shape[0];
   std::int64_t num_slots = window.shape[0];
   std::size_t row_bytes = batch == 0 ? 0 : live.nbytes() / static_cast<std::size_t>(batch);
   if (!device.is_cuda()) {
@@ -143,7 +148,7 @@ void select_slots(const TensorRef& window, const TensorRef& index, const TensorR
 #endif
 }
 
-void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream) {
+void check_copy_buffer(const TensorRef& dst, const TensorRef& src) {
   const char* op = "copy_buffer";
   NamedTensor dst_arg{"dst", dst}, src_arg{"src", src};
   require_dtype(op, dst_arg, src.dtype);
@@ -154,6 +159,10 @@ void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stre
   } else {
     require_one_device(op, {dst_arg, src_arg});
   }
+}
+
+void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream) {
+  check_copy_buffer(dst, src);
   copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes(), stream);
 }
 

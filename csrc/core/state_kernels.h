@@ -42,6 +42,10 @@ void accept_lengths(const TensorRef& drafts, const TensorRef& targets, const Ten
 void select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live,
                   std::uintptr_t stream = 0);
 void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream = 0);
+// The checks of select_slots / copy_buffer alone (throwing what they throw), for a caller
+// that validates a whole batch of calls before it runs any.
+Device check_select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live);
+void check_copy_buffer(const TensorRef& dst, const TensorRef& src);
 void advance_positions(const TensorRef& positions, const TensorRef& seq_lens,
                        const TensorRef& accepted, std::uintptr_t stream = 0);
 void gather_accepted_tokens(const TensorRef& drafts, const TensorRef& targets,

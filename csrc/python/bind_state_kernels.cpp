@@ -6,13 +6,13 @@
 // and nothing synchronizes: device-side index errors surface at the next
 // check_device_errors(). Functions that produce a tensor allocate a numpy
 // result when `out` is omitted for CPU inputs; device kernels never allocate.
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/device_memory.h"
+#include "core/errors.h"
 #include "core/state_kernels.h"
 #include "python/bindings.h"
 
@@ -43,6 +43,27 @@ Shape rows_of(const TensorRef& drafts, std::int64_t extra_columns) {
   if (drafts.ndim() != 2) return {0};
   if (extra_columns < 0) return {drafts.shape[0]};
   return {drafts.shape[0], drafts.shape[1] + extra_columns};
+}
+
+// Many calls in one: each call's own checks run first for all of them, so a bad one
+// leaves every destination as it was; its error names which one.
+void require_same_count(const char* op, const char* what, std::size_t count, const char* other,
+                        std::size_t other_count) {
+  if (count != other_count) {
+    throw std::invalid_argument(std::string(op) + ": " + std::to_string(count) + " " + what + " for " +
+                                std::to_string(other_count) + " " + other);
+  }
+}
+
+template <typename Check>
+void prefixed(const std::string& prefix, Check check) {
+  try {
+    check();
+  } catch (const DTypeError& error) {
+    throw DTypeError(prefix + error.what());
+  } catch (const std::invalid_argument& error) {
+    throw std::invalid_argument(prefix + error.what());
+  }
 }
 
 }  // namespace
@@ -111,21 +132,12 @@ check_device_errors() raises.)doc");
       "copy_buffers",
       [](const py::list& dsts, const py::list& srcs, py::handle stream) {
         const char* op = "copy_buffers";
-        if (dsts.size() != srcs.size()) {
-          throw std::invalid_argument(std::string(op) + ": " + std::to_string(dsts.size()) +
-                                      " destinations for " + std::to_string(srcs.size()) +
-                                      " sources");
-        }
+        require_same_count(op, "destinations", dsts.size(), "sources", srcs.size());
         std::vector<std::pair<TensorRef, TensorRef>> pairs;
         for (std::size_t i = 0; i < dsts.size(); ++i) {
           TensorRef dst = tensor_arg(dsts[i], op, "dst", true);
           TensorRef src = tensor_arg(srcs[i], op, "src", false);
-          if (dst.dtype != src.dtype || dst.shape != src.shape) {
-            throw std::invalid_argument(std::string(op) + ": pair " + std::to_string(i) + ": dst " +
-                                        dtype_name(dst.dtype) + shape_to_string(dst.shape) +
-                                        " and src " + dtype_name(src.dtype) +
-                                        shape_to_string(src.shape) + " differ");
-          }
+          prefixed(std::string(op) + ": pair " + std::to_string(i) + ": ", [&] { check_copy_buffer(dst, src); });
           pairs.emplace_back(dst, src);
         }
         std::uintptr_t stream_handle = stream_arg(stream);
@@ -139,26 +151,14 @@ check_device_errors() raises.)doc");
       "select_slots_many",
       [](const py::list& windows, py::handle index, const py::list& lives, py::handle stream) {
         const char* op = "select_slots_many";
-        if (windows.size() != lives.size()) {
-          throw std::invalid_argument(std::string(op) + ": " + std::to_string(windows.size()) +
-                                      " windows for " + std::to_string(lives.size()) + " states");
-        }
+        require_same_count(op, "windows", windows.size(), "states", lives.size());
         TensorRef index_ref = tensor_arg(index, op, "index", false);
         std::vector<std::pair<TensorRef, TensorRef>> pairs;
         for (std::size_t i = 0; i < windows.size(); ++i) {
           TensorRef window = tensor_arg(windows[i], op, "window", false);
           TensorRef live = tensor_arg(lives[i], op, "live", true);
-          bool fits = window.dtype == live.dtype && window.device == live.device &&
-                      live.device == index_ref.device && window.ndim() == live.ndim() + 1 &&
-                      std::equal(live.shape.begin(), live.shape.end(), window.shape.begin() + 1) &&
-                      index_ref.ndim() == 1 && live.ndim() >= 2 && index_ref.shape[0] == live.shape[0];
-          if (!fits) {
-            throw std::invalid_argument(std::string(op) + ": state " + std::to_string(i) + ": window " +
-                                        dtype_name(window.dtype) + shape_to_string(window.shape) +
-                                        " does not hold [W] + live " + dtype_name(live.dtype) +
-                                        shape_to_string(live.shape) + " for index " +
-                                        shape_to_string(index_ref.shape));
-          }
+          prefixed(std::string(op) + ": state " + std::to_string(i) + ": ",
+                   [&] { check_select_slots(window, index_ref, live); });
           pairs.emplace_back(window, live);
         }
         std::uintptr_t stream_handle = stream_arg(stream);
