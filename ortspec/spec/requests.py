@@ -41,10 +41,6 @@ class Request:
     def pending(self) -> int:
         return self.tokens[-1]
 
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[len(self.prompt):]
-
     def extend(self, new_tokens: list[int]) -> None:
         """Appends committed tokens; marks the request done at max_new_tokens or a stop token
         (only the new tokens are scanned: a step costs the same at any length)."""
@@ -60,7 +56,7 @@ class Request:
     @property
     def output_length(self) -> int:
         """len(output()), without building it."""
-        if self.done and self._output_length is not None:
+        if self._output_length is not None:  # a stop token ended it
             return self._output_length
         return min(len(self.tokens) - len(self.prompt), self.max_new_tokens)
 
