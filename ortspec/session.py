@@ -9,9 +9,9 @@ from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.graphs import GraphSet, check_provider
 from .runtime.model import MTPHead, TargetModel
-from .spec.decoder import COMMITS, Decoder
-from .spec.requests import Request
-from .spec.stats import Stats
+from .speculative.decoder import COMMITS, Decoder
+from .speculative.requests import Request
+from .speculative.stats import Stats
 
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16)
@@ -160,7 +160,7 @@ class Session:
 
     def batcher(self, max_batch_size: int = 8, **decoder_options):
         """A running batch that requests join and leave between steps (add_request / step)."""
-        from .spec.batcher import Batcher
+        from .speculative.batcher import Batcher
 
         return Batcher(self, max_batch_size, **decoder_options)
 

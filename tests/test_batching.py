@@ -7,9 +7,9 @@ import pytest
 
 import ortspec
 from ortspec.runtime.graphs import GraphSet
-from ortspec.spec.batcher import run_arrivals
-from ortspec.spec.drafts import MTPDrafts, ScriptedDrafts
-from ortspec.spec.exactness import ExactnessError, plain_decode_states, row_state
+from ortspec.speculative.batcher import run_arrivals
+from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
+from ortspec.speculative.exactness import ExactnessError, plain_decode_states, row_state
 
 REQUESTS = [([5, 17, 99, 3, 250, 7, 11], 30), ([42], 45), ([8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9], 12),
             ([1, 2], 25), ([400, 3, 3, 3], 40), ([77] * 20, 18)]

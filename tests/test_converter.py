@@ -60,7 +60,7 @@ def test_low_precision_compute(plain, tmp_path):
     import onnx
 
     from ortspec.runtime.graphs import GraphSet
-    from ortspec.spec.exactness import check_speculative
+    from ortspec.speculative.exactness import check_speculative
 
     root, _ = plain
     convert(root / "ck", tmp_path / "f16", dtype="float16")
@@ -82,7 +82,7 @@ def test_int4_weights(plain, tmp_path):
 
     from ortspec.converter.quantize import dequantize_int4, quantize_int4
     from ortspec.runtime.graphs import GraphSet
-    from ortspec.spec.exactness import check_speculative
+    from ortspec.speculative.exactness import check_speculative
 
     w = np.random.default_rng(0).standard_normal((80, 24)).astype(np.float32)  # K=80: a padded last block
     packed, scales = quantize_int4(w)

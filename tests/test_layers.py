@@ -142,10 +142,10 @@ def test_mtp_head_matches_reference(models):
 @pytest.mark.parametrize("config", ["base", "mixed"])
 def test_drafts_match_reference(models, config):
     """ortspec's k recursive drafts after a prompt equal the reference's (target hiddens, own hidden)."""
-    from ortspec.spec.decoder import Decoder
-    from ortspec.spec.drafts import MTPDrafts
-    from ortspec.spec.requests import Batch, Request
-    from ortspec.spec.stats import Stats
+    from ortspec.speculative.decoder import Decoder
+    from ortspec.speculative.drafts import MTPDrafts
+    from ortspec.speculative.requests import Batch, Request
+    from ortspec.speculative.stats import Stats
 
     graphs = GraphSet(ortspec.Session(models.converted(config)).manifest)
     prompt = [7, 3, 99, 14, 2, 60, 5, 8]

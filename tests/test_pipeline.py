@@ -8,7 +8,7 @@ import pytest
 import ortspec
 from ortspec.runtime import model as runtime_model
 from ortspec.runtime.graphs import GraphSet
-from ortspec.spec.exactness import check_speculative, plain_decode_states
+from ortspec.speculative.exactness import check_speculative, plain_decode_states
 from tools.make_tiny_checkpoint import make_checkpoint
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5]]
@@ -119,7 +119,7 @@ def test_devices_beyond_the_machine_are_refused(staged, monkeypatch):
 def test_a_stale_hand_over_is_caught(staged, monkeypatch):
     """Planted: the receiving device's buffer of a graph slot is filled on the slot's first
     step only (a pre-planned path that skips the refresh); the state check must fail."""
-    from ortspec.spec.exactness import ExactnessError
+    from ortspec.speculative.exactness import ExactnessError
 
     filled = set()
 

@@ -13,7 +13,7 @@ import ortspec
 from ortspec.runtime.arrays import HostArrays
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead
-from ortspec.spec.exactness import ExactnessError, check_speculative
+from ortspec.speculative.exactness import ExactnessError, check_speculative
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7]]
 

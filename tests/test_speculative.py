@@ -8,9 +8,9 @@ import pytest
 
 import ortspec
 from ortspec.runtime.graphs import GraphSet
-from ortspec.spec.decoder import Decoder, accept_lengths
-from ortspec.spec.exactness import ExactnessError, make_requests, check_speculative, plain_decode_states
-from ortspec.spec.stats import Stats
+from ortspec.speculative.decoder import Decoder, accept_lengths
+from ortspec.speculative.exactness import ExactnessError, make_requests, check_speculative, plain_decode_states
+from ortspec.speculative.stats import Stats
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 

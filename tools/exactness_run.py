@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import ortspec  # noqa: E402
 from ortspec.runtime.graphs import GraphSet  # noqa: E402
-from ortspec.spec.exactness import check_speculative, plain_decode_states  # noqa: E402
+from ortspec.speculative.exactness import check_speculative, plain_decode_states  # noqa: E402
 from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
 
 

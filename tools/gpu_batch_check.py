@@ -22,7 +22,7 @@ import onnxruntime as ort  # noqa: E402
 
 import ortspec  # noqa: E402
 from ortspec.bench import format_table, run_bench  # noqa: E402
-from ortspec.spec.batcher import run_arrivals  # noqa: E402
+from ortspec.speculative.batcher import run_arrivals  # noqa: E402
 from tools.gpu_check import MEDIUM  # noqa: E402
 from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
 

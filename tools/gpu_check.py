@@ -26,7 +26,7 @@ import ortspec  # noqa: E402
 from ortspec import _native  # noqa: E402
 from ortspec.bench import format_table, run_bench  # noqa: E402
 from ortspec.runtime.graphs import GraphSet  # noqa: E402
-from ortspec.spec.exactness import ExactnessError, check_speculative, plain_decode_states  # noqa: E402
+from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states  # noqa: E402
 from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
 
 # a larger random model in the Qwen3.5 layout (3 GDN : 1 attention), for memory and speed

@@ -26,7 +26,7 @@ import ortspec  # noqa: E402
 from ortspec import _native  # noqa: E402
 from ortspec.bench import run_bench  # noqa: E402
 from ortspec.runtime.graphs import GraphSet  # noqa: E402
-from ortspec.spec.exactness import ExactnessError, check_speculative, plain_decode_states  # noqa: E402
+from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states  # noqa: E402
 from tools.gpu_check import MEDIUM  # noqa: E402
 from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
 
