@@ -34,7 +34,8 @@ class Session:
     num_speculative_tokens k: 0 = plain greedy; 1..K (K chosen at conversion) = MTP drafts
     per step. commit: "select" (keep the verify's state after the accepted row) or
     "readvance" (restore the pre-verify state and re-run the accepted tokens). Output is
-    token-identical to greedy either way.
+    token-identical to greedy either way (bitwise on the CPU; on a GPU in float32 - see the
+    README for float16/bfloat16).
     """
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
