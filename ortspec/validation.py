@@ -200,10 +200,10 @@ def token_prompts(prompt, vocab_size: int) -> tuple[list[list[int]], bool]:
                              f"got shape {prompt.shape}.")
         single = prompt.ndim == 1
     elif isinstance(prompt, (list, tuple)):
-        nested = [isinstance(p, TOKEN_SEQUENCES) for p in prompt]
+        nested = [issubclass(kind, TOKEN_SEQUENCES) for kind in set(map(type, prompt))]  # per type: fast
         single = not any(nested)
         if not single and not all(nested):
-            bad = nested.index(False)
+            bad = next(i for i, p in enumerate(prompt) if not isinstance(p, TOKEN_SEQUENCES))
             raise InputError(f"the batch mixes prompts and single values (element {bad} is {prompt[bad]!r}); "
                              f"pass one prompt of token ids, or a list of prompts.")
     else:
@@ -222,14 +222,17 @@ def _token_ids(prompt, where: str, vocab_size: int) -> list[int]:
         prompt = prompt.tolist()  # Python ints
     if len(prompt) == 0:
         raise InputError(f"{where} is empty; give at least one token id.")
-    for i, t in enumerate(prompt):
-        if not is_integer(t):
-            raise InputError(f"{where} must hold Python ints or numpy integers (token ids); got {_short(t)} "
-                             f"({type(t).__name__}) at position {i}.")
-        if not 0 <= t < vocab_size:
-            raise InputError(f"{where} has token id {t} outside the vocabulary [0, {vocab_size}) at position {i}; "
-                             "check that the tokenizer matches the model.")
-    return [int(t) for t in prompt]
+    if set(map(type, prompt)) != {int}:  # numpy integers or junk: look at each value (bool is not int here)
+        for i, t in enumerate(prompt):
+            if not is_integer(t):
+                raise InputError(f"{where} must hold Python ints or numpy integers (token ids); got {_short(t)} "
+                                 f"({type(t).__name__}) at position {i}.")
+        prompt = [int(t) for t in prompt]
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        i, t = next((i, t) for i, t in enumerate(prompt) if not 0 <= t < vocab_size)
+        raise InputError(f"{where} has token id {t} outside the vocabulary [0, {vocab_size}) at position {i}; "
+                         "check that the tokenizer matches the model.")
+    return list(prompt)
 
 
 def single_prompt(prompts: list[list[int]], single: bool) -> list[int]:
