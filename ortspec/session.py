@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ConfigurationError, InputError
+from . import validation
+from .errors import InputError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.graphs import GraphSet, check_provider
@@ -35,79 +36,29 @@ class Session:
     per step. commit: "select" (keep the verify's state after the accepted row) or
     "readvance" (restore the pre-verify state and re-run the accepted tokens). Output is
     token-identical to greedy either way (bitwise on the CPU; on a GPU in float32 - see the
-    README for float16/bfloat16).
+    README for float16/bfloat16). threads: intra-op threads per graph session, None
+    (or 0) for ONNX Runtime's default; more than the cores this process may use
+    (os.sched_getaffinity) is refused with a ConfigurationError, not clamped. Every option is
+    checked (ortspec.validation) before any graph session is built.
     """
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None) -> None:
-        self.manifest = Manifest.load(model_dir)
-        check_provider(provider)
-        self.stages = self._check_stages(pipeline_stages)
-        self.devices = self._check_devices(devices, provider)
-        self.k = self._check_k(num_speculative_tokens)
-        if commit not in COMMITS:
-            raise ConfigurationError(f"commit={commit!r} is unknown; use one of {', '.join(map(repr, COMMITS))}.")
-        self.commit = commit
-        if self.manifest.dtype == "bfloat16" and provider != "cuda":
-            raise ConfigurationError(
-                f"{self.manifest.dir} was converted with dtype bfloat16, which runs on provider='cuda' only "
-                "(ONNX Runtime's CPU has no bfloat16 MatMul); convert with --dtype float16 or float32 for the CPU."
-            )
+        self.manifest = Manifest.load(validation.model_dir(model_dir))
+        check_provider(validation.provider(provider))
+        self.stages = validation.pipeline_stages(pipeline_stages, self.manifest)
+        cuda_count = load_native().build_info()["cuda_device_count"] if provider == "cuda" and devices is not None else None
+        self.devices = validation.devices(devices, self.stages, cuda_count)
+        self.k = validation.num_speculative_tokens(num_speculative_tokens, self.manifest)
+        self.commit = validation.commit(commit, COMMITS)
+        validation.model_dtype(self.manifest, provider)
+        threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
         self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs, devices=self.devices)
         self.graphs.load(self._graph_names())
         self._stats = Stats()
         self._tokenizer = None
         self._engines: dict = {}
-
-    def _check_k(self, k) -> int:
-        m = self.manifest
-        if not isinstance(k, int) or k < 0:
-            raise ConfigurationError(f"num_speculative_tokens={k!r} must be an integer >= 0.")
-        if k > 0 and not m.has_mtp:
-            raise ConfigurationError(
-                f"num_speculative_tokens={k} needs an MTP head, but {m.dir} was converted from a checkpoint "
-                "without mtp.* weights. Use num_speculative_tokens=0, or convert a checkpoint that has them."
-            )
-        if k > m.num_speculative_tokens:
-            raise ConfigurationError(
-                f"num_speculative_tokens={k} exceeds K={m.num_speculative_tokens} chosen at conversion; use "
-                f"k <= {m.num_speculative_tokens} or reconvert with --num-speculative-tokens {k}."
-            )
-        return k
-
-    def _check_stages(self, stages) -> int:
-        available = self.manifest.num_stages
-        if not isinstance(stages, int) or stages < 1:
-            raise ConfigurationError(f"pipeline_stages={stages!r} must be an integer >= 1.")
-        if stages > 1 and stages != available:
-            raise ConfigurationError(
-                f"pipeline_stages={stages}, but {self.manifest.dir} holds graphs for "
-                f"{available if available > 1 else 'no'} pipeline stages; reconvert with --pipeline-stages {stages}."
-            )
-        return stages
-
-    def _check_devices(self, devices, provider) -> list[int]:
-        """One device per stage (default: all on device 0). On the CPU the names only place the
-        stages' buffers apart (one host); on CUDA each must be a GPU of this machine."""
-        if devices is None:
-            return [0] * self.stages
-        if not isinstance(devices, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in devices):
-            raise ConfigurationError(f"devices={devices!r} must be a list of device indices (ints >= 0), one per stage.")
-        if len(devices) != self.stages:
-            raise ConfigurationError(
-                f"devices={list(devices)} must name one device per pipeline stage ({self.stages}); "
-                f"e.g. devices={list(range(self.stages))}."
-            )
-        if provider == "cuda":
-            count = load_native().build_info()["cuda_device_count"]
-            missing = [d for d in devices if d >= count]
-            if missing:
-                raise ConfigurationError(
-                    f"devices={list(devices)} names cuda:{missing[0]}, but this machine has {count} CUDA "
-                    f"device{'s' if count != 1 else ''}; use indices below {count}."
-                )
-        return list(devices)
 
     def _graph_names(self) -> list[str]:
         names = ["prefill", "decode"]
@@ -144,19 +95,21 @@ class Session:
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, **decoder_options):
         """Greedy (or exact speculative) continuation of one prompt or a batch of prompts.
 
-        prompt: list[int] -> list[int]; list[list[int]] -> list[list[int]]; str -> str;
-        list[str] -> list[str]. Exactly max_new_tokens tokens per request, unless a stop
-        token (default: the model's eos ids) ends it earlier, stop token included.
+        prompt: token ids (list or tuple of ints or numpy integers, 1-D numpy integer array)
+        -> list[int]; a batch (list of those, 2-D numpy integer array) -> list[list[int]];
+        str -> str; list[str] -> list[str]. Exactly max_new_tokens tokens per request, unless a
+        stop token (default: the model's eos ids; stop_tokens: one id or a list of ids, [] for
+        none) ends it earlier, stop token included. decoder_options: the Decoder's hooks
+        make_drafts, on_commit, fixed_rows (tests, exactness tools); any other keyword is an
+        InputError. Every argument is checked before any work starts.
         """
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt)):
-            texts = [prompt] if isinstance(prompt, str) else prompt
-            ids = [self.tokenizer.encode(t).ids for t in texts]
-            outs = self._generate_ids(ids, max_new_tokens, stop_tokens, decoder_options)
-            decoded = [self.tokenizer.decode(o) for o in outs]
-            return decoded[0] if isinstance(prompt, str) else decoded
-        single = isinstance(prompt, list) and (not prompt or not isinstance(prompt[0], (list, tuple)))
-        prompts = [prompt] if single else prompt
-        outs = self._generate_ids(prompts, max_new_tokens, stop_tokens, decoder_options)
+        max_new_tokens = validation.max_new_tokens(max_new_tokens)
+        stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
+        options = validation.decoder_options(decoder_options, "generate")
+        prompts, single, text = self._token_prompts(prompt)
+        outs = self._generate_ids(prompts, max_new_tokens, stops, options)
+        if text:
+            outs = [self.tokenizer.decode(o) for o in outs]
         return outs[0] if single else outs
 
     def batcher(self, max_batch_size: int = 8, **decoder_options):
@@ -166,11 +119,11 @@ class Session:
         return Batcher(self, max_batch_size, **decoder_options)
 
     # -- internals ---------------------------------------------------------------------------
-    def _generate_ids(self, prompts, max_new_tokens, stop_tokens, decoder_options) -> list[list[int]]:
-        prompts = self._check_prompts(prompts, max_new_tokens)
+    def _generate_ids(self, prompts, max_new_tokens, stops, decoder_options) -> list[list[int]]:
+        validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length)
+        validation.batch_fits_memory(len(prompts), self.manifest.states, self.graphs.arrays.device)
         if max_new_tokens == 0:
             return [[] for _ in prompts]
-        stops = frozenset(self.manifest.spec.eos_token_ids if stop_tokens is None else stop_tokens)
         requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops)
                     for i, p in enumerate(prompts)]
         rows = len(requests)
@@ -189,29 +142,12 @@ class Session:
                                     MTPHead(self.graphs, batch, self.k) if self.k else None)
         return self._engines[batch]
 
-    def _check_prompts(self, prompts, max_new_tokens) -> list[list[int]]:
-        """Validates everything before any work starts, so a bad request leaves nothing half-done."""
-        vocab, limit = self.manifest.spec.vocab_size, self.manifest.max_length
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0.")
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise InputError("generate needs a prompt: a list of token ids, a list of such lists, or a string.")
-        checked = []
-        for n, p in enumerate(prompts):
-            where = f"prompt {n}" if len(prompts) > 1 else "the prompt"
-            if not isinstance(p, (list, tuple)) or len(p) == 0:
-                raise InputError(f"{where} is empty; give at least one token id.")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                raise InputError(f"{where} must hold Python ints (token ids); got {type(p[0]).__name__} values.")
-            bad = [t for t in p if not 0 <= t < vocab]
-            if bad:
-                raise InputError(f"{where} has token id {bad[0]} outside the vocabulary [0, {vocab}); "
-                                 "check that the tokenizer matches the model.")
-            if len(p) + max_new_tokens > limit:
-                raise InputError(
-                    f"{where} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
-                    f"{len(p) + max_new_tokens} > max_length={limit} of this conversion. Shorten the prompt, "
-                    f"lower max_new_tokens, or reconvert with --max-length {len(p) + max_new_tokens}."
-                )
-            checked.append([int(t) for t in p])
-        return checked
+    def _token_prompts(self, prompt) -> tuple[list[list[int]], bool, bool]:
+        """(prompts as token ids, single, text): text is encoded with the model's tokenizer;
+        every form is checked (validation.token_prompts) before any work starts."""
+        vocab = self.manifest.spec.vocab_size
+        texts = validation.text_prompts(prompt)
+        if texts is None:
+            return *validation.token_prompts(prompt, vocab), False
+        prompts, _ = validation.token_prompts([self.tokenizer.encode(t).ids for t in texts], vocab)
+        return prompts, isinstance(prompt, str), True

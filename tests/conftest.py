@@ -56,3 +56,12 @@ class Models:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> Models:
     return Models(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tokenized_model(tmp_path_factory) -> Path:
+    """A tiny checkpoint with a tokenizer.json, converted with K=3 and a short max_length=48
+    (so the prompt-length errors are cheap to reach); for the Session API and error tests."""
+    root = tmp_path_factory.mktemp("tokenized")
+    make_checkpoint(root / "ck", seed=31, tokenizer=True)
+    return ortspec.convert(root / "ck", root / "out", num_speculative_tokens=3, max_length=48, progress=False)

@@ -9,11 +9,8 @@ from tools.make_tiny_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("session")
-    make_checkpoint(root / "ck", seed=31, tokenizer=True)
-    ortspec.convert(root / "ck", root / "out", num_speculative_tokens=3, max_length=48, progress=False)
-    return root / "out"
+def model(tokenized_model):
+    return tokenized_model
 
 
 def test_prompt_forms(model):

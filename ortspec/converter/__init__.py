@@ -19,6 +19,7 @@ from .weights import WeightPreparer, cast_matrices
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "generation_config.json")
 DTYPES = ("float32", "float16", "bfloat16")
+MAX_SPECULATIVE_TOKENS = 8  # the largest K convert writes verify graphs for; Session's k errors quote it
 
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
@@ -40,8 +41,9 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
         raise CheckpointError(f"quant={quant!r} is not supported; use 'int4' or leave it out.")
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
-    if not 0 <= num_speculative_tokens <= 8:
-        raise CheckpointError(f"num_speculative_tokens={num_speculative_tokens} is out of range; use 0..8.")
+    if not 0 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise CheckpointError(f"num_speculative_tokens={num_speculative_tokens} is out of range; "
+                              f"use 0..{MAX_SPECULATIVE_TOKENS}.")
     if max_length < 2:
         raise CheckpointError(f"max_length={max_length} is too small; use at least 2 (typical: 1024-8192).")
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)

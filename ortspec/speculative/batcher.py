@@ -17,6 +17,7 @@ placeholder whose results are dropped.
 
 from __future__ import annotations
 
+from .. import validation
 from ..errors import InputError
 from .decoder import Decoder
 from .requests import Request
@@ -24,8 +25,9 @@ from .requests import Request
 
 class Batcher:
     def __init__(self, session, max_batch_size: int = 8, **decoder_options) -> None:
-        if not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise InputError(f"max_batch_size={max_batch_size!r} must be an integer >= 1.")
+        max_batch_size = validation.max_batch_size(max_batch_size)
+        decoder_options = validation.decoder_options(decoder_options, "batcher")
+        validation.batch_fits_memory(max_batch_size, session.manifest.states, session.graphs.arrays.device)
         self.session = session
         self.decoder = Decoder(session.graphs, max_batch_size, session.k, session.commit, session._stats,
                                engine=session._engine(max_batch_size), **decoder_options)
@@ -41,16 +43,22 @@ class Batcher:
         """Ids of the requests still generating."""
         return [rid for rid, r in self.requests.items() if not r.done]
 
-    def add_request(self, prompt: list[int], max_new_tokens: int = 32, stop_tokens=None) -> int:
-        """Validates and prefills the prompt into a free row; returns the request id."""
-        [prompt] = self.session._check_prompts([prompt], max_new_tokens)
-        if max_new_tokens == 0:
-            raise InputError("max_new_tokens=0 leaves nothing to generate; use at least 1.")
+    def add_request(self, prompt, max_new_tokens: int = 32, stop_tokens=None) -> int:
+        """Validates and prefills one prompt into a free row; returns the request id.
+
+        prompt: token ids (as for Session.generate), or a str, encoded with the model's
+        tokenizer; step() and result() return token ids either way (session.tokenizer.decode
+        turns them into text). max_new_tokens >= 1; stop_tokens as for generate."""
+        max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=1)
+        spec = self.session.manifest.spec
+        stops = validation.stop_tokens(stop_tokens, spec.vocab_size, spec.eos_token_ids)
+        prompts, single, _ = self.session._token_prompts(prompt)
+        prompt = validation.single_prompt(prompts, single)
+        validation.prompts_fit([prompt], max_new_tokens, self.session.manifest.max_length)
         row = next((i for i, r in enumerate(self.rows) if r is None or r.done), None)  # finished rows are free
         if row is None:
             raise InputError(f"all {len(self.rows)} rows are busy; call step() until a request finishes, "
                              "or open a batcher with a larger max_batch_size.")
-        stops = frozenset(self.session.manifest.spec.eos_token_ids if stop_tokens is None else stop_tokens)
         req = Request(row=row, prompt=prompt, max_new_tokens=max_new_tokens, stop_tokens=stops)
         self._place(req)
         rid, self._next_id = self._next_id, self._next_id + 1
@@ -69,6 +77,7 @@ class Batcher:
 
     def result(self, request_id: int) -> list[int]:
         """The request's tokens so far (all of them once it is done)."""
+        request_id = validation.request_id(request_id)
         if request_id not in self.requests:
             raise InputError(f"no request with id {request_id}; ids come from add_request.")
         return self.requests[request_id].output()

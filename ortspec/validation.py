@@ -1,0 +1,350 @@
+"""Argument checks for the public API: Session(...), generate(...), batcher(...), add_request(...).
+
+One pure function per argument kind: it returns the value normalized (numpy integers become
+Python ints, token-id sequences become list[int]) or raises a typed error that names the
+argument, the bad value and what to do. Every check runs before any work starts (no session
+built, no state buffer touched), so a bad call leaves the Session as it was.
+Session options raise ConfigurationError (ProviderError for the provider); request arguments
+raise InputError.
+
+Integers are Python or numpy integers, never bools (``k=True`` would read as k=1) and never
+floats (``threads=1.5``); a value beyond what the machine or the conversion can serve is
+refused with the limit, not clamped.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigurationError, InputError, OrtspecError, ProviderError
+
+PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer array), a batch of those "
+                "(or a 2-D numpy integer array), or text (str or list[str])")
+TOKEN_SEQUENCES = (list, tuple, np.ndarray)  # what a prompt of token ids may be
+SESSION_OPTIONS = ("provider", "num_speculative_tokens", "commit", "threads", "cuda_graphs", "pipeline_stages",
+                   "devices")
+CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens"), "batcher": ("max_batch_size",)}
+REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens")  # of add_request
+# Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
+# make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
+# every row every step, as on CUDA). Decoder's engine and stages belong to the Session.
+DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows")
+
+
+def is_integer(value) -> bool:
+    """A Python or numpy integer; bools are not (True is an int to Python, never a count or id to us)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def integer(name: str, value, error: type[OrtspecError], minimum: int, why: str = "") -> int:
+    """value as a Python int >= minimum, or `error` naming the argument, its value and type
+    (and `why`, a reason in parentheses, when the bound needs one)."""
+    if not is_integer(value):
+        raise error(f"{name}={value!r} must be an integer >= {minimum}{why}; got {type(value).__name__}.")
+    if value < minimum:
+        raise error(f"{name}={value!r} must be an integer >= {minimum}{why}.")
+    return int(value)
+
+
+# -- Session options --------------------------------------------------------------------------
+def model_dir(value) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigurationError(f"model_dir={value!r} must be a path (str or pathlib.Path) to a directory "
+                                 "written by ortspec convert.")
+    return Path(value)
+
+
+def provider(value) -> str:
+    """The provider's name; whether this onnxruntime has it is runtime.graphs.check_provider's job."""
+    if not isinstance(value, str):
+        raise ProviderError(f"provider={value!r} must be a string: 'cpu' or 'cuda'.")
+    return value
+
+
+def num_speculative_tokens(value, manifest) -> int:
+    """k: 0 (greedy) .. K of the conversion; k > K names a K the converter can write."""
+    k = integer("num_speculative_tokens", value, ConfigurationError, 0)
+    if k > 0 and not manifest.has_mtp:
+        raise ConfigurationError(
+            f"num_speculative_tokens={k} needs an MTP head, but {manifest.dir} was converted from a checkpoint "
+            "without mtp.* weights. Use num_speculative_tokens=0, or convert a checkpoint that has them."
+        )
+    if k > manifest.num_speculative_tokens:
+        from .converter import MAX_SPECULATIVE_TOKENS  # here only: the converter imports onnx
+
+        converted = manifest.num_speculative_tokens
+        fix = f"use k <= {converted}"
+        if converted < MAX_SPECULATIVE_TOKENS:
+            fix += f" or reconvert with --num-speculative-tokens {min(k, MAX_SPECULATIVE_TOKENS)}"
+        if k > MAX_SPECULATIVE_TOKENS:
+            fix += f" (the converter writes at most K={MAX_SPECULATIVE_TOKENS})"
+        raise ConfigurationError(f"num_speculative_tokens={k} exceeds K={converted} chosen at conversion; {fix}.")
+    return k
+
+
+def commit(value, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigurationError(f"commit={value!r} is unknown; use one of {', '.join(map(repr, choices))}.")
+    return value
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask where the OS has one (taskset, containers),
+    else os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads(value, cores: int | None = None) -> int | None:
+    """Intra-op threads per graph session: None or 0 for ONNX Runtime's default, else 1..cores.
+    More threads than cores is refused, not clamped: ONNX Runtime starts them all, one pool per
+    graph session (threads=10000 started ~20,000 threads and never finished)."""
+    if value is None:
+        return None
+    count = integer("threads", value, ConfigurationError, 0)
+    cores = usable_cores() if cores is None else cores
+    if count > cores:
+        raise ConfigurationError(f"threads={count} exceeds the {cores} cores this process may use; use threads <= "
+                                 f"{cores}, or threads=None for ONNX Runtime's default.")
+    return count or None
+
+
+def cuda_graphs(value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigurationError(f"cuda_graphs={value!r} must be True or False.")
+    return bool(value)
+
+
+def pipeline_stages(value, manifest) -> int:
+    stages = integer("pipeline_stages", value, ConfigurationError, 1)
+    available = manifest.num_stages
+    if stages > 1 and stages != available:
+        raise ConfigurationError(
+            f"pipeline_stages={stages}, but {manifest.dir} holds graphs for "
+            f"{available if available > 1 else 'no'} pipeline stages; reconvert with --pipeline-stages {stages}."
+        )
+    return stages
+
+
+def devices(value, stages: int, cuda_device_count: int | None = None) -> list[int]:
+    """One device per stage (None: all on device 0). On the CPU the indices only place the stages'
+    buffers apart; on CUDA (cuda_device_count given) each must be a GPU of this machine."""
+    if value is None:
+        return [0] * stages
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not all(is_integer(d) and d >= 0 for d in value):
+        raise ConfigurationError(f"devices={value!r} must be a list of device indices (ints >= 0), one per stage.")
+    indices = [int(d) for d in value]
+    if len(indices) != stages:
+        raise ConfigurationError(f"devices={indices} must name one device per pipeline stage ({stages}); "
+                                 f"e.g. devices={list(range(stages))}.")
+    missing = [d for d in indices if cuda_device_count is not None and d >= cuda_device_count]
+    if missing:
+        count = cuda_device_count
+        raise ConfigurationError(f"devices={indices} names cuda:{missing[0]}, but this machine has {count} CUDA "
+                                 f"device{'s' if count != 1 else ''}; use indices below {count}.")
+    return indices
+
+
+def model_dtype(manifest, provider_name: str) -> str:
+    if manifest.dtype == "bfloat16" and provider_name != "cuda":
+        raise ConfigurationError(
+            f"{manifest.dir} was converted with dtype bfloat16, which runs on provider='cuda' only "
+            "(ONNX Runtime's CPU has no bfloat16 MatMul); convert with --dtype float16 or float32 for the CPU."
+        )
+    return manifest.dtype
+
+
+# -- request arguments ------------------------------------------------------------------------
+def max_new_tokens(value, minimum: int = 0) -> int:
+    """generate allows 0 (returns empty outputs); add_request needs >= 1 (a request must run)."""
+    why = " (a request must generate at least one token)" if minimum > 0 else ""
+    return integer("max_new_tokens", value, InputError, minimum, why)
+
+
+def text_prompts(prompt) -> list[str] | None:
+    """The texts when the prompt is text (a str, or a list/tuple of str), else None.
+    A list mixing text and token ids, or an empty text, is refused."""
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif isinstance(prompt, (list, tuple)) and any(isinstance(p, str) for p in prompt):
+        texts = list(prompt)
+        mixed = next((i for i, p in enumerate(texts) if not isinstance(p, str)), None)
+        if mixed is not None:
+            raise InputError(f"the prompt mixes text and token ids (element {mixed} is {texts[mixed]!r}); "
+                             "pass all text (list[str]) or all token ids.")
+    else:
+        return None
+    empty = next((i for i, t in enumerate(texts) if not t), None)
+    if empty is not None:
+        raise InputError(f"{_prompt_name(empty, len(texts))} is an empty string; give some text to continue.")
+    return texts
+
+
+def token_prompts(prompt, vocab_size: int) -> tuple[list[list[int]], bool]:
+    """(prompts as lists of Python ints, single): one prompt of token ids, or a batch of them.
+
+    One prompt: a list or tuple of ints / numpy integers, or a 1-D numpy integer array.
+    A batch: a list or tuple of such prompts, or a 2-D numpy integer array (one row each).
+    Floats, bools, None, nested junk and ids outside [0, vocab_size) are refused, naming the
+    prompt and the position."""
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim not in (1, 2):
+            raise InputError(f"a prompt array must be 1-D (one prompt) or 2-D (a batch, one row each); "
+                             f"got shape {prompt.shape}.")
+        single = prompt.ndim == 1
+    elif isinstance(prompt, (list, tuple)):
+        nested = [issubclass(kind, TOKEN_SEQUENCES) for kind in set(map(type, prompt))]  # per type: fast
+        single = not any(nested)
+        if not single and not all(nested):
+            bad = next(i for i, p in enumerate(prompt) if not isinstance(p, TOKEN_SEQUENCES))
+            raise InputError(f"the batch mixes prompts and single values (element {bad} is {prompt[bad]!r}); "
+                             f"pass one prompt of token ids, or a list of prompts.")
+    else:
+        raise InputError(f"prompt={_short(prompt)} ({type(prompt).__name__}) is not a prompt; pass {PROMPT_FORMS}.")
+    prompts = [prompt] if single else list(prompt)
+    if not prompts:
+        raise InputError(f"the batch is empty; pass at least one prompt: {PROMPT_FORMS}.")
+    return [_token_ids(p, _prompt_name(n, len(prompts)), vocab_size) for n, p in enumerate(prompts)], single
+
+
+def _token_ids(prompt, where: str, vocab_size: int) -> list[int]:
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+            raise InputError(f"{where} is a numpy {prompt.dtype} array of shape {prompt.shape}; token ids must be "
+                             "a 1-D integer array (cast with .astype(np.int64)).")
+        prompt = prompt.tolist()  # Python ints
+    if len(prompt) == 0:
+        raise InputError(f"{where} is empty; give at least one token id.")
+    if set(map(type, prompt)) != {int}:  # numpy integers or junk: look at each value (bool is not int here)
+        for i, t in enumerate(prompt):
+            if not is_integer(t):
+                raise InputError(f"{where} must hold Python ints or numpy integers (token ids); got {_short(t)} "
+                                 f"({type(t).__name__}) at position {i}.")
+        prompt = [int(t) for t in prompt]
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        i, t = next((i, t) for i, t in enumerate(prompt) if not 0 <= t < vocab_size)
+        raise InputError(f"{where} has token id {t} outside the vocabulary [0, {vocab_size}) at position {i}; "
+                         "check that the tokenizer matches the model.")
+    return list(prompt)
+
+
+def single_prompt(prompts: list[list[int]], single: bool) -> list[int]:
+    """add_request takes one prompt; a batch is refused rather than silently split."""
+    if not single:
+        raise InputError(f"add_request takes one prompt, got a batch of {len(prompts)}; call add_request once "
+                         "per prompt.")
+    return prompts[0]
+
+
+def prompts_fit(prompts: list[list[int]], max_new: int, max_length: int) -> None:
+    """Prompt + generated tokens must fit the state buffers sized at conversion."""
+    for n, p in enumerate(prompts):
+        if len(p) + max_new > max_length:
+            raise InputError(
+                f"{_prompt_name(n, len(prompts))} has {len(p)} tokens; with max_new_tokens={max_new} that is "
+                f"{len(p) + max_new} > max_length={max_length} of this conversion. Shorten the prompt, "
+                f"lower max_new_tokens, or reconvert with --max-length {len(p) + max_new}."
+            )
+
+
+def stop_tokens(value, vocab_size: int, default) -> frozenset[int]:
+    """None: the model's eos ids. Else one token id, or a list / tuple / set / 1-D array of them
+    ([] stops at max_new_tokens only). Text is refused: stop strings are not supported."""
+    if value is None:
+        return frozenset(default)
+    if is_integer(value):
+        values = [value]
+    elif isinstance(value, (list, tuple, set, frozenset, range, np.ndarray)):
+        values = np.atleast_1d(value).tolist() if isinstance(value, np.ndarray) else list(value)
+    else:
+        hint = " (stop strings are not supported: pass session.tokenizer.encode(text).ids)" if isinstance(
+            value, (str, bytes)) else ""
+        raise InputError(f"stop_tokens={_short(value)} must be a token id or a list of token ids{hint}.")
+    for t in values:
+        if not is_integer(t) or not 0 <= t < vocab_size:
+            raise InputError(f"stop_tokens={_short(value)} holds {_short(t)} ({type(t).__name__}); each stop token "
+                             f"must be an integer token id in [0, {vocab_size}).")
+    return frozenset(int(t) for t in values)
+
+
+def decoder_options(options: dict, caller: str) -> dict:
+    """The keywords generate(...) / batcher(...) pass on to the Decoder: DECODER_HOOKS only.
+    An unknown keyword names the valid ones and, where it can tell, what was meant."""
+    for name in options:
+        if name not in DECODER_HOOKS:
+            raise InputError(_unknown_keyword(name, caller))
+    if not callable(options.get("make_drafts", callable)):
+        raise InputError(f"make_drafts={options['make_drafts']!r} must be a callable: make_drafts(mtp) -> drafts.")
+    if options.get("on_commit") is not None and not callable(options["on_commit"]):
+        raise InputError(f"on_commit={options['on_commit']!r} must be a callable on_commit(decoder, batch) or None.")
+    if options.get("fixed_rows") is not None and not isinstance(options["fixed_rows"], (bool, np.bool_)):
+        raise InputError(f"fixed_rows={options['fixed_rows']!r} must be True, False or None.")
+    return dict(options)
+
+
+def _unknown_keyword(name: str, caller: str) -> str:
+    own = CALL_ARGUMENTS[caller]
+    message = (f"{caller}() got an unknown keyword {name!r}; it takes {', '.join(own)} and the decoder hooks "
+               f"{', '.join(DECODER_HOOKS)}.")
+    if name in SESSION_OPTIONS or name == "k":
+        option = "num_speculative_tokens" if name == "k" else name
+        return message + f" {option} is a Session option: ortspec.Session(model_dir, {option}=...)."
+    if caller == "batcher" and name in REQUEST_ARGUMENTS:
+        return message + f" {name} belongs to each request: batcher.add_request(prompt, {name}=...)."
+    close = difflib.get_close_matches(name, own + DECODER_HOOKS, n=1)
+    return message + (f" Did you mean {close[0]!r}?" if close else "")
+
+
+def max_batch_size(value) -> int:
+    return integer("max_batch_size", value, InputError, 1)
+
+
+def request_id(value) -> int:
+    if not is_integer(value):
+        raise InputError(f"request_id={_short(value)} must be an integer id returned by add_request.")
+    return int(value)
+
+
+# -- memory -----------------------------------------------------------------------------------
+def state_bytes_per_request(states: dict) -> int:
+    """Bytes of the state buffers one batch row holds (manifest state table, shapes [B, ...])."""
+    return sum(np.dtype(e["dtype"]).itemsize * int(np.prod(e["shape"][1:])) for e in states.values())
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def batch_fits_memory(rows: int, states: dict, device: str, memory: int | None = None) -> None:
+    """Refuses a batch whose state buffers alone exceed the host's memory (a lower bound of what
+    the batch needs: they are allocated up front, and an allocation the OS over-commits would be
+    killed later, mid-decode). Host buffers only: on CUDA the states live in device memory."""
+    if device != "cpu":
+        return
+    per_row, memory = state_bytes_per_request(states), host_memory_bytes() if memory is None else memory
+    if rows * per_row > memory:
+        raise InputError(f"a batch of {rows} requests needs {_size(rows * per_row)} of state buffers "
+                         f"({_size(per_row)} each), more than this machine's {_size(memory)} of memory; "
+                         f"run at most {memory // per_row} requests at once.")
+
+
+# -- message helpers --------------------------------------------------------------------------
+def _prompt_name(index: int, count: int) -> str:
+    return f"prompt {index}" if count > 1 else "the prompt"
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _size(num_bytes: int) -> str:
+    unit = next(u for u in (3, 2, 1, 0) if num_bytes >= 1024**u or u == 0)
+    return f"{num_bytes / 1024**unit:.1f} {('bytes', 'KiB', 'MiB', 'GiB')[unit]}"
