@@ -59,7 +59,7 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
             "mean_tokens_per_step": st["mean_tokens_per_step"], "acceptance_rate": st["acceptance_rate"],
             "accept_histogram": st["accept_histogram"],
             "phase_ms": {p: 1000 * v for p, v in st["seconds"].items()},
-            "steps": st["steps"],
+            "steps": st["steps"], "decode_steps": st["decode_steps"], "speculative_steps": st["speculative_steps"],
             "graphs": st.get("graphs", {}),
         })
     greedy = {r["batch"]: r["tokens_per_second"] for r in rows if r["k"] == 0}

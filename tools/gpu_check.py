@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             try:
                 stats = check_speculative(graphs, prompts[:3], 60, k, "select", p=p, seed=k, reference=reference,
                                           atol=atol)
-                steps += stats.speculative_steps
+                steps += stats.speculative_row_steps
             except ExactnessError as error:
                 failures += 1
                 print("STATE CHECK FAILED:", error)

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     for commit in ("select", "readvance"):
         try:
             steps += check_speculative(staged, PROMPTS, 40, 3, commit, p=0.6, reference=reference, atol=1e-5,
-                                       stages=2).speculative_steps
+                                       stages=2).speculative_row_steps
         except ExactnessError as error:
             failures += 1
             print("STATE CHECK FAILED:", error)
