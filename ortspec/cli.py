@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from .errors import OrtspecError
+from .errors import InputError, OrtspecError
 
 EXAMPLES = """examples:
   ortspec convert models/qwen35-python-20m out/py20m
@@ -152,7 +152,8 @@ def _parse_prompt(text: str, ids: bool):
         try:
             return [int(t) for t in text.replace(",", " ").split()]
         except ValueError:
-            raise SystemExit(f"--ids expects whitespace- or comma-separated integers, got {text!r}")
+            raise InputError(f"--ids expects whitespace- or comma-separated integers such as '3 1 4', got {text!r}; "
+                             "drop --ids to pass text.") from None
     return text
 
 
@@ -164,9 +165,9 @@ def accept_counts(histogram: list[int]) -> str:
 def _generate(args) -> None:
     from .session import Session
 
+    prompt = _parse_prompt(args.prompt, args.ids)  # before loading the model
     session = Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
                       threads=args.threads, pipeline_stages=args.pipeline_stages, devices=args.devices)
-    prompt = _parse_prompt(args.prompt, args.ids)
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start

@@ -99,3 +99,8 @@ def test_generate_labels_accept_lengths(models, capsys):
     counts = re.search(r"accept lengths \(length: steps\) 0: (\d+), 1: (\d+), 2: (\d+)\]", err)
     assert counts, err
     assert sum(map(int, counts.groups())) > 0
+
+
+def test_generate_with_bad_ids_is_a_typed_error(models, capsys):
+    code = main(["generate", str(models.converted("base")), "--ids", "--prompt", "3 one 4"])
+    assert code == 2 and "--ids expects whitespace- or comma-separated integers" in capsys.readouterr().err
