@@ -520,6 +520,7 @@ def test_cuda_kernels_run_on_a_callers_stream_and_inside_a_cuda_graph():
     torch.cuda.synchronize()
     for replay in range(1, 4):  # new window contents each time: a replay re-runs the kernel
         window.copy_from_numpy(values + 100 * replay)
+        native.synchronize()  # the upload is done before the replay reads it
         graph.replay()
         torch.cuda.synchronize()
         np.testing.assert_array_equal(live.to_numpy(), values[[2, 0], [0, 1]] + 100 * replay)
