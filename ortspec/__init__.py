@@ -5,6 +5,7 @@ from .errors import (
     CheckpointNotFoundError,
     ConfigurationError,
     InputError,
+    MissingDependencyError,
     ModelDirError,
     OrtspecError,
     ProviderError,
@@ -31,4 +32,5 @@ def __getattr__(name):
 
 
 __all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ConfigurationError",
-           "InputError", "ModelDirError", "ProviderError", "UnsupportedModelError", "WeightError"]
+           "InputError", "MissingDependencyError", "ModelDirError", "ProviderError", "UnsupportedModelError",
+           "WeightError"]

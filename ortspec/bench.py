@@ -56,10 +56,11 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
         st = stats[(k, b)]
         rows.append({
             "k": k, "batch": b, "tokens_per_second": b * max_new_tokens / seconds, "seconds": seconds,
+            "repeat_seconds": list(times),
             "mean_tokens_per_step": st["mean_tokens_per_step"], "acceptance_rate": st["acceptance_rate"],
             "accept_histogram": st["accept_histogram"],
             "phase_ms": {p: 1000 * v for p, v in st["seconds"].items()},
-            "steps": st["steps"],
+            "steps": st["steps"], "decode_steps": st["decode_steps"], "speculative_steps": st["speculative_steps"],
             "graphs": st.get("graphs", {}),
         })
     greedy = {r["batch"]: r["tokens_per_second"] for r in rows if r["k"] == 0}
@@ -152,30 +153,27 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(result: dict, json_path: Path | None, plot_path: Path | None) -> None:
-    if json_path:
-        json_path.write_text(json.dumps(result, indent=1))
-    if plot_path:
-        try:
-            import matplotlib
+def check_outputs(json_path: Path | None, plot_path: Path | None) -> None:
+    """Fails before any benchmarking if an output cannot be written: a missing directory, or
+    --plot without matplotlib (a long run that ends without its plot is the worse outcome)."""
+    from .bench_plot import require_matplotlib
+    from .errors import InputError
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("ortspec bench: matplotlib is not installed (pip install 'ortspec[bench]'); no plot written.")
-            return
-        fig, ax = plt.subplots(figsize=(6, 4))
-        dtypes = sorted({r.get("dtype") for r in result["rows"]}, key=str)
-        for dtype in dtypes:
-            for b in sorted({r["batch"] for r in result["rows"]}):
-                pts = sorted((r["k"], r["tokens_per_second"]) for r in result["rows"]
-                             if r["batch"] == b and r.get("dtype") == dtype)
-                label = f"{dtype}, batch {b}" if len(dtypes) > 1 else f"batch {b}"
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xticks(sorted({r["k"] for r in result["rows"]}))
-        ax.set_xlabel("k (drafts per step; 0 = greedy)")
-        ax.set_ylabel("tokens/s")
-        ax.set_title(f"ortspec bench ({result['provider']})")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(plot_path, dpi=120)
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is not None and not path.parent.is_dir():
+            raise InputError(f"{flag} {path}: the directory {path.parent} does not exist; create it or write "
+                             "elsewhere.")
+    if plot_path is not None:
+        require_matplotlib()
+
+
+def write_outputs(result: dict, json_path: Path | None, plot_path: Path | None) -> None:
+    """The JSON (written whole, through a temporary file) and the plot (ortspec/bench_plot.py)."""
+    if json_path:
+        partial = json_path.with_name(json_path.name + ".partial")
+        partial.write_text(json.dumps(result, indent=1))
+        partial.replace(json_path)
+    if plot_path:
+        from .bench_plot import write_plot
+
+        write_plot(result, plot_path)

@@ -1,4 +1,8 @@
-"""Command line: ``ortspec convert`` and ``ortspec generate`` (also ``python -m ortspec``)."""
+"""ortspec: exact speculative decoding with MTP draft heads on ONNX Runtime.
+
+Convert a HuggingFace Qwen3.5 checkpoint, then generate from it or benchmark it.
+"ortspec COMMAND --help" lists a command's options; "python -m ortspec" runs the same.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,27 @@ import argparse
 import sys
 import time
 
-from .errors import OrtspecError
+from .errors import InputError, OrtspecError
+
+EXAMPLES = """examples:
+  ortspec convert models/qwen35-python-20m out/py20m
+  ortspec generate out/py20m --prompt "def fibonacci(n):" --max-new-tokens 64 -k 2
+  ortspec bench out/py20m -k 0,1,2,3 --batch 1,4 --plot bench.png   (--plot needs: pip install 'ortspec[bench]')
+"""
 
 
-def _convert(args) -> None:
-    from .converter import convert
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' line breaks and appends each option's default to its help,
+    except for flags and options whose default is "not set" (their help says what happens)."""
 
-    out = convert(args.checkpoint, args.out, num_speculative_tokens=args.num_speculative_tokens, dtype=args.dtype,
-                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant)
-    print(f"converted {args.checkpoint} -> {out}")
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        unset = any(default is value for value in (None, False, argparse.SUPPRESS))  # `is`: 0 is a default
+        if not action.option_strings or "default" in text or unset:
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {shown})"
 
 
 def _int_list(text: str) -> list[int]:
@@ -24,32 +40,145 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1; got {text!r}")
 
 
+def _add_k(parser, help: str, type, default, old_spellings: tuple[str, ...], metavar: str = "K") -> None:
+    """-k / --num-speculative-tokens, one spelling for every command; earlier spellings keep
+    working (hidden from --help)."""
+    parser.add_argument("-k", "--num-speculative-tokens", dest="k", metavar=metavar, type=type, default=default,
+                        help=help)
+    for spelling in old_spellings:
+        parser.add_argument(spelling, dest="k", type=type, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _add_run_options(parser, max_new_tokens: int) -> None:
+    """Options of generate and bench: how the Session runs."""
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="tokens to generate per request")
+    parser.add_argument("--commit", choices=["select", "readvance"], default="select",
+                        help="how GDN states are committed after a verify (both exact)")
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="ONNX Runtime execution provider")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's choice)")
+    parser.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
+    parser.add_argument("--devices", type=_int_list, default=None,
+                        help="GPU per pipeline stage, e.g. 0,1 (default: every stage on device 0)")
+
+
+def _command(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand: `summary` in `ortspec --help`, `description` atop its own --help."""
+    return sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter)
+
+
+def _add_convert(sub) -> None:
+    c = _command(sub, "convert", "HuggingFace Qwen3.5 checkpoint -> ONNX graphs + manifest.json",
+                 "Converts a HuggingFace Qwen3.5-text checkpoint (config.json + *.safetensors,\n"
+                 "mtp.* weights included) into ONNX graphs and manifest.json.")
+    c.add_argument("checkpoint", help="directory with config.json and *.safetensors")
+    c.add_argument("out", help="output directory")
+    _add_k(c, "largest k (drafts per step) a Session of this model may use", int, 4, old_spellings=("-K",))
+    c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="dtype of the weight matrices and their products; states stay float32; "
+                        "bfloat16 models run on the CUDA provider only")
+    c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generated tokens")
+    c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
+    c.add_argument("--quant", choices=["int4"], default=None,
+                   help="int4 projection weights (MatMulNBits, blocks of 32; default: none)")
+    c.set_defaults(func=_convert)
+
+
+def _add_generate(sub) -> None:
+    g = _command(sub, "generate", "greedy or speculative generation from a converted model",
+                 "Generates from a converted model: the text (or token ids) on stdout,\n"
+                 "tokens/s and acceptance on stderr.")
+    g.add_argument("model", help="converted model directory")
+    g.add_argument("--prompt", required=True, help="text (needs tokenizer.json) or token ids with --ids")
+    g.add_argument("--ids", action="store_true", help="the prompt is token ids, e.g. '3 1 4' or 3,1,4")
+    _add_k(g, "MTP drafts per step (0 = plain greedy)", int, 0, old_spellings=())
+    _add_run_options(g, max_new_tokens=32)
+    g.set_defaults(func=_generate)
+
+
+def _add_bench(sub) -> None:
+    b = _command(sub, "bench", "greedy vs speculative tokens/s, side by side in one run",
+                 "Times greedy and speculative generation on the same prompts, interleaved, and\n"
+                 "prints one table (tokens/s, ratio to greedy, acceptance, phase times).")
+    b.add_argument("model", help="converted model directory, or a HuggingFace checkpoint (converted per --dtype)")
+    b.add_argument("--dtype", type=lambda text: text.split(","), default=None, metavar="DTYPE,...",
+                   help="with a checkpoint: comma-separated dtypes to convert and bench side by side "
+                        "(float32, float16, bfloat16; default: float32)")
+    _add_k(b, "comma-separated k values to bench (0 = greedy)", _int_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
+           metavar="K,K,...")
+    b.add_argument("--batch", type=_int_list, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
+    b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
+    _add_run_options(b, max_new_tokens=64)
+    b.add_argument("--transformers", metavar="CHECKPOINT",
+                   help="also time transformers' greedy generate on this HF checkpoint (same weights)")
+    b.add_argument("--json", metavar="FILE", help="write the results as JSON here")
+    b.add_argument("--plot", metavar="FILE.png",
+                   help="write a PNG plot here (tokens/s against k, one line per batch; needs matplotlib: "
+                        "pip install 'ortspec[bench]')")
+    b.set_defaults(func=_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ortspec", description=__doc__, epilog=EXAMPLES,
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_convert(sub)
+    _add_generate(sub)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except OrtspecError as exc:
+        print(f"ortspec: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+def _convert(args) -> None:
+    from .converter import convert
+
+    out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
+                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant)
+    print(f"converted {args.checkpoint} -> {out}")
+
+
 def _parse_prompt(text: str, ids: bool):
     if ids:
         try:
             return [int(t) for t in text.replace(",", " ").split()]
         except ValueError:
-            raise SystemExit(f"--ids expects whitespace- or comma-separated integers, got {text!r}")
+            raise InputError(f"--ids expects whitespace- or comma-separated integers such as '3 1 4', got {text!r}; "
+                             "drop --ids to pass text.") from None
     return text
+
+
+def accept_counts(histogram: list[int]) -> str:
+    """'0: 5, 1: 6, 2: 16' from accept_histogram [5, 6, 16]: how many (row-)steps accepted 0, 1, 2 drafts."""
+    return ", ".join(f"{length}: {count}" for length, count in enumerate(histogram))
 
 
 def _generate(args) -> None:
     from .session import Session
 
-    session = Session(args.model, provider=args.provider, num_speculative_tokens=args.num_speculative_tokens,
-                      commit=args.commit, threads=args.threads, pipeline_stages=args.pipeline_stages,
-                      devices=args.devices)
-    prompt = _parse_prompt(args.prompt, args.ids)
+    prompt = _parse_prompt(args.prompt, args.ids)  # before loading the model
+    session = Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
+                      threads=args.threads, pipeline_stages=args.pipeline_stages, devices=args.devices)
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start
     print(prompt + out if isinstance(out, str) else " ".join(map(str, out)), flush=True)
     st = session.stats
     line = (f"[{st['generated_tokens']} tokens in {seconds:.3f} s: {st['generated_tokens'] / seconds:.1f} tokens/s"
-            f" (decode only: {st['tokens_per_second']:.1f} tokens/s)")
+            f" ({st['tokens_per_second']:.1f} tokens/s inside the decoder)")
     if session.k:
         line += (f"; k={session.k} {session.commit}: acceptance {st['acceptance_rate']:.2f}, "
-                 f"{st['mean_tokens_per_step']:.2f} tokens/step, accept lengths {st['accept_histogram']}")
+                 f"{st['mean_tokens_per_step']:.2f} tokens/step, accept lengths (length: steps) "
+                 f"{accept_counts(st['accept_histogram'])}")
     print(line + "]", file=sys.stderr)
 
 
@@ -57,8 +186,10 @@ def _bench(args) -> None:
     import tempfile
     from pathlib import Path
 
-    from .bench import converted_models, format_table, merge_results, run_bench, write_outputs
+    from .bench import check_outputs, converted_models, format_table, merge_results, run_bench, write_outputs
 
+    json_path, plot_path = (Path(p) if p else None for p in (args.json, args.plot))
+    check_outputs(json_path, plot_path)  # before minutes of benchmarking, not after
     with tempfile.TemporaryDirectory(prefix="ortspec-bench-") as workdir:
         models = converted_models(args.model, args.dtype, max(args.k), Path(workdir), args.pipeline_stages)
         result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
@@ -73,64 +204,4 @@ def _bench(args) -> None:
                 args.transformers, args.batch, args.max_new_tokens, args.repeats,
                 device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]))
     print(format_table(result))
-    write_outputs(result, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ortspec", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    c = sub.add_parser("convert", help="HuggingFace Qwen3.5-text checkpoint -> ONNX graphs + manifest.json")
-    c.add_argument("checkpoint", help="directory with config.json and *.safetensors")
-    c.add_argument("out", help="output directory")
-    c.add_argument("--num-speculative-tokens", "-K", type=int, default=4, help="largest k a Session may use (default 4)")
-    c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
-                   help="matrix weights and products (states stay fp32; bfloat16 needs --provider cuda)")
-    c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
-    c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
-    c.add_argument("--quant", choices=["int4"], default=None, help="int4 projection weights (MatMulNBits, block 32)")
-    c.set_defaults(func=_convert)
-
-    g = sub.add_parser("generate", help="generate from a converted model")
-    g.add_argument("model", help="converted model directory")
-    g.add_argument("--prompt", required=True, help="text (needs tokenizer.json) or token ids with --ids")
-    g.add_argument("--ids", action="store_true", help="the prompt is token ids")
-    g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--num-speculative-tokens", "-k", type=int, default=0, help="MTP drafts per step (0 = greedy)")
-    g.add_argument("--commit", choices=["select", "readvance"], default="select")
-    g.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
-    g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
-    g.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
-    g.add_argument("--devices", type=_int_list, default=None, help="device per stage, e.g. 0,1 (default: all on 0)")
-    g.set_defaults(func=_generate)
-
-    b = sub.add_parser("bench", help="greedy vs speculative tokens/s, side by side in one run")
-    b.add_argument("model", help="converted model directory, or a HuggingFace checkpoint (converted per --dtype)")
-    b.add_argument("--dtype", type=lambda text: text.split(","), default=None,
-                   help="with a checkpoint: comma-separated dtypes to convert and bench side by side "
-                        "(float32, float16, bfloat16; default float32)")
-    b.add_argument("--k", type=_int_list, default=[0, 1, 2, 3, 4], help="comma-separated k values (0 = greedy)")
-    b.add_argument("--batch", type=_int_list, default=[1], help="comma-separated batch sizes")
-    b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
-    b.add_argument("--commit", choices=["select", "readvance"], default="select")
-    b.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
-    b.add_argument("--devices", type=_int_list, default=None, help="device per stage, e.g. 0,1 (default: all on 0)")
-    b.add_argument("--transformers", metavar="CHECKPOINT",
-                   help="also time transformers' greedy generate on this HF checkpoint (same weights)")
-    b.add_argument("--json", help="write the results as JSON here")
-    b.add_argument("--plot", help="write a PNG plot (tokens/s against k, one line per batch) here")
-    b.set_defaults(func=_bench)
-    return parser
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        args.func(args)
-    except OrtspecError as exc:
-        print(f"ortspec: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    write_outputs(result, json_path, plot_path)

@@ -39,3 +39,8 @@ class ConfigurationError(OrtspecError, ValueError):
 
 class ProviderError(OrtspecError, RuntimeError):
     """The requested execution provider is not available in the installed onnxruntime."""
+
+
+class MissingDependencyError(OrtspecError, ImportError):
+    """An optional package that a requested feature needs is not installed (e.g. matplotlib for
+    ``ortspec bench --plot``); the message names what to install."""

@@ -1,9 +1,12 @@
-"""ortspec bench: the side-by-side table, JSON and the transformers row (timings not asserted)."""
+"""ortspec bench: the side-by-side table, JSON, the transformers row and the plot (timings not asserted)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from ortspec import bench_plot
 from ortspec.cli import main
 
 
@@ -19,6 +22,8 @@ def test_bench_cli_writes_table_and_json(models, tmp_path, capsys):
     assert set(rows) == {(0, 1), (0, 2), (2, 1), (2, 2)}
     assert rows[(0, 1)]["speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["mean_tokens_per_step"] >= 1.0
     assert rows[(2, 1)]["steps"] > 0 and rows[(2, 1)]["phase_ms"]["verify"] > 0
+    assert rows[(2, 1)]["steps"] == rows[(2, 1)]["speculative_steps"] and rows[(0, 1)]["speculative_steps"] == 0
+    assert len(rows[(2, 2)]["repeat_seconds"]) == 1  # one per repeat: the plot's error bars
 
 
 def test_bench_converts_a_checkpoint_per_dtype(models, tmp_path, capsys):
@@ -39,3 +44,28 @@ def test_bench_dtype_of_a_converted_model_must_match(models, capsys):
     code = main(["bench", str(models.converted("base")), "--dtype", "float16", "--k", "0"])
     assert code == 2
     assert "was converted with dtype float32; --dtype float16 needs the checkpoint" in capsys.readouterr().err
+
+
+BENCH = {"model": "/x/out/qwen35-python-20m", "provider": "cuda", "threads": None, "max_new_tokens": 128,
+         "repeats": 3, "dtypes": ["float16"],
+         "rows": [{"k": k, "batch": 1, "dtype": "float16", "tokens_per_second": 128 / s, "seconds": s,
+                   "repeat_seconds": [s, s * 1.1, s * 0.95]} for k, s in ((0, 0.2), (2, 0.1))]}
+
+
+def test_plot_series_have_error_bars_from_the_repeats_and_a_full_title():
+    [line] = bench_plot.series(BENCH)
+    assert line["k"] == [0, 2] and line["tokens_per_second"] == pytest.approx([640, 1280])
+    assert line["below"] == pytest.approx([640 - 128 / 0.22, 1280 - 128 / 0.11])  # down to the slowest repeat
+    assert line["above"] == pytest.approx([128 / 0.19 - 640, 128 / 0.095 - 1280])  # up to the fastest
+    title = bench_plot.title(BENCH)
+    for part in ("qwen35-python-20m", "float16", "cuda", "threads", "128 new tokens", "median of 3"):
+        assert part in title
+
+
+def test_plot_y_axis_starts_at_zero(tmp_path):
+    pytest.importorskip("matplotlib")
+    figure = bench_plot.draw(BENCH)
+    [axes] = figure.axes
+    assert axes.get_ylim()[0] == 0 and axes.get_title() == bench_plot.title(BENCH)
+    bench_plot.write_plot(BENCH, tmp_path / "b.png")
+    assert [p.name for p in tmp_path.iterdir()] == ["b.png"]

@@ -2,7 +2,7 @@
 error messages for bad input, device kernels against the CPU (GPU hosts only), and the
 native ctest binary (csrc/CMakeLists.txt) built and run from scratch.
 
-Shapes: B requests, k drafts, W state-window slots.
+Shapes: B requests, W state-window slots, M rows per request.
 """
 
 import dataclasses
@@ -26,21 +26,6 @@ needs_cuda_device = pytest.mark.skipif(
 
 
 # ---- numpy references --------------------------------------------------------------------
-
-
-def reference_accept_lengths(drafts, targets):
-    """a[b] = longest prefix where drafts[b, i] == targets[b, i]."""
-    matches = drafts == targets[:, :-1]  # [B, k]
-    return np.cumprod(matches, axis=1).sum(axis=1).astype(np.int64)  # [B]
-
-
-def reference_gather(drafts, targets, accepted):
-    batch, num_drafts = drafts.shape
-    out = np.full((batch, num_drafts + 1), -1, dtype=np.int64)
-    for b, a in enumerate(accepted):
-        out[b, :a] = drafts[b, :a]
-        out[b, a] = targets[b, a]
-    return out
 
 
 def reference_write_rows(cache, rows, positions, counts, axis):
@@ -72,38 +57,7 @@ def random_write(rng, cache_shape, axis, num_rows, counts_mode, dtype=np.float32
     return cache, rows, positions, counts
 
 
-def random_step(rng, batch, num_drafts):
-    """targets [B, k+1]; drafts [B, k] agreeing on a random prefix, then differing."""
-    targets = rng.integers(0, 1000, size=(batch, num_drafts + 1), dtype=np.int64)
-    drafts = targets[:, :num_drafts].copy()
-    agree = rng.integers(0, num_drafts + 1, size=batch)
-    for b in range(batch):
-        drafts[b, agree[b]:] += 1 + rng.integers(0, 5, size=num_drafts - agree[b])
-    return drafts, targets, agree
-
-
 # ---- state kernels on CPU ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("batch,num_drafts", [(1, 0), (1, 3), (4, 1), (7, 5)])
-def test_accept_and_gather_match_numpy(batch, num_drafts):
-    rng = np.random.default_rng(batch * 10 + num_drafts)
-    drafts, targets, agree = random_step(rng, batch, num_drafts)
-    accepted = native.accept_lengths(drafts, targets)
-    np.testing.assert_array_equal(accepted, reference_accept_lengths(drafts, targets))
-    np.testing.assert_array_equal(accepted, agree)
-    emitted = native.gather_accepted_tokens(drafts, targets, accepted)
-    np.testing.assert_array_equal(emitted, reference_gather(drafts, targets, accepted))
-
-    out = np.empty(batch, dtype=np.int64)
-    assert native.accept_lengths(drafts, targets, out=out) is out
-
-
-def test_later_agreement_after_a_mismatch_does_not_count():
-    drafts = np.array([[5, 9, 7]], dtype=np.int64)
-    targets = np.array([[5, 6, 7, 8]], dtype=np.int64)
-    assert native.accept_lengths(drafts, targets).tolist() == [1]
-    assert native.gather_accepted_tokens(drafts, targets, np.array([1])).tolist() == [[5, 6, -1, -1]]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
@@ -152,15 +106,6 @@ def test_many_states_in_one_call_or_none_on_a_bad_one():
         native.select_slots_many([windows[0], windows[0]], index, dsts)
     for dst, kept in zip(dsts, before):
         np.testing.assert_array_equal(dst, kept)
-
-
-@pytest.mark.parametrize("positions_dtype", [np.int64, np.int32])
-@pytest.mark.parametrize("seq_lens_dtype", [np.int64, np.int32])
-def test_advance_positions(positions_dtype, seq_lens_dtype):
-    positions = np.array([10, 0, 5], dtype=positions_dtype)
-    seq_lens = np.array([11, 1, 6], dtype=seq_lens_dtype)
-    native.advance_positions(positions, seq_lens, np.array([3, 0, 1], dtype=np.int64))
-    assert positions.tolist() == [14, 1, 7] and seq_lens.tolist() == [15, 2, 8]
 
 
 # Our two KV layouts: key [B, kvh, hd, L] (axis 3), value [B, kvh, L, hd] (axis 2); then
@@ -220,26 +165,28 @@ def test_gather_rows_matches_numpy(dtype, feature_shape):
 
 
 def test_wrong_dtype_is_a_type_error_naming_the_argument():
-    with pytest.raises(TypeError, match="accept_lengths: drafts must be int64, got int32"):
-        native.accept_lengths(np.zeros((2, 3), np.int32), np.zeros((2, 4), np.int64))
-    with pytest.raises(TypeError, match="targets has numpy dtype float64"):
-        native.accept_lengths(np.zeros((2, 3), np.int64), np.zeros((2, 4)))
+    window, live = np.zeros((2, 1, 4), np.float32), np.zeros((1, 4), np.float32)
+    with pytest.raises(TypeError, match="select_slots: index must be int64, got int32"):
+        native.select_slots(window, np.zeros(1, np.int32), live)
+    with pytest.raises(TypeError, match="window has numpy dtype float64"):
+        native.select_slots(np.zeros((2, 1, 4)), np.zeros(1, np.int64), live)
     with pytest.raises(TypeError, match="must be a numpy.ndarray .* got list"):
-        native.accept_lengths([[1, 2]], np.zeros((1, 3), np.int64))
+        native.select_slots(window, [0], live)
     with pytest.raises(TypeError, match="live must have the window's dtype float32, got float16"):
         native.select_slots(np.zeros((2, 1, 4), np.float32), np.zeros(1, np.int64),
                             np.zeros((1, 4), np.float16))
 
 
 def test_bad_layout_and_shape_are_value_errors():
-    with pytest.raises(ValueError, match=r"targets must be \[B, k\+1\] = \[2, 4\], got \[2, 3\]"):
-        native.accept_lengths(np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))
+    window, index = np.zeros((3, 2, 4), np.float32), np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match=r"select_slots: index must be \[B\] = \[2\], got \[3\]"):
+        native.select_slots(window, np.zeros(3, np.int64), np.zeros((2, 4), np.float32))
     with pytest.raises(ValueError, match="must be C-contiguous"):
-        native.accept_lengths(np.zeros((3, 2), np.int64).T, np.zeros((2, 4), np.int64))
-    read_only = np.zeros(2, np.int64)
+        native.select_slots(window, index, np.zeros((4, 2), np.float32).T)
+    read_only = np.zeros((2, 4), np.float32)
     read_only.flags.writeable = False
-    with pytest.raises(ValueError, match="out is an output but the numpy array is read-only"):
-        native.accept_lengths(np.zeros((2, 3), np.int64), np.zeros((2, 4), np.int64), out=read_only)
+    with pytest.raises(ValueError, match="live is an output but the numpy array is read-only"):
+        native.select_slots(window, index, read_only)
     with pytest.raises(ValueError, match=r"dst must be src.shape = \[2, 3\], got \[3, 2\]"):
         native.copy_buffer(np.zeros((3, 2), np.float32), np.zeros((2, 3), np.float32))
 
@@ -249,13 +196,6 @@ def test_out_of_range_indices_name_the_row_and_write_nothing():
     with pytest.raises(ValueError, match=r"index\[1\]=3 is out of range for a window of W=3"):
         native.select_slots(np.zeros((3, 2, 4), np.float32), np.array([0, 3]), live)
     assert (live == 7.0).all()
-    with pytest.raises(ValueError, match=r"accepted\[0\]=4 is out of range 0..k=3"):
-        native.gather_accepted_tokens(np.zeros((1, 3), np.int64), np.zeros((1, 4), np.int64),
-                                      np.array([4]))
-    positions = np.zeros(2, np.int64)
-    with pytest.raises(ValueError, match=r"accepted\[1\]=-2 is negative"):
-        native.advance_positions(positions, np.zeros(2, np.int64), np.array([0, -2]))
-    assert positions.tolist() == [0, 0]
 
 
 def test_write_rows_errors_name_the_argument():
@@ -328,10 +268,10 @@ def test_gather_rows_errors_name_the_argument():
 
 
 def test_mixed_devices_are_refused():
-    host = np.zeros((1, 4), np.int64)
-    on_device = native.Buffer.from_pointer(host.ctypes.data, (1, 4), "int64", "cuda")
-    with pytest.raises(ValueError, match="drafts is on cpu, targets on cuda:0"):
-        native.accept_lengths(np.zeros((1, 3), np.int64), on_device)
+    host = np.zeros((1, 4), np.float32)
+    on_device = native.Buffer.from_pointer(host.ctypes.data, (1, 4), "float32", "cuda")
+    with pytest.raises(ValueError, match="window is on cpu, live on cuda:0"):
+        native.select_slots(np.zeros((2, 1, 4), np.float32), np.zeros(1, np.int64), on_device)
 
 
 @pytest.mark.skipif(native.cuda_available(), reason="checks the message where CUDA is unusable")
@@ -391,13 +331,13 @@ def test_persistent_buffers_are_named_once_and_zeroed():
 
 def test_buffers_are_kernel_arguments():
     buffers = native.PersistentBuffers()
-    drafts = buffers.allocate("drafts", (2, 2), "int64")
-    targets = buffers.allocate("targets", (2, 3), "int64")
-    accepted = buffers.allocate("accepted", (2,), "int64")
-    drafts.copy_from_numpy(np.array([[1, 2], [3, 4]]))
-    targets.copy_from_numpy(np.array([[1, 2, 9], [0, 4, 5]]))
-    assert native.accept_lengths(drafts, targets, out=accepted) is accepted
-    assert accepted.to_numpy().tolist() == [2, 0]
+    src = buffers.allocate("src", (2, 3), "int64")  # [B, M]
+    index = buffers.allocate("index", (2,), "int64")
+    dst = buffers.allocate("dst", (2,), "int64")
+    src.copy_from_numpy(np.array([[1, 2, 9], [0, 4, 5]]))
+    index.copy_from_numpy(np.array([2, 0]))
+    native.gather_rows(src, index, dst)
+    assert dst.to_numpy().tolist() == [9, 0]
 
 
 def test_numpy_and_dlpack_views_share_memory_and_keep_the_owner_alive():
@@ -477,8 +417,7 @@ def test_build_info_is_consistent():
 @needs_cuda_device
 def test_cuda_kernels_match_cpu():
     rng = np.random.default_rng(11)
-    batch, num_drafts, slots = 6, 4, 5
-    drafts, targets, _ = random_step(rng, batch, num_drafts)
+    batch, slots = 6, 5
     window = rng.standard_normal((slots, batch, 3, 16)).astype(np.float32)
     index = rng.integers(0, slots, size=batch, dtype=np.int64)
     device = native.PersistentBuffers(device="cuda")
@@ -488,25 +427,12 @@ def test_cuda_kernels_match_cpu():
         buffer.copy_from_numpy(array)
         return buffer
 
-    drafts_gpu, targets_gpu = upload("drafts", drafts), upload("targets", targets)
-    accepted = device.allocate("accepted", (batch,), "int64")
-    emitted = device.allocate("emitted", (batch, num_drafts + 1), "int64")
-    native.accept_lengths(drafts_gpu, targets_gpu, out=accepted)
-    native.gather_accepted_tokens(drafts_gpu, targets_gpu, accepted, out=emitted)
     live = device.allocate("live", (batch, 3, 16), "float32")
     native.select_slots(upload("window", window), upload("index", index), live)
     snapshot = device.allocate("snapshot", (batch, 3, 16), "float32")
     native.copy_buffer(snapshot, live)
-    positions, seq_lens = upload("positions", np.arange(batch)), upload("seq_lens", np.arange(batch, dtype=np.int32))
-    native.advance_positions(positions, seq_lens, accepted)
     native.check_device_errors()
-
-    cpu_accepted = native.accept_lengths(drafts, targets)
-    np.testing.assert_array_equal(accepted.to_numpy(), cpu_accepted)
-    np.testing.assert_array_equal(emitted.to_numpy(), native.gather_accepted_tokens(drafts, targets, cpu_accepted))
     np.testing.assert_array_equal(snapshot.to_numpy(), window[index, np.arange(batch)])
-    np.testing.assert_array_equal(positions.to_numpy(), np.arange(batch) + cpu_accepted + 1)
-    np.testing.assert_array_equal(seq_lens.to_numpy(), np.arange(batch) + cpu_accepted + 1)
 
     native.select_slots(device["window"], upload("bad_index", np.array([0, 1, 2, 3, 9, 0])), live)
     with pytest.raises(ValueError, match=r"index\[4\]=9 is out of range for a window of W=5"):
@@ -577,25 +503,27 @@ def test_cuda_kernels_run_on_a_callers_stream_and_inside_a_cuda_graph():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
     device = native.PersistentBuffers(device="cuda")
-    positions = device.allocate("positions", (3,), "int64")
-    seq_lens = device.allocate("seq_lens", (3,), "int32")
-    accepted = device.allocate("accepted", (3,), "int64")
-    accepted.copy_from_numpy(np.array([0, 2, 4]))
+    window = device.allocate("window", (3, 2, 4), "float32")  # [W, B, N]
+    index = device.allocate("index", (2,), "int64")
+    live = device.allocate("live", (2, 4), "float32")
+    index.copy_from_numpy(np.array([2, 0]))
+    values = np.arange(24, dtype=np.float32).reshape(3, 2, 4)
+    window.copy_from_numpy(values)
     stream = torch.cuda.Stream()
-    native.advance_positions(positions, seq_lens, accepted, stream=stream.cuda_stream)
+    native.select_slots(window, index, live, stream=stream.cuda_stream)
     native.synchronize(stream.cuda_stream)
-    assert positions.to_numpy().tolist() == [1, 3, 5]
+    np.testing.assert_array_equal(live.to_numpy(), values[[2, 0], [0, 1]])
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        native.advance_positions(positions, seq_lens, accepted,
-                                 stream=torch.cuda.current_stream().cuda_stream)
-    for _ in range(3):
-        graph.replay()
+        native.select_slots(window, index, live, stream=torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    # One eager call, plus three replays (capture itself does not run the kernel).
-    assert positions.to_numpy().tolist() == [4, 12, 20]
-    assert seq_lens.to_numpy().tolist() == [4, 12, 20]
+    for replay in range(1, 4):  # new window contents each time: a replay re-runs the kernel
+        window.copy_from_numpy(values + 100 * replay)
+        native.synchronize()  # the upload is done before the replay reads it
+        graph.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(live.to_numpy(), values[[2, 0], [0, 1]] + 100 * replay)
     native.check_device_errors()
 
 
@@ -623,3 +551,21 @@ def test_native_ctest_suites_pass(tmp_path):
     assert "tests passed" in summary and "state_kernels_cpu" in summary
     cuda_skipped = "state_kernels_cuda (Skipped)" in summary
     assert cuda_skipped != native.cuda_available(), summary
+
+
+# ---- no native code for tests only -------------------------------------------------------
+
+DIAGNOSTICS = {"build_info", "cuda_available", "device_count"}  # for users and tests, not the step
+
+
+def test_every_native_function_is_called_by_the_runtime():
+    """A kernel that only tests call is code to maintain, build and trust for nothing: each
+    module-level function of ortspec._native (other than the diagnostics) must be called
+    from ortspec/ itself, or be removed with its bindings and tests."""
+    import types
+
+    source = "\n".join(path.read_text() for path in (REPO_ROOT / "ortspec").rglob("*.py"))
+    functions = {name for name, value in vars(native).items()
+                 if isinstance(value, types.BuiltinFunctionType) and not name.startswith("_")}
+    unused = sorted(name for name in functions - DIAGNOSTICS if f".{name}(" not in source)
+    assert not unused, f"native functions no runtime code calls: {unused}"

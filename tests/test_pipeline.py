@@ -40,7 +40,7 @@ def test_staged_states_equal_unstaged_plain_decode(staged, commit):
     graphs = GraphSet(ortspec.Session(staged / "two").manifest)
     reference = plain_decode_states(graphs, PROMPTS, 40 + 3 + 1, 3, stages=1)
     stats = check_speculative(graphs, PROMPTS, 40, 3, commit, p=0.6, reference=reference, stages=2)
-    assert stats.speculative_steps > 20
+    assert stats.speculative_row_steps > 20
 
 
 def test_absent_residual_proxy_is_skipped(staged):
@@ -92,7 +92,7 @@ def test_states_on_two_devices_equal_unstaged_plain_decode(staged, commit):
     reference = plain_decode_states(graphs, PROMPTS, 30 + 3 + 1, 3, stages=1)
     two_devices = GraphSet(graphs.manifest, devices=[0, 1])
     stats = check_speculative(two_devices, PROMPTS, 30, 3, commit, p=0.6, reference=reference, stages=2)
-    assert stats.speculative_steps > 15
+    assert stats.speculative_row_steps > 15
 
 
 def test_device_errors(staged):

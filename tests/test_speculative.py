@@ -46,7 +46,7 @@ def test_states_equal_plain_decode_after_every_commit(models, commit):
         histogram = np.zeros(k + 1, int)
         for p, seed in ((None, k), (0.8, 10 + k)):
             stats = check_speculative(graphs, PROMPTS, new_tokens, k, commit, p=p, seed=seed, reference=reference)
-            total_steps += stats.speculative_steps
+            total_steps += stats.speculative_row_steps
             histogram += stats.accept_histogram
         assert histogram.min() >= 15, f"k={k}: some accept length was rarely exercised: {histogram}"
     assert total_steps >= 1000, total_steps
@@ -71,7 +71,7 @@ def test_fixed_rows_batching_is_exact(models):
     for commit in ("select", "readvance"):
         for k in (2, 4):
             stats = check_speculative(graphs, PROMPTS, 60, k, commit, p=0.7, seed=k, fixed_rows=True)
-            assert stats.speculative_steps > 40
+            assert stats.speculative_row_steps > 40
 
 
 def test_readvance_skips_full_acceptance(models):
@@ -79,9 +79,9 @@ def test_readvance_skips_full_acceptance(models):
     reference = plain_decode_states(graphs, PROMPTS, 40, 3)
     stats = check_speculative(graphs, PROMPTS, 30, 3, "readvance", p=1.0, reference=reference)
     assert stats.accept_histogram[:3] == [0, 0, 0] and stats.accept_histogram[3] > 0
-    assert stats.readvance_tokens == 0
+    assert stats.readvance_forwards == 0
     stats = check_speculative(graphs, PROMPTS, 30, 3, "readvance", p=0.0, reference=reference)
-    assert stats.readvance_tokens == stats.speculative_steps  # a=0: exactly the pending token re-run
+    assert stats.readvance_forwards == stats.speculative_steps  # a=0 in every row: only the pending token re-run
 
 
 def test_position_mismatch_is_counted(models):

@@ -54,10 +54,10 @@ def main(argv=None) -> int:
                 p = None if round_ % 2 == 0 else float(rng.uniform(0.3, 0.95))
                 stats = check_speculative(graphs, prompts, args.new_tokens, k, commit, p=p,
                                           seed=int(rng.integers(1 << 30)), reference=reference)
-                total += stats.speculative_steps
-                rows.append((k, commit, stats.speculative_steps, stats.accept_histogram))
+                total += stats.speculative_row_steps
+                rows.append((k, commit, stats.speculative_row_steps, stats.accept_histogram))
                 print(f"k={k} {commit:9s} p={'uniform' if p is None else f'{p:.2f}':7s} "
-                      f"row-steps {stats.speculative_steps:5d} accept lengths {stats.accept_histogram} -> identical",
+                      f"row-steps {stats.speculative_row_steps:5d} accept lengths {stats.accept_histogram} -> identical",
                       flush=True)
         round_ += 1
     seconds = time.perf_counter() - start

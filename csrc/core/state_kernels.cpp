@@ -31,13 +31,6 @@ void require_dtype(const char* op, const NamedTensor& tensor, DType dtype) {
   }
 }
 
-void require_index_dtype(const char* op, const NamedTensor& tensor) {
-  if (tensor.ref.dtype != DType::kInt32 && tensor.ref.dtype != DType::kInt64) {
-    throw DTypeError(std::string(op) + ": " + tensor.name + " must be int32 or int64, got " +
-                     dtype_name(tensor.ref.dtype));
-  }
-}
-
 void require_shape(const char* op, const NamedTensor& tensor, const Shape& expected,
                    const std::string& meaning) {
   if (tensor.ref.shape != expected) {
@@ -77,33 +70,6 @@ Device require_one_device(const char* op, std::initializer_list<NamedTensor> ten
 #endif
 
 }  // namespace
-
-void accept_lengths(const TensorRef& drafts, const TensorRef& targets, const TensorRef& accepted,
-                    std::uintptr_t stream) {
-  const char* op = "accept_lengths";
-  NamedTensor drafts_arg{"drafts", drafts}, targets_arg{"targets", targets},
-      accepted_arg{"accepted", accepted};
-  for (const NamedTensor& each : {drafts_arg, targets_arg, accepted_arg}) {
-    require_dtype(op, each, DType::kInt64);
-  }
-  require_rank(op, drafts_arg, 2, "[B, k]");
-  std::int64_t batch = drafts.shape[0], num_drafts = drafts.shape[1];
-  require_shape(op, targets_arg, {batch, num_drafts + 1}, "[B, k+1]");
-  require_shape(op, accepted_arg, {batch}, "[B]");
-  Device device = require_one_device(op, {drafts_arg, targets_arg, accepted_arg});
-  if (!device.is_cuda()) {
-    cpu::accept_lengths(drafts.as<std::int64_t>(), targets.as<std::int64_t>(),
-                        accepted.as<std::int64_t>(), batch, num_drafts);
-    return;
-  }
-#ifdef ORTSPEC_WITH_CUDA
-  cuda::accept_lengths(drafts.as<std::int64_t>(), targets.as<std::int64_t>(),
-                       accepted.as<std::int64_t>(), batch, num_drafts, device.index, stream);
-#else
-  (void)stream;
-  unreachable_cuda();
-#endif
-}
 
 Device check_select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live) {
   const char* op = "select_slots";
@@ -164,78 +130,6 @@ void check_copy_buffer(const TensorRef& dst, const TensorRef& src) {
 void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream) {
   check_copy_buffer(dst, src);
   copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes(), stream);
-}
-
-void advance_positions(const TensorRef& positions, const TensorRef& seq_lens,
-                       const TensorRef& accepted, std::uintptr_t stream) {
-  const char* op = "advance_positions";
-  NamedTensor positions_arg{"positions", positions}, seq_lens_arg{"seq_lens", seq_lens},
-      accepted_arg{"accepted", accepted};
-  require_index_dtype(op, positions_arg);
-  require_index_dtype(op, seq_lens_arg);
-  require_dtype(op, accepted_arg, DType::kInt64);
-  require_rank(op, positions_arg, 1, "[B]");
-  std::int64_t batch = positions.shape[0];
-  require_shape(op, seq_lens_arg, {batch}, "[B]");
-  require_shape(op, accepted_arg, {batch}, "[B]");
-  Device device = require_one_device(op, {positions_arg, seq_lens_arg, accepted_arg});
-  if (!device.is_cuda()) {
-    const std::int64_t* accepted_data = accepted.as<std::int64_t>();
-    bool positions_int32 = positions.dtype == DType::kInt32;
-    bool seq_lens_int32 = seq_lens.dtype == DType::kInt32;
-    if (positions_int32 && seq_lens_int32) {
-      cpu::advance_positions(positions.as<std::int32_t>(), seq_lens.as<std::int32_t>(),
-                             accepted_data, batch);
-    } else if (positions_int32) {
-      cpu::advance_positions(positions.as<std::int32_t>(), seq_lens.as<std::int64_t>(),
-                             accepted_data, batch);
-    } else if (seq_lens_int32) {
-      cpu::advance_positions(positions.as<std::int64_t>(), seq_lens.as<std::int32_t>(),
-                             accepted_data, batch);
-    } else {
-      cpu::advance_positions(positions.as<std::int64_t>(), seq_lens.as<std::int64_t>(),
-                             accepted_data, batch);
-    }
-    return;
-  }
-#ifdef ORTSPEC_WITH_CUDA
-  cuda::advance_positions(positions.data, positions.dtype, seq_lens.data, seq_lens.dtype,
-                          accepted.as<std::int64_t>(), batch, device.index, stream);
-#else
-  (void)stream;
-  unreachable_cuda();
-#endif
-}
-
-void gather_accepted_tokens(const TensorRef& drafts, const TensorRef& targets,
-                            const TensorRef& accepted, const TensorRef& out,
-                            std::uintptr_t stream) {
-  const char* op = "gather_accepted_tokens";
-  NamedTensor drafts_arg{"drafts", drafts}, targets_arg{"targets", targets},
-      accepted_arg{"accepted", accepted}, out_arg{"out", out};
-  for (const NamedTensor& each : {drafts_arg, targets_arg, accepted_arg, out_arg}) {
-    require_dtype(op, each, DType::kInt64);
-  }
-  require_rank(op, drafts_arg, 2, "[B, k]");
-  std::int64_t batch = drafts.shape[0], num_drafts = drafts.shape[1];
-  require_shape(op, targets_arg, {batch, num_drafts + 1}, "[B, k+1]");
-  require_shape(op, accepted_arg, {batch}, "[B]");
-  require_shape(op, out_arg, {batch, num_drafts + 1}, "[B, k+1]");
-  Device device = require_one_device(op, {drafts_arg, targets_arg, accepted_arg, out_arg});
-  if (!device.is_cuda()) {
-    cpu::gather_accepted_tokens(drafts.as<std::int64_t>(), targets.as<std::int64_t>(),
-                                accepted.as<std::int64_t>(), out.as<std::int64_t>(), batch,
-                                num_drafts);
-    return;
-  }
-#ifdef ORTSPEC_WITH_CUDA
-  cuda::gather_accepted_tokens(drafts.as<std::int64_t>(), targets.as<std::int64_t>(),
-                               accepted.as<std::int64_t>(), out.as<std::int64_t>(), batch,
-                               num_drafts, device.index, stream);
-#else
-  (void)stream;
-  unreachable_cuda();
-#endif
 }
 
 void write_rows(const TensorRef& cache, const TensorRef& rows, const TensorRef& positions,

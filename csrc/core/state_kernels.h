@@ -1,17 +1,13 @@
-// Step mechanics of speculative decoding: accept, select, snapshot/restore,
-// advance, emit. One entry point per operation, on the CPU or a CUDA device.
+// State mechanics of speculative decoding: commit by select, snapshot/restore,
+// KV row writes, row gathers. One entry point per operation, on the CPU or a CUDA
+// device. (The acceptance rule itself is numpy in ortspec/speculative/decoder.py:
+// the accepted lengths are needed on the host to emit tokens.)
 //
-// Shapes (B requests, k drafts, W state-window slots, N = features per row):
-//   accept_lengths         drafts int64[B,k], targets int64[B,k+1] -> accepted int64[B]
-//                          accepted[b] = max a <= k with drafts[b,i] == targets[b,i] for i < a
+// Shapes (B requests, W state-window slots, M rows per request):
 //   select_slots           window T[W,B,...], index int64[B] -> live T[B,...]
 //                          live[b] = window[index[b], b]    (T any dtype, copied bitwise)
 //   copy_buffer            dst <- src, same dtype/shape; one device, or two GPUs (proxies
 //                          handed between pipeline stages)
-//   advance_positions      positions I[B] += accepted + 1; seq_lens J[B] += accepted + 1
-//                          (I, J each int32 or int64; accepted int64[B])
-//   gather_accepted_tokens drafts int64[B,k], targets int64[B,k+1], accepted int64[B]
-//                          -> out int64[B,k+1] = drafts[b,:a] ++ [targets[b,a]] ++ [-1]*(k-a)
 //   write_rows             cache T[B,d1..,L,e1..] (position axis `axis` >= 1, length L),
 //                          rows T[B,d1..,M,e1..], positions int64[B,M], counts int64[B]
 //                          (optional, none = M); viewed as cache [B,P,L,Q], rows [B,P,M,Q]:
@@ -37,8 +33,6 @@
 
 namespace ortspec {
 
-void accept_lengths(const TensorRef& drafts, const TensorRef& targets, const TensorRef& accepted,
-                    std::uintptr_t stream = 0);
 void select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live,
                   std::uintptr_t stream = 0);
 void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream = 0);
@@ -46,11 +40,6 @@ void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stre
 // that validates a whole batch of calls before it runs any.
 Device check_select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live);
 void check_copy_buffer(const TensorRef& dst, const TensorRef& src);
-void advance_positions(const TensorRef& positions, const TensorRef& seq_lens,
-                       const TensorRef& accepted, std::uintptr_t stream = 0);
-void gather_accepted_tokens(const TensorRef& drafts, const TensorRef& targets,
-                            const TensorRef& accepted, const TensorRef& out,
-                            std::uintptr_t stream = 0);
 // `axis` counts from the front (1..rank-1) or, when negative, from the back
 // (-1 = the last dimension); the batch axis 0 cannot be the position axis.
 // Positions written for one request should be distinct: the CPU applies the
@@ -70,16 +59,8 @@ std::string take_kernel_error(Device device, std::uintptr_t stream = 0);
 // kernels must match these exactly; the native tests compare them.
 namespace cpu {
 
-void accept_lengths(const std::int64_t* drafts, const std::int64_t* targets,
-                    std::int64_t* accepted, std::int64_t batch, std::int64_t num_drafts);
 void select_slots(const void* window, const std::int64_t* index, void* live,
                   std::int64_t num_slots, std::int64_t batch, std::size_t row_bytes);
-template <typename Position, typename SeqLen>
-void advance_positions(Position* positions, SeqLen* seq_lens, const std::int64_t* accepted,
-                       std::int64_t batch);
-void gather_accepted_tokens(const std::int64_t* drafts, const std::int64_t* targets,
-                            const std::int64_t* accepted, std::int64_t* out,
-                            std::int64_t batch, std::int64_t num_drafts);
 // cache [B, P, L, row_bytes], rows [B, P, M, row_bytes], positions [B, M],
 // counts [B] or nullptr (all M rows).
 void write_rows(void* cache, const void* rows, const std::int64_t* positions,

@@ -9,19 +9,6 @@
 
 namespace ortspec::cpu {
 
-void accept_lengths(const std::int64_t* drafts,   // [B, k]
-                    const std::int64_t* targets,  // [B, k+1]
-                    std::int64_t* accepted,       // [B]
-                    std::int64_t batch, std::int64_t num_drafts) {
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t* draft_row = drafts + b * num_drafts;
-    const std::int64_t* target_row = targets + b * (num_drafts + 1);
-    std::int64_t length = 0;
-    while (length < num_drafts && draft_row[length] == target_row[length]) ++length;
-    accepted[b] = length;
-  }
-}
-
 void select_slots(const void* window,         // [W, B, row_bytes]
                   const std::int64_t* index,  // [B]
                   void* live,                 // [B, row_bytes]
@@ -40,54 +27,6 @@ void select_slots(const void* window,         // [W, B, row_bytes]
   for (std::int64_t b = 0; b < batch; ++b) {
     const char* source = window_bytes + (index[b] * batch + b) * row_bytes;
     std::memcpy(live_bytes + b * row_bytes, source, row_bytes);
-  }
-}
-
-template <typename Position, typename SeqLen>
-void advance_positions(Position* positions,          // [B]
-                       SeqLen* seq_lens,             // [B]
-                       const std::int64_t* accepted,  // [B]
-                       std::int64_t batch) {
-  for (std::int64_t b = 0; b < batch; ++b) {
-    if (accepted[b] < 0) {
-      throw std::invalid_argument("advance_positions: accepted[" + std::to_string(b) + "]=" +
-                                  std::to_string(accepted[b]) + " is negative");
-    }
-  }
-  for (std::int64_t b = 0; b < batch; ++b) {
-    std::int64_t emitted = accepted[b] + 1;  // accepted drafts + the bonus token
-    positions[b] = static_cast<Position>(positions[b] + emitted);
-    seq_lens[b] = static_cast<SeqLen>(seq_lens[b] + emitted);
-  }
-}
-
-template void advance_positions<std::int32_t, std::int32_t>(std::int32_t*, std::int32_t*,
-                                                            const std::int64_t*, std::int64_t);
-template void advance_positions<std::int32_t, std::int64_t>(std::int32_t*, std::int64_t*,
-                                                            const std::int64_t*, std::int64_t);
-template void advance_positions<std::int64_t, std::int32_t>(std::int64_t*, std::int32_t*,
-                                                            const std::int64_t*, std::int64_t);
-template void advance_positions<std::int64_t, std::int64_t>(std::int64_t*, std::int64_t*,
-                                                            const std::int64_t*, std::int64_t);
-
-void gather_accepted_tokens(const std::int64_t* drafts,    // [B, k]
-                            const std::int64_t* targets,   // [B, k+1]
-                            const std::int64_t* accepted,  // [B]
-                            std::int64_t* out,             // [B, k+1]
-                            std::int64_t batch, std::int64_t num_drafts) {
-  for (std::int64_t b = 0; b < batch; ++b) {
-    if (accepted[b] < 0 || accepted[b] > num_drafts) {
-      throw std::invalid_argument("gather_accepted_tokens: accepted[" + std::to_string(b) +
-                                  "]=" + std::to_string(accepted[b]) + " is out of range 0..k=" +
-                                  std::to_string(num_drafts));
-    }
-  }
-  for (std::int64_t b = 0; b < batch; ++b) {
-    std::int64_t length = accepted[b];
-    std::int64_t* out_row = out + b * (num_drafts + 1);
-    for (std::int64_t i = 0; i < length; ++i) out_row[i] = drafts[b * num_drafts + i];
-    out_row[length] = targets[b * (num_drafts + 1) + length];  // the bonus token
-    for (std::int64_t i = length + 1; i <= num_drafts; ++i) out_row[i] = -1;
   }
 }
 

@@ -71,26 +71,10 @@ void synchronize(int device, std::uintptr_t stream);
 // offending row is handled as documented in core/state_kernels.h, and
 // take_kernel_error() reports it at the caller's next sync point.
 
-// accepted[b] = longest i <= k with drafts[b, :i] == targets[b, :i].
-void accept_lengths(const std::int64_t* drafts, const std::int64_t* targets,
-                    std::int64_t* accepted, std::int64_t batch, std::int64_t num_drafts,
-                    int device, std::uintptr_t stream);
-
 // live[b, :] = window[index[b], b, :], rows of row_bytes bytes, copied bitwise.
 void select_slots(const void* window, const std::int64_t* index, void* live,
                   std::int64_t num_slots, std::int64_t batch, std::size_t row_bytes, int device,
                   std::uintptr_t stream);
-
-// positions[b] += accepted[b] + 1; seq_lens[b] += accepted[b] + 1 (int32 or int64 each).
-void advance_positions(void* positions, DType positions_dtype, void* seq_lens,
-                       DType seq_lens_dtype, const std::int64_t* accepted, std::int64_t batch,
-                       int device, std::uintptr_t stream);
-
-// out[b, :] = drafts[b, :a] ++ [targets[b, a]] ++ [-1] * (k - a), a = accepted[b].
-void gather_accepted_tokens(const std::int64_t* drafts, const std::int64_t* targets,
-                            const std::int64_t* accepted, std::int64_t* out,
-                            std::int64_t batch, std::int64_t num_drafts, int device,
-                            std::uintptr_t stream);
 
 // cache [B, P, L, row] <- rows [B, P, M, row]: cache[b, p, positions[b, j]] = rows[b, p, j]
 // for j < counts[b] (counts nullptr: all M). Rows of row_bytes bytes, copied bitwise.

@@ -1,9 +1,8 @@
 // CUDA state kernels: the device twins of core/state_kernels_cpu.cpp.
 //
-// Most kernels are small and launch-bound (B is a batch, not a token count), so
-// they favour simple indexing over cleverness: one thread per batch row for the
-// per-request bookkeeping, one thread per machine word for the row copies
-// (select_slots, gather_rows). write_rows moves whole KV-cache rows (millions of
+// The row copies (select_slots, gather_rows) are small and launch-bound (B is a
+// batch, not a token count), so they favour simple indexing over cleverness: one
+// thread per machine word. write_rows moves whole KV-cache rows (millions of
 // elements), so it is the one that cares about throughput: one thread per word
 // of the new rows, consecutive threads along the contiguous row (coalesced), and
 // 32-bit index arithmetic whenever the tensors allow it. All of them are
@@ -25,8 +24,6 @@ namespace {
 enum KernelId : int {
   kNoError = 0,
   kSelectSlots = 1,
-  kAdvancePositions = 2,
-  kGatherTokens = 3,
   kWriteRowsCount = 4,
   kWriteRowsPosition = 5,
   kGatherRows = 6,
@@ -36,9 +33,9 @@ struct KernelErrorRecord {
   int kernel;          // KernelId of the first failing kernel; kNoError when clear
   long long row;       // batch row b
   long long column;    // j for write_rows positions[b, j]; 0 otherwise
-  long long value;     // the bad index / accepted length / count / position
-  long long limit;     // W for select_slots, k for gather_accepted_tokens, M for gather_rows
-                       // and write_rows counts, L for write_rows positions
+  long long value;     // the bad index / count / position
+  long long limit;     // W for select_slots, M for gather_rows and write_rows counts,
+                       // L for write_rows positions
 };
 
 __device__ KernelErrorRecord g_kernel_error = {kNoError, 0, 0, 0, 0};
@@ -93,21 +90,6 @@ void check_launch(const char* kernel) {
     throw std::runtime_error(std::string(kernel) + " launch failed: " +
                              cudaGetErrorString(status));
   }
-}
-
-// ---- accept_lengths: one thread per row -------------------------------------
-__global__ void accept_lengths_kernel(const long long* drafts,   // [B, k]
-                                      const long long* targets,  // [B, k+1]
-                                      long long* accepted,       // [B]
-                                      long long batch, long long num_drafts) {
-  long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
-  if (b >= batch) return;
-  long long length = 0;
-  while (length < num_drafts &&
-         drafts[b * num_drafts + length] == targets[b * (num_drafts + 1) + length]) {
-    ++length;
-  }
-  accepted[b] = length;
 }
 
 // ---- select_slots, gather_rows: one thread per Word of the [B, row] output ---
@@ -205,55 +187,6 @@ void launch_write_rows(void* cache, const void* rows, const long long* positions
   }
 }
 
-// ---- advance_positions: one thread per row ----------------------------------
-template <typename Position, typename SeqLen>
-__global__ void advance_positions_kernel(Position* positions,  // [B]
-                                         SeqLen* seq_lens,     // [B]
-                                         const long long* accepted,  // [B]
-                                         long long batch) {
-  long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
-  if (b >= batch) return;
-  if (accepted[b] < 0) {
-    record_kernel_error(kAdvancePositions, b, accepted[b], 0);
-    return;  // this row is left unchanged
-  }
-  long long emitted = accepted[b] + 1;  // accepted drafts + the bonus token
-  positions[b] = static_cast<Position>(positions[b] + emitted);
-  seq_lens[b] = static_cast<SeqLen>(seq_lens[b] + emitted);
-}
-
-template <typename Position>
-void launch_advance_positions(Position* positions, void* seq_lens, DType seq_lens_dtype,
-                              const long long* accepted, long long batch, cudaStream_t stream) {
-  if (seq_lens_dtype == DType::kInt32) {
-    advance_positions_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, stream>>>(
-        positions, static_cast<int*>(seq_lens), accepted, batch);
-  } else {
-    advance_positions_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, stream>>>(
-        positions, static_cast<long long*>(seq_lens), accepted, batch);
-  }
-}
-
-// ---- gather_accepted_tokens: one thread per row -----------------------------
-__global__ void gather_accepted_tokens_kernel(const long long* drafts,    // [B, k]
-                                              const long long* targets,   // [B, k+1]
-                                              const long long* accepted,  // [B]
-                                              long long* out,             // [B, k+1]
-                                              long long batch, long long num_drafts) {
-  long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
-  if (b >= batch) return;
-  long long length = accepted[b];
-  long long* out_row = out + b * (num_drafts + 1);
-  if (length < 0 || length > num_drafts) {
-    record_kernel_error(kGatherTokens, b, length, num_drafts);
-    for (long long i = 0; i <= num_drafts; ++i) out_row[i] = -1;
-    return;
-  }
-  for (long long i = 0; i < length; ++i) out_row[i] = drafts[b * num_drafts + i];
-  out_row[length] = targets[b * (num_drafts + 1) + length];
-  for (long long i = length + 1; i <= num_drafts; ++i) out_row[i] = -1;
-}
-
 std::string describe_kernel_error(const KernelErrorRecord& record) {
   std::string row = std::to_string(record.row);
   std::string value = std::to_string(record.value);
@@ -263,12 +196,6 @@ std::string describe_kernel_error(const KernelErrorRecord& record) {
       return "select_slots: index[" + row + "]=" + value + " is out of range for a window of W=" +
              limit + " slots (valid 0.." + std::to_string(record.limit - 1) +
              "); that row of live was left unchanged";
-    case kAdvancePositions:
-      return "advance_positions: accepted[" + row + "]=" + value +
-             " is negative; that row was left unchanged";
-    case kGatherTokens:
-      return "gather_accepted_tokens: accepted[" + row + "]=" + value +
-             " is out of range 0..k=" + limit + "; that row of out was filled with -1";
     case kWriteRowsCount:
       return "write_rows: counts[" + row + "]=" + value + " is out of range 0..M=" + limit +
              "; nothing was written for that request";
@@ -286,17 +213,6 @@ std::string describe_kernel_error(const KernelErrorRecord& record) {
 }
 
 }  // namespace
-
-void accept_lengths(const std::int64_t* drafts, const std::int64_t* targets,
-                    std::int64_t* accepted, std::int64_t batch, std::int64_t num_drafts,
-                    int device, std::uintptr_t stream) {
-  if (batch == 0) return;
-  DeviceGuard guard(device);
-  accept_lengths_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, as_stream(stream)>>>(
-      reinterpret_cast<const long long*>(drafts), reinterpret_cast<const long long*>(targets),
-      reinterpret_cast<long long*>(accepted), batch, num_drafts);
-  check_launch("accept_lengths");
-}
 
 void select_slots(const void* window, const std::int64_t* index, void* live,
                   std::int64_t num_slots, std::int64_t batch, std::size_t row_bytes, int device,
@@ -332,35 +248,6 @@ void write_rows(void* cache, const void* rows, const std::int64_t* positions,
                                           cache_length, num_rows, row_bytes, cuda_stream);
   });
   check_launch("write_rows");
-}
-
-void advance_positions(void* positions, DType positions_dtype, void* seq_lens,
-                       DType seq_lens_dtype, const std::int64_t* accepted, std::int64_t batch,
-                       int device, std::uintptr_t stream) {
-  if (batch == 0) return;
-  DeviceGuard guard(device);
-  const auto* accepted_ll = reinterpret_cast<const long long*>(accepted);
-  if (positions_dtype == DType::kInt32) {
-    launch_advance_positions(static_cast<int*>(positions), seq_lens, seq_lens_dtype, accepted_ll,
-                             batch, as_stream(stream));
-  } else {
-    launch_advance_positions(static_cast<long long*>(positions), seq_lens, seq_lens_dtype,
-                             accepted_ll, batch, as_stream(stream));
-  }
-  check_launch("advance_positions");
-}
-
-void gather_accepted_tokens(const std::int64_t* drafts, const std::int64_t* targets,
-                            const std::int64_t* accepted, std::int64_t* out,
-                            std::int64_t batch, std::int64_t num_drafts, int device,
-                            std::uintptr_t stream) {
-  if (batch == 0) return;
-  DeviceGuard guard(device);
-  gather_accepted_tokens_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, as_stream(stream)>>>(
-      reinterpret_cast<const long long*>(drafts), reinterpret_cast<const long long*>(targets),
-      reinterpret_cast<const long long*>(accepted), reinterpret_cast<long long*>(out), batch,
-      num_drafts);
-  check_launch("gather_accepted_tokens");
 }
 
 std::string take_kernel_error(int device, std::uintptr_t stream) {

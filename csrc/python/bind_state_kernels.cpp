@@ -4,8 +4,7 @@
 // call on one device. On CUDA the work is enqueued on `stream` (an int
 // cudaStream_t, 0 = default; share it with ONNX Runtime's user_compute_stream)
 // and nothing synchronizes: device-side index errors surface at the next
-// check_device_errors(). Functions that produce a tensor allocate a numpy
-// result when `out` is omitted for CPU inputs; device kernels never allocate.
+// check_device_errors(). Every output is passed in: no kernel allocates.
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,32 +17,6 @@
 
 namespace ortspec::python {
 namespace {
-
-// `out` given: its TensorRef. Omitted: a fresh numpy int64 array of `shape` for
-// CPU inputs (returned through `result`), an error for device inputs.
-TensorRef output_arg(py::handle out, const TensorRef& like, const Shape& shape, const char* op,
-                     py::object* result) {
-  if (!out.is_none()) {
-    *result = py::reinterpret_borrow<py::object>(out);
-    return tensor_arg(out, op, "out", /*writable=*/true);
-  }
-  if (like.device.is_cuda()) {
-    throw std::invalid_argument(std::string(op) + ": pass out= (an int64 device Buffer of shape " +
-                                shape_to_string(shape) +
-                                ") for CUDA inputs; device kernels do not allocate");
-  }
-  py::array_t<std::int64_t> fresh(shape);
-  *result = fresh;
-  return tensor_arg(fresh, op, "out", /*writable=*/true);
-}
-
-// Shape [B, k + extra] from drafts [B, k]; a placeholder when drafts is not 2-D
-// (the kernel's own validation then reports drafts).
-Shape rows_of(const TensorRef& drafts, std::int64_t extra_columns) {
-  if (drafts.ndim() != 2) return {0};
-  if (extra_columns < 0) return {drafts.shape[0]};
-  return {drafts.shape[0], drafts.shape[1] + extra_columns};
-}
 
 // Many calls in one: each call's own checks run first for all of them, so a bad one
 // leaves every destination as it was; its error names which one.
@@ -69,28 +42,6 @@ void prefixed(const std::string& prefix, Check check) {
 }  // namespace
 
 void bind_state_kernels(py::module_& module) {
-  module.def(
-      "accept_lengths",
-      [](py::handle drafts, py::handle targets, py::handle out, py::handle stream) {
-        const char* op = "accept_lengths";
-        TensorRef drafts_ref = tensor_arg(drafts, op, "drafts", false);
-        TensorRef targets_ref = tensor_arg(targets, op, "targets", false);
-        py::object result;
-        TensorRef out_ref = output_arg(out, drafts_ref, rows_of(drafts_ref, -1), op, &result);
-        std::uintptr_t stream_handle = stream_arg(stream);
-        {
-          py::gil_scoped_release release;
-          accept_lengths(drafts_ref, targets_ref, out_ref, stream_handle);
-        }
-        return result;
-      },
-      py::arg("drafts"), py::arg("targets"), py::arg("out") = py::none(), py::arg("stream") = 0,
-      R"doc(Accepted draft count per row.
-
-drafts int64[B, k], targets int64[B, k+1] (the verify argmaxes) -> out int64[B]
-with out[b] = the longest a <= k such that drafts[b, i] == targets[b, i] for all
-i < a. Returns out (a new numpy array when omitted for CPU inputs).)doc");
-
   module.def(
       "select_slots",
       [](py::handle window, py::handle index, py::handle live, py::handle stream) {
@@ -167,48 +118,6 @@ check_device_errors() raises.)doc");
       },
       py::arg("windows"), py::arg("index"), py::arg("lives"), py::arg("stream") = 0,
       "select_slots(windows[i], index, lives[i]) for each state, all validated first.");
-
-  module.def(
-      "advance_positions",
-      [](py::handle positions, py::handle seq_lens, py::handle accepted, py::handle stream) {
-        const char* op = "advance_positions";
-        TensorRef positions_ref = tensor_arg(positions, op, "positions", true);
-        TensorRef seq_lens_ref = tensor_arg(seq_lens, op, "seq_lens", true);
-        TensorRef accepted_ref = tensor_arg(accepted, op, "accepted", false);
-        std::uintptr_t stream_handle = stream_arg(stream);
-        py::gil_scoped_release release;
-        advance_positions(positions_ref, seq_lens_ref, accepted_ref, stream_handle);
-      },
-      py::arg("positions"), py::arg("seq_lens"), py::arg("accepted"), py::arg("stream") = 0,
-      R"doc(positions[b] += accepted[b] + 1; seq_lens[b] += accepted[b] + 1, in place.
-
-positions and seq_lens [B], each int32 or int64 (GroupQueryAttention's seqlens_k
-is int32); accepted int64[B], >= 0.)doc");
-
-  module.def(
-      "gather_accepted_tokens",
-      [](py::handle drafts, py::handle targets, py::handle accepted, py::handle out,
-         py::handle stream) {
-        const char* op = "gather_accepted_tokens";
-        TensorRef drafts_ref = tensor_arg(drafts, op, "drafts", false);
-        TensorRef targets_ref = tensor_arg(targets, op, "targets", false);
-        TensorRef accepted_ref = tensor_arg(accepted, op, "accepted", false);
-        py::object result;
-        TensorRef out_ref = output_arg(out, drafts_ref, rows_of(drafts_ref, 1), op, &result);
-        std::uintptr_t stream_handle = stream_arg(stream);
-        {
-          py::gil_scoped_release release;
-          gather_accepted_tokens(drafts_ref, targets_ref, accepted_ref, out_ref, stream_handle);
-        }
-        return result;
-      },
-      py::arg("drafts"), py::arg("targets"), py::arg("accepted"), py::arg("out") = py::none(),
-      py::arg("stream") = 0,
-      R"doc(The tokens a step emits, per row.
-
-drafts int64[B, k], targets int64[B, k+1], accepted int64[B] in 0..k ->
-out int64[B, k+1] = drafts[b, :a] ++ [targets[b, a]] ++ [-1] * (k - a).
-Returns out (a new numpy array when omitted for CPU inputs).)doc");
 
   module.def(
       "write_rows",

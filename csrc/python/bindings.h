@@ -16,7 +16,7 @@ namespace ortspec::python {
 namespace py = pybind11;
 
 void bind_buffers(py::module_& module);        // Buffer, StepScopedArena, PersistentBuffers
-void bind_state_kernels(py::module_& module);  // accept_lengths, select_slots, ...
+void bind_state_kernels(py::module_& module);  // select_slots, write_rows, ...
 void bind_graph_slots(py::module_& module);    // GraphSlotKey, GraphSlotRegistry
 
 // ---- tensor_args.cpp ---------------------------------------------------------

@@ -60,35 +60,6 @@ std::vector<T> to_host(const Buffer& buffer) {
   return values;
 }
 
-void test_accept_gather_advance_match_cpu() {
-  std::mt19937_64 rng(2024);
-  for (std::int64_t batch : {1, 5, 300}) {
-    for (std::int64_t num_drafts : {0, 1, 4}) {
-      ortspec::PersistentBuffers device(kGpu);
-      StepTokens step = random_step_tokens(batch, num_drafts, rng);
-      Buffer drafts = to_device(device, "drafts", step.drafts, DType::kInt64, {batch, num_drafts});
-      Buffer targets = to_device(device, "targets", step.targets, DType::kInt64, {batch, num_drafts + 1});
-      Buffer accepted = device.allocate("accepted", {batch}, DType::kInt64);
-      Buffer emitted = device.allocate("emitted", {batch, num_drafts + 1}, DType::kInt64);
-      ortspec::accept_lengths(drafts.ref(), targets.ref(), accepted.ref());
-      ortspec::gather_accepted_tokens(drafts.ref(), targets.ref(), accepted.ref(), emitted.ref());
-      Tokens expected_accepted = reference_accept_lengths(step);
-      CHECK(to_host<std::int64_t>(accepted) == expected_accepted);
-      CHECK(to_host<std::int64_t>(emitted) == reference_gather(step, expected_accepted));
-
-      Tokens positions = random_indices(batch, 1000, rng);
-      std::vector<std::int32_t> seq_lens(positions.begin(), positions.end());
-      Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64, {batch});
-      Buffer seq_lens_gpu = to_device(device, "seq_lens", seq_lens, DType::kInt32, {batch});
-      ortspec::advance_positions(positions_gpu.ref(), seq_lens_gpu.ref(), accepted.ref());
-      ortspec::cpu::advance_positions(positions.data(), seq_lens.data(), expected_accepted.data(), batch);
-      CHECK(to_host<std::int64_t>(positions_gpu) == positions);
-      CHECK(to_host<std::int32_t>(seq_lens_gpu) == seq_lens);
-    }
-  }
-  CHECK(ortspec::take_kernel_error(kGpu, 0).empty());
-}
-
 void test_select_and_copy_match_cpu() {
   std::mt19937_64 rng(5);
   // 16-byte rows (uint4 path), odd fp16 rows (2-byte path), and a large fp32 state.
@@ -124,17 +95,6 @@ void test_bad_indices_are_recorded_and_reported() {
   std::string error = ortspec::take_kernel_error(kGpu, 0);
   CHECK(error.find("index[1]=9 is out of range for a window of W=3") != std::string::npos);
   CHECK(ortspec::take_kernel_error(kGpu, 0).empty());  // reading clears it
-
-  Tokens too_long{5};
-  Tokens drafts{1, 2}, targets{1, 2, 3};
-  Buffer drafts_gpu = to_device(device, "drafts", drafts, DType::kInt64, {1, 2});
-  Buffer targets_gpu = to_device(device, "targets", targets, DType::kInt64, {1, 3});
-  Buffer accepted_gpu = to_device(device, "accepted", too_long, DType::kInt64, {1});
-  Buffer out = device.allocate("out", {1, 3}, DType::kInt64);
-  ortspec::gather_accepted_tokens(drafts_gpu.ref(), targets_gpu.ref(), accepted_gpu.ref(), out.ref());
-  CHECK(ortspec::take_kernel_error(kGpu, 0).find("accepted[0]=5 is out of range 0..k=2") !=
-        std::string::npos);
-  CHECK((to_host<std::int64_t>(out) == Tokens{-1, -1, -1}));
 }
 
 template <typename Bits>
@@ -346,7 +306,6 @@ int run_state_kernel_cuda_tests() {
                 ortspec::cuda::no_device_reason().c_str());
     return kSkipReturnCode;
   }
-  test_accept_gather_advance_match_cpu();
   test_select_and_copy_match_cpu();
   test_bad_indices_are_recorded_and_reported();
   test_device_arena_pins();

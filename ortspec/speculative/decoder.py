@@ -104,7 +104,7 @@ class Decoder:
             if self.mtp is not None:
                 self._catch_up(batch.rows, out["hidden"], tokens[:, None], positions,
                                np.zeros(len(batch), np.int64), batch.requests)
-        self.stats.steps += 1
+        self.stats.record_decode_step()
         for req, t in zip(batch.requests, tokens):
             if not req.done:
                 self._emit(req, [t])
@@ -137,9 +137,8 @@ class Decoder:
             next_ids = np.concatenate([drafts, bonus[:, None]], axis=1)  # x_{p+1} for p = T..T+k
             next_ids[np.arange(len(batch)), accepted] = bonus
             self._catch_up(rows, out["hidden"], next_ids, positions, accepted, batch.requests)
-        self.stats.steps += 1
         live = np.array([not r.done for r in batch.requests])
-        self.stats.record_accepts(accepted[live], k)
+        self.stats.record_speculative_step(accepted[live], k)
         for j, req in enumerate(batch.requests):
             if live[j]:
                 req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
@@ -162,7 +161,7 @@ class Decoder:
         for i in range(last + 1):
             self.target.decode(rows, ids[:, i: i + 1], positions[:, i: i + 1])
             recorded[i] = states.capture(rows)
-            self.stats.readvance_tokens += int(partial.sum())
+        self.stats.readvance_forwards += last + 1
         states.select_captured(recorded, np.where(partial, accepted, last + 1), rows)
 
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, slot="mtp_catch_up") -> None:

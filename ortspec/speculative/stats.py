@@ -1,4 +1,15 @@
-"""Counters a Session accumulates over its life (``Session.stats`` returns them as a dict)."""
+"""Counters a Session accumulates over its life (``Session.stats`` returns them as a dict).
+
+Two units are counted, and each name says which:
+
+- a **step** is one target forward over new tokens for the whole batch: a plain decode
+  step (M=1) or a speculative step (propose, verify M=k+1, accept, commit);
+- a **row-step** is one request taking part in one speculative step. A batch of 4 running
+  10 speculative steps makes 10 steps and 40 row-steps; acceptance is counted per row-step.
+
+Time is split into phases that never overlap (``timed`` refuses to nest them), so the phase
+times add up to at most the wall time of the calls they were measured in.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +17,110 @@ import contextlib
 import dataclasses
 import time
 
+PHASES = ("prefill", "decode", "propose", "verify", "commit")
+
+
+class NestedPhaseError(RuntimeError):
+    """A phase timer was started inside another: its time would be counted twice."""
+
 
 @dataclasses.dataclass
 class Stats:
     requests: int = 0
+    """Requests prefilled (the placeholder rows that pad a CUDA batch bucket are not counted)."""
     prompt_tokens: int = 0
+    """Prompt tokens of those requests."""
     generated_tokens: int = 0
-    steps: int = 0  # decode or speculative steps (one per target forward over new tokens)
+    """Tokens returned to callers (the first token from prefill included; surplus tokens past
+    max_new_tokens or a stop token, and placeholder rows, not)."""
+    steps: int = 0
+    """Steps: decode_steps + speculative_steps (one target forward over new tokens each)."""
+    decode_steps: int = 0
+    """Plain decode steps (M=1): every step of a greedy session; in a speculative session, the
+    steps taken when fewer than k positions are left before max_length."""
     speculative_steps: int = 0
+    """Speculative steps (propose, verify, accept, commit), each counted once for the batch."""
+    speculative_row_steps: int = 0
+    """Row-steps: the unfinished requests of each speculative step, summed over the steps
+    (= sum(accept_histogram))."""
     drafted: int = 0
+    """Drafts proposed: k per row-step."""
     accepted: int = 0
-    accept_histogram: list = dataclasses.field(default_factory=list)  # [a] -> row-steps that accepted a drafts
-    position_mismatches: int = 0  # accept length from positions disagreed with the acceptance rule
-    readvance_tokens: int = 0  # tokens re-run by the readvance commit
-    seconds: dict = dataclasses.field(default_factory=lambda: {
-        "prefill": 0.0, "decode": 0.0, "propose": 0.0, "verify": 0.0, "commit": 0.0})
+    """Drafts accepted (each matched the target's argmax): sum over row-steps of a."""
+    accept_histogram: list = dataclasses.field(default_factory=list)
+    """accept_histogram[a] = row-steps that accepted exactly a drafts (a = 0..k)."""
+    position_mismatches: int = 0
+    """Row-steps whose accept length derived from positions disagreed with the acceptance rule
+    (always 0 unless there is a bug; positions win)."""
+    readvance_forwards: int = 0
+    """M=1 target forwards the readvance commit re-ran: per speculative step, 1 + the longest
+    accepted prefix among the rows that rejected a draft; none when every row accepted all."""
+    seconds: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    """Wall seconds per phase, the phases disjoint. prefill: target and MTP head over prompts.
+    decode: plain decode steps (with the MTP head's entry for the new token when speculating).
+    propose: collecting the drafts (the MTP head drafted them in the previous commit's graph run,
+    so this is near zero). verify: the target over [x_T, d1..dk] (and the readvance snapshot).
+    commit: states to the accepted length (readvance re-runs included) and the MTP head's
+    catch-up, which also drafts the next step's d1..dk."""
+
+    _running: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @contextlib.contextmanager
     def timed(self, phase: str):
-        start = time.perf_counter()
+        """Adds the time of the block to ``seconds[phase]``; refuses to run inside another phase."""
+        if self._running is not None:
+            raise NestedPhaseError(f"phase {phase!r} started inside phase {self._running!r}; phases "
+                                   "must not nest, or their time is counted twice")
+        self._running, start = phase, time.perf_counter()
         try:
             yield
         finally:
             self.seconds[phase] += time.perf_counter() - start
+            self._running = None
 
-    def record_accepts(self, accepted, k: int) -> None:
+    def record_decode_step(self) -> None:
+        self.steps += 1
+        self.decode_steps += 1
+
+    def record_speculative_step(self, accepted, k: int) -> None:
+        """One speculative step; ``accepted`` [rows] holds the accept lengths of its unfinished rows."""
         if len(self.accept_histogram) < k + 1:
             self.accept_histogram.extend([0] * (k + 1 - len(self.accept_histogram)))
         for a in accepted:
             self.accept_histogram[int(a)] += 1
-        self.speculative_steps += len(accepted)
+        self.steps += 1
+        self.speculative_steps += 1
+        self.speculative_row_steps += len(accepted)
         self.drafted += k * len(accepted)
         self.accepted += int(sum(accepted))
 
-    def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        rows = sum(self.accept_histogram)
-        d["acceptance_rate"] = self.accepted / self.drafted if self.drafted else 0.0
-        d["mean_tokens_per_step"] = (self.accepted + rows) / rows if rows else (1.0 if self.steps else 0.0)
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0.0 before any draft)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        """Tokens a request gains per speculative step it takes part in, (accepted + row-steps) /
+        row-steps: the accepted drafts plus the bonus token. 1.0 when only decode steps ran."""
+        if self.speculative_row_steps:
+            return (self.accepted + self.speculative_row_steps) / self.speculative_row_steps
+        return 1.0 if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """generated_tokens over the summed phase seconds (prefill included): the rate inside the
+        decoder, without the caller's own work (tokenizing, checking prompts)."""
         busy = sum(self.seconds.values())
-        d["tokens_per_second"] = self.generated_tokens / busy if busy else 0.0
+        return self.generated_tokens / busy if busy else 0.0
+
+    def as_dict(self) -> dict:
+        """Every counter (copies, so the dict does not change with later steps) and the derived rates."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        d["accept_histogram"], d["seconds"] = list(self.accept_histogram), dict(self.seconds)
+        for name in DERIVED:
+            d[name] = getattr(self, name)
         return d
+
+
+DERIVED = ("acceptance_rate", "mean_tokens_per_step", "tokens_per_second")

@@ -1,0 +1,137 @@
+"""tools/gpu.py on a machine without a GPU: every subcommand imports and parses its options,
+the host script maps the former script names onto subcommands, and the parts that need no
+GPU (tables, byte counts, the identity helper, the CPU host profile, packing) run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools import gpu
+from tools.gpu_suite import ab, batch, common, pipeline, scale, trained
+
+HOST_SCRIPT = Path(gpu.ROOT) / "tools" / "gpu_host.sh"
+
+
+def test_every_subcommand_has_help_with_every_option_described(capsys):
+    with pytest.raises(SystemExit) as top:
+        gpu.main(["--help"])
+    listing = capsys.readouterr().out
+    assert top.value.code == 0 and all(name in listing for name in gpu.SUBCOMMANDS)
+    parser = gpu.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in subparsers.items():
+        with pytest.raises(SystemExit) as help_exit:
+            gpu.main([name, "--help"])
+        assert help_exit.value.code == 0
+        text = capsys.readouterr().out
+        for action in sub._actions:
+            if "-h" not in action.option_strings:
+                assert action.help, f"gpu.py {name} {action.option_strings or action.dest} has no help"
+                assert (action.option_strings or [action.dest])[0] in text
+
+
+def test_options_parse_with_their_defaults(monkeypatch):
+    parse = gpu.build_parser().parse_args
+    assert parse(["check", "--no-bench"]).no_bench and parse(["check"]).new_tokens == 64
+    assert parse(["profile"]).model == "/tmp/trained_fp16" and parse(["profile", "-k", "0,2"]).k == "0,2"
+    assert parse(["ab", "m"]).bench_args == ab.DEFAULT_BENCH_ARGS
+    monkeypatch.setenv("AB_ARGS", "--k 0,1")  # the environment sets the default, as gpu_ab.sh's AB_ARGS did
+    assert gpu.build_parser().parse_args(["ab", "m"]).bench_args == "--k 0,1"
+    assert parse(["batch", "--json", "r.json"]).json == "r.json"
+
+
+@pytest.mark.parametrize("name,subcommand", [("check", "check"), ("gpu_check", "check"), ("gpu_batch_check", "batch"),
+                                             ("gpu_pipeline", "pipeline"), ("gpu_scale", "scale"),
+                                             ("gpu_host_profile", "profile"), ("trained", "trained")])
+def test_host_script_maps_names_to_subcommands(name, subcommand):
+    script = HOST_SCRIPT.read_text()
+    case = script[script.index('  case "$tool" in'):script.index("  esac") + len("  esac")]
+    mapped = subprocess.run(["bash", "-c", f"tool={name}\n{case}\necho $tool"], capture_output=True, text=True)
+    assert mapped.stdout.strip() == subcommand and subcommand in gpu.SUBCOMMANDS
+    assert subprocess.run(["bash", "-n", str(HOST_SCRIPT)]).returncode == 0
+
+
+def test_identity_helper_on_the_cpu(models):
+    same = common.speculative_matches_greedy(models.converted("base"), common.SHORT_PROMPTS, 10, provider="cpu",
+                                             ks=(1, 3))
+    assert same == {("select", 1): True, ("select", 3): True, ("readvance", 1): True, ("readvance", 3): True}
+    assert common.identity_lines("int4", same).splitlines() == [
+        "int4 select: speculative == greedy for k=1..4: [True, True]",
+        "int4 readvance: speculative == greedy for k=1..4: [True, True]"]
+
+
+def test_checks_count_failures():
+    checks = common.Checks()
+    assert checks.record("a", True) and not checks.record("b", False)
+    checks.fail(False)
+    checks.fail()
+    assert checks.failures == 2 and checks.results == {"a": True, "b": False} and checks.exit_status() == 1
+
+
+def bench_row(k, batch_size, tokens_per_second, verify_ms=0.0, decode_ms=0.0, steps=10):
+    return {"k": k, "batch": batch_size, "tokens_per_second": tokens_per_second, "mean_tokens_per_step": 1 + k / 2,
+            "phase_ms": {"decode": decode_ms, "verify": verify_ms}, "decode_steps": steps if k == 0 else 0,
+            "speculative_steps": steps if k else 0}
+
+
+def test_tables():
+    rows = [bench_row(0, 1, 100, decode_ms=10)] + [bench_row(k, 1, 150, verify_ms=12 + k) for k in (1, 2, 3, 4)]
+    assert batch.ratio_table({"rows": rows}).splitlines()[2] == "| 1 | 1.00 | 1.30 (1.30) | 1.40 (1.40) | " \
+                                                               "1.50 (1.50) | 1.60 (1.60) |"
+    layouts = {"1 stage": {"rows": [bench_row(0, 1, 100)]}, "2 stages": {"rows": [bench_row(0, 1, 90)]}}
+    assert pipeline.layout_table(layouts).splitlines() == ["| k | batch | 1 stage | 2 stages |", "|---|---|---|---|",
+                                                           "| 0 | 1 | 100 (1.00) | 90 (0.90) |"]
+    profile = {"model": "m", "k": 2, "batch": 1, "kernels_per_step": 300, "kernel_us_per_step": 500,
+               "mean_us_per_kernel": 1.67, "busy_us_per_step": 500, "wall_us_per_step": 1000}
+    assert scale.profile_table([profile]).endswith("| m | 2 | 1 | 300 | 500 | 1.67 | 500 | 1000 | 50% |")
+    assert scale.busy_time([(5, 6), (0, 2), (1, 3), (2.5, 2.7)]) == pytest.approx(4.0)  # [0, 3] and [5, 6]
+
+
+def test_ab_summary_from_bench_json():
+    old = ab.mean_rows([{"rows": [bench_row(0, 1, 100), bench_row(2, 1, 150)]},
+                        {"rows": [bench_row(0, 1, 110), bench_row(2, 1, 160)]}])
+    new = ab.mean_rows([{"rows": [bench_row(0, 1, 120), bench_row(2, 1, 200)]}])
+    assert old[(2, 1)] == (155, 2.0)
+    assert ab.ab_table(old, new).splitlines()[2:] == ["| 0 | 1 | 105 | 120 | 1.14 | - | - |",
+                                                      "| 2 | 1 | 155 | 200 | 1.29 | 0.74 | 0.83 |"]
+
+
+def test_step_bytes_counts_weights_and_per_request_states(models):
+    from ortspec.manifest import Manifest
+
+    manifest = Manifest.load(models.converted("base"))
+    one, two = (scale.step_bytes(manifest, "decode", b, 1, windows=False) for b in (1, 2))
+    weights = sum(manifest.weights[n]["length"] for n in manifest.graphs["decode"]["weights"])
+    assert one - weights == two - one > 0  # states: the same bytes again per request
+    assert scale.step_bytes(manifest, "verify_select_k3", 1, 4, windows=True) > one
+
+
+def test_host_profile_runs_on_the_cpu(models, tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert gpu.main(["profile", str(models.converted("base")), "--provider", "cpu", "-k", "0,2", "--steps", "2",
+                     "--top", "3", "--json", str(out)]) == 0
+    assert "### k=2, batch 1" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert set(result) == {"k=0", "k=2"} and len(result["k=2"]["top"]) == 3
+
+
+def test_pack_splits_the_checkpoint_into_parts_that_reassemble(tmp_path, monkeypatch):
+    checkpoint, results = tmp_path / "trained", tmp_path / "results"
+    checkpoint.mkdir(), results.mkdir()
+    weights = np.random.default_rng(0).bytes(20_000)  # incompressible: several parts
+    (checkpoint / "model.safetensors").write_bytes(weights)
+    monkeypatch.setattr(trained, "PART_BYTES", 4096)
+    trained.pack(checkpoint, results)
+    parts = sorted(results.glob("trained.tgz.part*"))
+    assert len(parts) > 1 and parts[0].name == "trained.tgz.part00"
+    joined = tmp_path / "joined.tgz"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(joined) as tar:
+        assert tar.extractfile("trained/model.safetensors").read() == weights

@@ -1,0 +1,54 @@
+"""The GPU host checks and measurements, one entry point: python3 tools/gpu.py SUBCOMMAND [options].
+
+Needs onnxruntime-gpu and ortspec._native built with CUDA: tools/gpu_host.sh installs and
+builds both, runs the native CUDA tests, then the subcommands named in GPU_TOOL. The
+subcommands replace the former scripts: check (tools/gpu_check.py), batch
+(gpu_batch_check.py), pipeline (gpu_pipeline.py), scale (gpu_scale.py), profile
+(gpu_host_profile.py), ab (gpu_ab.sh), int4 (gpu_int4.sh), trained (gpu_trained.sh); each
+makes the checks and measurements its script made. Every subcommand takes --json FILE for its
+results; a failed identity check makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ortspec.cli import HelpFormatter  # noqa: E402  (after the path: the tree's ortspec)
+
+SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scale": "scale",
+               "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained"}
+
+
+def subcommand_module(name: str):
+    return importlib.import_module(f"tools.gpu_suite.{SUBCOMMANDS[name]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tools/gpu.py", description=__doc__, formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    for name in SUBCOMMANDS:
+        module = subcommand_module(name)
+        p = sub.add_parser(name, help=module.SUMMARY, description=module.__doc__, formatter_class=HelpFormatter)
+        module.add_arguments(p)
+        p.add_argument("--json", metavar="FILE", help="write this subcommand's results here as JSON")
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # no "No registered plugin EP" warnings between the results
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

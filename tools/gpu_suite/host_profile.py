@@ -1,0 +1,69 @@
+"""Where a step's host time goes: cProfile over running steps (was tools/gpu_host_profile.py).
+
+For each k: a running batch (Session.batcher) is warmed up (CUDA graphs captured), the wall
+time of --steps steps is taken, then cProfile records --steps more. Prints the wall time per
+step and the functions with the most own time per step (native calls and ONNX Runtime's run
+appear as built-ins), so the host overhead that the kernel profile of `gpu.py scale` leaves
+unexplained is itemised. Runs on the CPU too (--provider cpu).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from pathlib import Path
+
+import ortspec
+
+from .common import STEP_PROMPT, markdown_table, write_json
+
+SUMMARY = "a step's host time itemised with cProfile (CUDA graphs replayed)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", nargs="?", default="/tmp/trained_fp16", help="converted model directory")
+    parser.add_argument("-k", "--k", default="0,3", help="comma-separated k values to profile")
+    parser.add_argument("--batch", type=int, default=1, help="requests in the running batch")
+    parser.add_argument("--steps", type=int, default=60, help="steps timed, then steps profiled")
+    parser.add_argument("--provider", default="cuda", choices=["cuda", "cpu"], help="execution provider")
+    parser.add_argument("--top", type=int, default=22, help="functions listed per k")
+
+
+def run(args) -> int:
+    results = {}
+    for k in (int(x) for x in args.k.split(",")):
+        wall, rows = profile_steps(args.model, k, args.batch, args.steps, args.provider, args.top)
+        results[f"k={k}"] = {"wall_us_per_step": 1e6 * wall, "top": rows}
+        print(f"\n### k={k}, batch {args.batch}: {1e6 * wall:.0f} us per step unprofiled; own time per step "
+              f"under cProfile (top {args.top})\n")
+        print(markdown_table(["function", "calls/step", "own us/step", "cumulative us/step"],
+                             [[r["function"], f"{r['calls_per_step']:.1f}", f"{r['own_us_per_step']:.0f}",
+                               f"{r['cumulative_us_per_step']:.0f}"] for r in rows]))
+    write_json(args.json, results)
+    return 0
+
+
+def profile_steps(model: str, k: int, batch: int, steps: int, provider: str = "cuda",
+                  top: int = 22) -> tuple[float, list[dict]]:
+    """(wall seconds per unprofiled step, the `top` functions by own time per profiled step)."""
+    session = ortspec.Session(model, provider=provider, num_speculative_tokens=k)
+    batcher = session.batcher(max_batch_size=batch)
+    for _ in range(batch):
+        batcher.add_request(STEP_PROMPT, max_new_tokens=(k + 1) * (2 * steps + 10))
+    for _ in range(5):
+        batcher.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        batcher.step()
+    wall = (time.perf_counter() - start) / steps
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        batcher.step()
+    profiler.disable()
+    stats = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return wall, [{"function": f"{name} ({Path(path).name}:{line})" if path != "~" else f"{name} (built-in)",
+                   "calls_per_step": calls / steps, "own_us_per_step": 1e6 * own / steps,
+                   "cumulative_us_per_step": 1e6 * cumulative / steps}
+                  for (path, line, name), (_, calls, own, cumulative, _) in stats]
