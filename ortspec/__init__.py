@@ -3,7 +3,9 @@
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
+    ClosedError,
     ConfigurationError,
+    EnginesHeldError,
     InputError,
     ModelDirError,
     OrtspecError,
@@ -30,5 +32,6 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ConfigurationError",
-           "InputError", "ModelDirError", "ProviderError", "UnsupportedModelError", "WeightError"]
+__all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ClosedError",
+           "ConfigurationError", "EnginesHeldError", "InputError", "ModelDirError", "ProviderError",
+           "UnsupportedModelError", "WeightError"]

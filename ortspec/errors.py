@@ -39,3 +39,11 @@ class ConfigurationError(OrtspecError, ValueError):
 
 class ProviderError(OrtspecError, RuntimeError):
     """The requested execution provider is not available in the installed onnxruntime."""
+
+
+class ClosedError(OrtspecError, RuntimeError):
+    """A Session or a batcher was used after close()."""
+
+
+class EnginesHeldError(OrtspecError, RuntimeError):
+    """A call would wait forever for state buffers that its own thread holds (e.g. an open batcher)."""

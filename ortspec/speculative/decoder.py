@@ -32,6 +32,7 @@ class Decoder:
     """Runs prefill, then greedy (k=0) or speculative (k>=1) steps until every request is done.
 
     One Decoder per generate call: its state buffers are sized to the batch and start at zero.
+    Each step and prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
     ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
 
     On the CPU each step runs only the unfinished requests. On CUDA (``fixed_rows``) every
@@ -66,28 +67,29 @@ class Decoder:
         if not active:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
-        self.graphs.begin_step()
-        room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-        if self.k > 0 and room >= self.k:
-            self.speculative_step(batch)
-        else:
-            self.greedy_step(batch)
-        if self.on_commit:
-            self.on_commit(self, batch)
+        with self.graphs.device_lock:
+            self.graphs.begin_step()
+            room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
+            if self.k > 0 and room >= self.k:
+                self.speculative_step(batch)
+            else:
+                self.greedy_step(batch)
+            if self.on_commit:
+                self.on_commit(self, batch)
         return True
 
     def prefill(self, req: Request) -> None:
         """Target over the prompt (positions 0..n-1) -> first token; then the MTP head's entries 0..n-1."""
         rows, n = Rows([req.row]), len(req.prompt)
         ids, positions = np.array([req.prompt], np.int64), np.arange(n, dtype=np.int64)[None]  # [1, n]
-        with self.stats.timed("prefill"):
+        with self.graphs.device_lock, self.stats.timed("prefill"):
             self.target.reset(rows)
             out = self.target.prefill(rows, ids, positions)
             req.tokens = list(req.prompt)
             first = int(out.tokens[0, -1])
             if self.mtp is not None:
                 next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
-                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req], slot=None)
+                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req], graphed=False)
         req.extend([first])
         if not req.placeholder:
             self.stats.requests += 1
@@ -165,10 +167,10 @@ class Decoder:
             self.stats.readvance_tokens += int(partial.sum())
         states.select_captured(recorded, np.where(partial, accepted, last + 1), rows)
 
-    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, slot="mtp_catch_up") -> None:
+    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
         and never written); the head's output at last[j] is the next step's d1."""
-        drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, slot=slot)  # [B, k]
+        drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, graphed=graphed)  # [B, k]
         for req, row in zip(requests, drafts):
             req.next_drafts = row.tolist()
 
