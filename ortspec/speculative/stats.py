@@ -1,10 +1,16 @@
-"""Counters a Session accumulates over its life (``Session.stats`` returns them as a dict)."""
+"""Counters of a call (``Stats``) and a Session's totals over every call (``StatsTotals``;
+``Session.stats`` returns them as a dict)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import threading
 import time
+
+_SUMMED = ("requests", "prompt_tokens", "generated_tokens", "steps", "speculative_steps", "drafted", "accepted",
+           "position_mismatches", "readvance_tokens")
 
 
 @dataclasses.dataclass
@@ -39,6 +45,17 @@ class Stats:
         self.drafted += k * len(accepted)
         self.accepted += int(sum(accepted))
 
+    def merge(self, other: "Stats") -> None:
+        """Adds another call's counters to these."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if len(self.accept_histogram) < len(other.accept_histogram):
+            self.accept_histogram.extend([0] * (len(other.accept_histogram) - len(self.accept_histogram)))
+        for a, rows in enumerate(other.accept_histogram):
+            self.accept_histogram[a] += rows
+        for phase, seconds in other.seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         rows = sum(self.accept_histogram)
@@ -47,3 +64,25 @@ class Stats:
         busy = sum(self.seconds.values())
         d["tokens_per_second"] = self.generated_tokens / busy if busy else 0.0
         return d
+
+
+class StatsTotals:
+    """A Session's counters over all its calls. Each call (a generate, a batcher's step) counts
+    into its own Stats and adds them here when it ends, under a lock: calls in several threads
+    neither race on a counter nor see each other's half-counted steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = Stats()
+
+    def add(self, stats: Stats) -> None:
+        with self._lock:
+            self._stats.merge(stats)
+
+    def snapshot(self) -> Stats:
+        with self._lock:
+            return copy.deepcopy(self._stats)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._stats = Stats()
