@@ -18,6 +18,7 @@ import pytest
 
 import ortspec
 from ortspec.runtime.engines import EnginePool, Lease
+from ortspec.runtime.fair_lock import FairLock
 from ortspec.runtime.graphs import GraphRunner
 from ortspec.speculative.stats import Stats
 
@@ -293,3 +294,31 @@ def test_stats_merge_counts_every_field():
 def test_engine_cap_must_be_a_positive_integer(model, cap):
     with pytest.raises(ortspec.ConfigurationError, match="max_engines_per_batch_size"):
         ortspec.Session(model, max_engines_per_batch_size=cap)
+
+
+def test_the_device_lock_is_granted_in_arrival_order():
+    """On CUDA callers' steps take turns: a thread that releases the lock and asks again at once
+    queues behind the threads already waiting (threading.RLock would usually hand it straight back)."""
+    lock, order = FairLock(), []
+
+    def take(name):
+        with lock:
+            order.append(name)
+
+    lock.acquire()
+    waiting = []
+    for name in range(3):
+        waiting.append(threading.Thread(target=take, args=(name,)))
+        waiting[-1].start()
+        deadline = time.monotonic() + 30
+        while lock._next_ticket < name + 2 and time.monotonic() < deadline:  # its ticket is drawn
+            time.sleep(0.001)
+    with lock:  # re-entrant for its owner
+        pass
+    lock.release()
+    take("again")  # asks right after releasing: served after the three waiting threads
+    for thread in waiting:
+        thread.join(timeout=30)
+    assert order == [0, 1, 2, "again"]
+    with pytest.raises(RuntimeError, match="does not hold it"):
+        lock.release()

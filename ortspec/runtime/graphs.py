@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from ..errors import ClosedError, ProviderError
 from ..manifest import Manifest
+from .fair_lock import FairLock
 from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -152,11 +153,13 @@ class GraphSet:
     final hidden state it reads, live with the last stage. ``arrays`` is that last device's.
 
     Threads: ``device_lock`` is held for a step, a prefill or an allocation. On CUDA it is a real
-    lock, because every engine shares the device's scratch arena (reset by ``begin_step``), the
-    one stream our kernels and the uploads run on, and the buffer pool; so steps of different
-    callers interleave and never overlap. On the CPU it is a no-op: calls on different engines
-    run in parallel (ONNX Runtime's Run is thread-safe, HostArrays keeps no shared state), and
-    only the lazy creation of sessions and per-device weights is guarded.
+    lock, granted in arrival order (``FairLock``), because every engine shares the device's
+    scratch arena (reset by ``begin_step``), the one stream our kernels and the uploads run on,
+    the buffer pool, and ONNX Runtime's graph capture (no other CUDA work may run meanwhile); so
+    steps of different callers take turns one by one and never overlap. On the CPU it is a
+    no-op: calls on different engines run in parallel (ONNX Runtime's Run is thread-safe,
+    HostArrays keeps no shared state), and only the lazy creation of sessions and per-device
+    weights is guarded.
     """
 
     def __init__(self, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
@@ -165,7 +168,7 @@ class GraphSet:
         self.manifest, self.provider, self.threads = manifest, provider, threads
         self.cuda_graphs = cuda_graphs and provider == "cuda"
         self.devices = list(devices) if devices else [0]
-        self._lock = threading.RLock()  # lazy creation; re-entered by __getitem__ -> _place
+        self._lock = FairLock() if provider == "cuda" else threading.RLock()  # re-entered: __getitem__ -> _place
         self.device_lock = self._lock if provider == "cuda" else contextlib.nullcontext()
         self._closed = False
         self._placed: dict[int, tuple] = {}  # device -> (arrays, SharedWeights)
