@@ -88,7 +88,11 @@ class Lease:
 
     def __enter__(self) -> Engine:
         self._use = self.using()
-        return self._use.__enter__()
+        try:
+            return self._use.__enter__()
+        except BaseException:  # e.g. the Session closed meanwhile: the lease must not linger
+            self.release()
+            raise
 
     def __exit__(self, *exc) -> None:
         try:

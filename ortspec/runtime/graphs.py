@@ -210,7 +210,7 @@ class GraphSet:
 
     def begin_step(self) -> None:
         """(under device_lock) Hands every device's step scratch back."""
-        for arrays, _ in self._placed.values():
+        for arrays, _ in list(self._placed.values()):  # a copy: another thread may place a device meanwhile
             arrays.begin_step()
 
     @property
