@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -60,8 +61,8 @@ class Session:
                                      ">= 1 (state buffer sets per batch size that callers lease).")
         self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs, devices=self.devices)
         self.graphs.load(self._graph_names())
-        self._engines = EnginePool(lambda batch: Engine.create(self.graphs, batch, self.k, self.stages),
-                                   max_engines_per_batch_size)
+        make_engine = functools.partial(Engine.create, self.graphs, k=self.k, stages=self.stages)  # batch -> Engine
+        self._engines = EnginePool(make_engine, max_engines_per_batch_size)  # (no reference back to the Session)
         self._totals = StatsTotals()
         self._tokenizer = None
         self._tokenizer_lock = threading.Lock()
