@@ -3,7 +3,9 @@
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
+    ClosedError,
     ConfigurationError,
+    EnginesHeldError,
     InputError,
     MissingDependencyError,
     ModelDirError,
@@ -31,6 +33,6 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ConfigurationError",
-           "InputError", "MissingDependencyError", "ModelDirError", "ProviderError", "UnsupportedModelError",
-           "WeightError"]
+__all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ClosedError",
+           "ConfigurationError", "EnginesHeldError", "InputError", "MissingDependencyError", "ModelDirError",
+           "ProviderError", "UnsupportedModelError", "WeightError"]

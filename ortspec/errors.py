@@ -44,3 +44,11 @@ class ProviderError(OrtspecError, RuntimeError):
 class MissingDependencyError(OrtspecError, ImportError):
     """An optional package that a requested feature needs is not installed (e.g. matplotlib for
     ``ortspec bench --plot``); the message names what to install."""
+
+
+class ClosedError(OrtspecError, RuntimeError):
+    """A Session or a batcher was used after close()."""
+
+
+class EnginesHeldError(OrtspecError, RuntimeError):
+    """A call would wait forever for state buffers that its own thread holds (e.g. an open batcher)."""

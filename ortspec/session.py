@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from pathlib import Path
+from typing import NamedTuple
 
 from . import validation
-from .errors import InputError
+from .errors import ClosedError, InputError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
+from .runtime.engines import Engine, EnginePool, Lease
+from .runtime.graph_slots import batch_bucket
 from .runtime.graphs import GraphSet, check_provider
-from .runtime.model import MTPHead, TargetModel
 from .speculative.decoder import COMMITS, Decoder
 from .speculative.requests import Request
-from .speculative.stats import Stats
+from .speculative.stats import Stats, StatsTotals
 
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16)
+class NewRequests(NamedTuple):
+    """What ``Session.new_requests`` made of a prompt: the requests, whether the prompt was one
+    prompt (not a batch) and whether it was text (outputs are decoded back to text)."""
 
-
-def batch_bucket(n: int) -> int:
-    """The batch size CUDA graphs are captured for: the next of 1, 2, 4, 8, 16 (then multiples of 16).
-    Padding rows hold finished placeholder requests; rows never mix, so they cannot affect real ones."""
-    return next((b for b in BATCH_BUCKETS if b >= n), -(-n // 16) * 16)
+    requests: list[Request]
+    single: bool
+    text: bool
 
 
 class Session:
@@ -40,11 +44,20 @@ class Session:
     (or 0) for ONNX Runtime's default; more than the cores this process may use
     (os.sched_getaffinity) is refused with a ConfigurationError, not clamped. Every option is
     checked (ortspec.validation) before any graph session is built.
+
+    Threads: every running generate call and every open batcher holds its own state buffers
+    (an engine, leased per batch size from a pool: ``runtime.engines``), so a Session may be
+    used from several threads. At most max_engines_per_batch_size engines exist per batch size;
+    a caller beyond that waits for one to be given back, and is refused (EnginesHeldError)
+    where its own thread holds them all. On the CPU calls on different engines run in
+    parallel; on CUDA their steps take turns. ``close()`` (or ``with Session(...) as s:``)
+    releases engines, captured CUDA graphs, sessions and device memory.
     """
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
-                 pipeline_stages: int = 1, devices: list[int] | None = None) -> None:
+                 pipeline_stages: int = 1, devices: list[int] | None = None,
+                 max_engines_per_batch_size: int = 4) -> None:
         self.manifest = Manifest.load(validation.model_dir(model_dir))
         check_provider(validation.provider(provider))
         self.stages = validation.pipeline_stages(pipeline_stages, self.manifest)
@@ -54,11 +67,14 @@ class Session:
         self.commit = validation.commit(commit, COMMITS)
         validation.model_dtype(self.manifest, provider)
         threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
+        max_engines_per_batch_size = validation.max_engines_per_batch_size(max_engines_per_batch_size)
         self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs, devices=self.devices)
         self.graphs.load(self._graph_names())
-        self._stats = Stats()
+        make_engine = functools.partial(Engine.create, self.graphs, k=self.k, stages=self.stages)  # batch -> Engine
+        self._engines = EnginePool(make_engine, max_engines_per_batch_size)  # (no reference back to the Session)
+        self._totals = StatsTotals()
         self._tokenizer = None
-        self._engines: dict = {}
+        self._tokenizer_lock = threading.Lock()
 
     def _graph_names(self) -> list[str]:
         names = ["prefill", "decode"]
@@ -71,25 +87,34 @@ class Session:
     # -- public ------------------------------------------------------------------------------
     @property
     def stats(self) -> dict:
-        stats = self._stats.as_dict()
+        """Totals over every finished call (and every batcher step so far), per-slot CUDA-graph
+        counters, and per batch size the engines made, leased now and callers waiting."""
+        stats = self._totals.snapshot().as_dict()
         stats["graphs"] = self.graphs.graph_counters()
+        stats["engines"] = self._engines.census()
         return stats
 
     def reset_stats(self) -> None:
-        self._stats = Stats()
+        self._totals.reset()
+
+    def record_stats(self, stats: Stats) -> None:
+        """Adds one call's counters to the totals that ``stats`` reports (thread-safe); a batcher
+        calls it after each of its calls."""
+        self._totals.add(stats)
 
     @property
     def tokenizer(self):
-        if self._tokenizer is None:
-            path = self.manifest.tokenizer_path
-            if path is None:
-                raise InputError(
-                    f"{self.manifest.dir} has no tokenizer.json, so text prompts cannot be encoded; "
-                    "pass token ids (list[int]) or convert a checkpoint that ships tokenizer.json."
-                )
-            from tokenizers import Tokenizer
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                path = self.manifest.tokenizer_path
+                if path is None:
+                    raise InputError(
+                        f"{self.manifest.dir} has no tokenizer.json, so text prompts cannot be encoded; "
+                        "pass token ids (list[int]) or convert a checkpoint that ships tokenizer.json."
+                    )
+                from tokenizers import Tokenizer
 
-            self._tokenizer = Tokenizer.from_file(str(path))
+                self._tokenizer = Tokenizer.from_file(str(path))
         return self._tokenizer
 
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, **decoder_options):
@@ -103,44 +128,78 @@ class Session:
         make_drafts, on_commit, fixed_rows (tests, exactness tools); any other keyword is an
         InputError. Every argument is checked before any work starts.
         """
-        max_new_tokens = validation.max_new_tokens(max_new_tokens)
-        stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
         options = validation.decoder_options(decoder_options, "generate")
-        prompts, single, text = self._token_prompts(prompt)
-        outs = self._generate_ids(prompts, max_new_tokens, stops, options)
-        if text:
+        new = self.new_requests(prompt, max_new_tokens, stop_tokens)
+        outs = self._generate_requests(new.requests, options)
+        if new.text:
             outs = [self.tokenizer.decode(o) for o in outs]
-        return outs[0] if single else outs
+        return outs[0] if new.single else outs
 
     def batcher(self, max_batch_size: int = 8, **decoder_options):
-        """A running batch that requests join and leave between steps (add_request / step)."""
+        """A running batch that requests join and leave between steps (add_request / step). It
+        holds its state buffers until closed: ``with session.batcher(...) as b:`` or ``b.close()``."""
         from .speculative.batcher import Batcher
 
+        self._check_open()
         return Batcher(self, max_batch_size, **decoder_options)
 
-    # -- internals ---------------------------------------------------------------------------
-    def _generate_ids(self, prompts, max_new_tokens, stops, decoder_options) -> list[list[int]]:
+    def lease_engine(self, batch_size: int) -> Lease:
+        """State buffers for batch_size rows, the caller's alone until ``lease.release()`` (or the
+        end of ``with session.lease_engine(n) as engine:``). Policy: the Session class docstring.
+        Kept across calls: on CUDA the captured graphs bind an engine's addresses, so the next
+        call that leases it replays them."""
+        return self._engines.lease(batch_size)
+
+    def new_requests(self, prompt, max_new_tokens: int = 32, stop_tokens=None, min_new_tokens: int = 0) -> NewRequests:
+        """Checked requests, in rows 0..n-1, for any prompt form generate takes (text is encoded
+        with the model's tokenizer), stopping at the model's eos ids unless stop_tokens is given.
+        Every argument is checked (ortspec.validation) before any work starts."""
+        max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=min_new_tokens)
+        stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
+        prompts, single, text = self._token_prompts(prompt)
         validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length)
-        validation.batch_fits_memory(len(prompts), self.manifest.states, self.graphs.arrays.device)
-        if max_new_tokens == 0:
-            return [[] for _ in prompts]
         requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops)
                     for i, p in enumerate(prompts)]
-        rows = len(requests)
+        return NewRequests(requests, single, text)
+
+    @property
+    def closed(self) -> bool:
+        return self.graphs.closed
+
+    def close(self) -> None:
+        """Waits for calls in flight (in any thread), closes open batchers, then releases the
+        engines, the captured CUDA graphs and their static buffers, the ONNX Runtime sessions and
+        device memory. Later calls raise ClosedError; ``stats`` still answers. Idempotent."""
+        self._engines.close()
+        self.graphs.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _generate_requests(self, requests: list[Request], decoder_options) -> list[list[int]]:
+        self._check_open()
+        validation.batch_fits_memory(len(requests), self.manifest.states, self.graphs.arrays.device)
+        if requests[0].max_new_tokens == 0:
+            return [[] for _ in requests]
+        count = rows = len(requests)
         if self.graphs.arrays.device != "cpu":  # CUDA graphs per batch bucket: pad with placeholders
             rows = batch_bucket(rows)
             requests += [Request.filler(i) for i in range(len(requests), rows)]
-        decoder = Decoder(self.graphs, rows, self.k, self.commit, self._stats, engine=self._engine(rows),
-                          **decoder_options)
-        return decoder.generate(requests)[: len(prompts)]
+        stats = Stats()
+        with self.lease_engine(rows) as engine:
+            decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, **decoder_options)
+            try:
+                return decoder.generate(requests)[:count]
+            finally:
+                self.record_stats(stats)
 
-    def _engine(self, batch: int):
-        """State buffers for a batch size, kept for the Session's life: on CUDA the captured
-        graphs bind their addresses, so a later call of the same size replays them."""
-        if batch not in self._engines:
-            self._engines[batch] = (TargetModel(self.graphs, batch, self.stages),
-                                    MTPHead(self.graphs, batch, self.k) if self.k else None)
-        return self._engines[batch]
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError(f"this Session of {self.manifest.dir} is closed (Session.close()); open a new Session.")
 
     def _token_prompts(self, prompt) -> tuple[list[list[int]], bool, bool]:
         """(prompts as token ids, single, text): text is encoded with the model's tokenizer;

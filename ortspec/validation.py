@@ -302,6 +302,11 @@ def _unknown_keyword(name: str, caller: str) -> str:
     return message + (f" Did you mean {close[0]!r}?" if close else "")
 
 
+def max_engines_per_batch_size(value) -> int:
+    return integer("max_engines_per_batch_size", value, ConfigurationError, 1,
+                   " (state buffer sets per batch size that concurrent callers lease)")
+
+
 def max_batch_size(value) -> int:
     return integer("max_batch_size", value, InputError, 1)
 

@@ -10,6 +10,7 @@ import pytest
 
 import ortspec
 from ortspec import validation
+from ortspec.speculative.requests import Request
 
 PROMPT, BATCH, NEW = [3, 14, 15], [[3, 14, 15], [92, 65]], 6
 
@@ -248,7 +249,7 @@ def test_planted_work_before_the_check_is_caught(session, monkeypatch):
     check = ortspec.Session._token_prompts
 
     def late_check(self, prompt):
-        self._generate_ids([[1]], 1, frozenset(), {})  # work first
+        self._generate_requests([Request(row=0, prompt=[1], max_new_tokens=1)], {})  # work first
         return check(self, prompt)
 
     monkeypatch.setattr(ortspec.Session, "_token_prompts", late_check)

@@ -368,39 +368,60 @@ def test_numpy_and_dlpack_views_share_memory_and_keep_the_owner_alive():
 
 
 @dataclasses.dataclass(frozen=True)
-class SlotKey:  # the runtime layer's own key type; the registry reads its attributes
+class SlotKey:  # a key type of the caller's; the registry reads its attributes
     slot: str
     tokens_per_row: int
     batch_bucket: int
+    engine: int = 0
 
 
 def test_graph_slot_registry_counts_and_ids():
     registry = native.GraphSlotRegistry()
     verify, decode = SlotKey("verify", 4, 2), native.GraphSlotKey("decode", 1, 2)
     assert registry.graph_id(verify) == 1 and registry.graph_id(decode) == 2
-    assert registry.graph_id(("verify", 4, 2)) == 1
+    assert registry.graph_id(("verify", 4, 2)) == 1 and registry.graph_id(("verify", 4, 2, 0)) == 1
     registry.on_fallback(verify)
     registry.on_capture(verify)
     registry.on_replay(verify)
     registry.on_replay(verify)
     registry.invalidate(verify)
     assert not registry.is_captured(verify)
-    assert registry.counters()[("verify", 4, 2)] == {
+    assert registry.counters()[("verify", 4, 2, 0)] == {
         "graph_id": 1, "captures": 1, "replays": 2, "fallbacks": 1, "invalidations": 1,
         "captured": False,
     }
-    with pytest.raises(RuntimeError, match=r"verify\(M=4, B=2\) \(graph id 1\) replayed while no graph"):
+    with pytest.raises(RuntimeError, match=r"verify\(M=4, B=2, engine 0\) \(graph id 1\) replayed while no graph"):
         registry.on_replay(verify)
     registry.on_capture(decode)
     with pytest.raises(RuntimeError, match="already captured"):
         registry.on_capture(decode)
     released = registry.release_all()
-    assert set(released) == {("verify", 4, 2), ("decode", 1, 2)} and len(registry) == 0
+    assert set(released) == {("verify", 4, 2, 0), ("decode", 1, 2, 0)} and len(registry) == 0
     assert registry.graph_id(decode) == 3  # ids are never reused
     with pytest.raises(ValueError, match="must be >= 1"):
         native.GraphSlotKey("decode", 0, 1)
+    with pytest.raises(ValueError, match="engine must be >= 0"):
+        native.GraphSlotKey("decode", 1, 1, engine=-1)
     with pytest.raises(TypeError, match="graph slot key must be"):
         registry.graph_id("decode")
+
+
+def test_graph_slot_registry_keys_each_engine_apart():
+    """Two engines of one shape alternate: each captures its own graph (its own id) and only
+    replays after, so neither counts a fallback or an invalidation."""
+    registry = native.GraphSlotRegistry()
+    first, second = SlotKey("decode", 1, 4, engine=0), SlotKey("decode", 1, 4, engine=1)
+    assert registry.graph_id(first) != registry.graph_id(second)
+    assert native.GraphSlotKey("decode", 1, 4, 1) != native.GraphSlotKey("decode", 1, 4, 0)
+    registry.on_capture(first)
+    registry.on_capture(second)
+    for _ in range(3):
+        registry.on_replay(first)
+        registry.on_replay(second)
+    counters = registry.counters()
+    assert [(c["captures"], c["replays"], c["fallbacks"], c["invalidations"]) for c in counters.values()] == [
+        (1, 3, 0, 0), (1, 3, 0, 0)]
+    assert set(counters) == {("decode", 1, 4, 0), ("decode", 1, 4, 1)}
 
 
 def test_build_info_is_consistent():

@@ -76,7 +76,8 @@ def test_stages_on_two_devices_equal_one(staged):
         session = ortspec.Session(staged / "two", pipeline_stages=2, devices=[0, 1], num_speculative_tokens=k,
                                   commit=commit)
         assert session.generate(PROMPTS, max_new_tokens=30) == reference, (k, commit)
-    target, mtp = session._engine(len(PROMPTS))
+    with session.lease_engine(len(PROMPTS)) as engine:  # the engine the last generate call used, now free
+        target, mtp = engine.target, engine.mtp
     bounds = session.manifest.stage_layers
     for kind in target.states.kinds:
         layer = session.manifest.states[kind.names[0]]["layer"]

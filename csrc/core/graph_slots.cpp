@@ -6,18 +6,18 @@
 namespace ortspec {
 
 bool GraphSlotKey::operator<(const GraphSlotKey& other) const {
-  return std::tie(slot, tokens_per_row, batch_bucket) <
-         std::tie(other.slot, other.tokens_per_row, other.batch_bucket);
+  return std::tie(slot, tokens_per_row, batch_bucket, engine) <
+         std::tie(other.slot, other.tokens_per_row, other.batch_bucket, other.engine);
 }
 
 bool GraphSlotKey::operator==(const GraphSlotKey& other) const {
   return slot == other.slot && tokens_per_row == other.tokens_per_row &&
-         batch_bucket == other.batch_bucket;
+         batch_bucket == other.batch_bucket && engine == other.engine;
 }
 
 std::string GraphSlotKey::describe() const {
   return slot + "(M=" + std::to_string(tokens_per_row) + ", B=" + std::to_string(batch_bucket) +
-         ")";
+         ", engine " + std::to_string(engine) + ")";
 }
 
 void GraphSlotKey::validate() const {
@@ -26,6 +26,7 @@ void GraphSlotKey::validate() const {
     throw std::invalid_argument("GraphSlotKey " + describe() +
                                 ": tokens_per_row and batch_bucket must be >= 1");
   }
+  if (engine < 0) throw std::invalid_argument("GraphSlotKey " + describe() + ": engine must be >= 0");
 }
 
 GraphSlotCounters& GraphSlotRegistry::entry(const GraphSlotKey& key) {

@@ -1,10 +1,12 @@
 // Bookkeeping for CUDA graph slots: which ONNX Runtime graph id each
-// (slot, tokens per row, batch bucket) uses, and what happened to it.
+// (slot, tokens per row, batch bucket, engine) uses, and what happened to it.
 //
 // ONNX Runtime captures one CUDA graph per `gpu_graph_id` run option and
 // replays it on later runs with the same id. The runtime layer keeps one key
 // per distinct shape it runs under a graph (decode M=1, verify M=k+1, each
-// batch bucket); this registry gives each key a stable positive id in
+// batch bucket, each engine: a captured graph binds the addresses of one
+// engine's state buffers, so two engines of one batch size need two graphs);
+// this registry gives each key a stable positive id in
 // insertion order and counts captures, replays, eager fallbacks and
 // invalidations, so that tests and benchmarks can prove graphs were really
 // replayed. Misuse (replaying a key never captured) throws: a silent replay of
@@ -20,15 +22,16 @@
 namespace ortspec {
 
 struct GraphSlotKey {
-  std::string slot;              // e.g. "decode", "verify", "mtp_draft"
+  std::string slot;              // the graph, e.g. "decode", "verify_select_k3", "decode.stage1"
   std::int64_t tokens_per_row;   // M: tokens each request row carries in one run
   std::int64_t batch_bucket;     // padded batch size the graph was captured for
+  std::int64_t engine = 0;       // the engine (set of state buffers) whose addresses it binds
 
   bool operator<(const GraphSlotKey& other) const;
   bool operator==(const GraphSlotKey& other) const;
-  // "verify(M=4, B=8)"
+  // "verify(M=4, B=8, engine 0)"
   std::string describe() const;
-  // Throws std::invalid_argument unless slot is non-empty and M, B >= 1.
+  // Throws std::invalid_argument unless slot is non-empty, M, B >= 1 and engine >= 0.
   void validate() const;
 };
 

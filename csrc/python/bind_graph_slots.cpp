@@ -1,8 +1,9 @@
 // Python face of the graph slot registry (core/graph_slots.h).
 //
-// Keys may be a GraphSlotKey, a (slot, tokens_per_row, batch_bucket) tuple, or
-// any object with those three attributes (the runtime layer's frozen
-// dataclass), so Python code keeps its own key type.
+// Keys may be a GraphSlotKey, a (slot, tokens_per_row, batch_bucket[, engine])
+// tuple, or any object with those attributes (the runtime layer's frozen
+// dataclass ortspec.runtime.graph_slots.SlotKey), so Python code keeps its own
+// key type. engine defaults to 0 where it is not given.
 #include <pybind11/stl.h>
 
 #include <string>
@@ -15,19 +16,21 @@ namespace {
 
 GraphSlotKey key_arg(py::handle key) {
   if (py::isinstance<GraphSlotKey>(key)) return key.cast<GraphSlotKey>();
-  if (py::isinstance<py::tuple>(key) && py::len(key) == 3) {
+  if (py::isinstance<py::tuple>(key) && (py::len(key) == 3 || py::len(key) == 4)) {
     py::tuple fields = py::reinterpret_borrow<py::tuple>(key);
     return GraphSlotKey{fields[0].cast<std::string>(), fields[1].cast<std::int64_t>(),
-                        fields[2].cast<std::int64_t>()};
+                        fields[2].cast<std::int64_t>(),
+                        py::len(key) == 4 ? fields[3].cast<std::int64_t>() : 0};
   }
   if (py::hasattr(key, "slot") && py::hasattr(key, "tokens_per_row") &&
       py::hasattr(key, "batch_bucket")) {
     return GraphSlotKey{key.attr("slot").cast<std::string>(),
                         key.attr("tokens_per_row").cast<std::int64_t>(),
-                        key.attr("batch_bucket").cast<std::int64_t>()};
+                        key.attr("batch_bucket").cast<std::int64_t>(),
+                        py::hasattr(key, "engine") ? key.attr("engine").cast<std::int64_t>() : 0};
   }
   throw py::type_error("graph slot key must be a GraphSlotKey, a (slot, tokens_per_row, "
-                       "batch_bucket) tuple, or an object with those attributes; got " +
+                       "batch_bucket[, engine]) tuple, or an object with those attributes; got " +
                        std::string(py::str(py::type::handle_of(key).attr("__name__"))));
 }
 
@@ -41,7 +44,7 @@ py::dict counters_dict(const std::map<GraphSlotKey, GraphSlotCounters>& slots) {
     entry["fallbacks"] = counters.fallbacks;
     entry["invalidations"] = counters.invalidations;
     entry["captured"] = counters.captured;
-    result[py::make_tuple(key.slot, key.tokens_per_row, key.batch_bucket)] = entry;
+    result[py::make_tuple(key.slot, key.tokens_per_row, key.batch_bucket, key.engine)] = entry;
   }
   return result;
 }
@@ -50,26 +53,30 @@ py::dict counters_dict(const std::map<GraphSlotKey, GraphSlotCounters>& slots) {
 
 void bind_graph_slots(py::module_& module) {
   py::class_<GraphSlotKey>(module, "GraphSlotKey",
-                           "(slot name, tokens per row M, batch bucket): one captured shape.")
-      .def(py::init([](std::string slot, std::int64_t tokens_per_row, std::int64_t batch_bucket) {
-             GraphSlotKey key{std::move(slot), tokens_per_row, batch_bucket};
+                           "(slot name, tokens per row M, batch bucket, engine): one captured "
+                           "shape over one engine's buffers.")
+      .def(py::init([](std::string slot, std::int64_t tokens_per_row, std::int64_t batch_bucket,
+                       std::int64_t engine) {
+             GraphSlotKey key{std::move(slot), tokens_per_row, batch_bucket, engine};
              key.validate();
              return key;
            }),
-           py::arg("slot"), py::arg("tokens_per_row"), py::arg("batch_bucket"))
+           py::arg("slot"), py::arg("tokens_per_row"), py::arg("batch_bucket"),
+           py::arg("engine") = 0)
       .def_readonly("slot", &GraphSlotKey::slot)
       .def_readonly("tokens_per_row", &GraphSlotKey::tokens_per_row)
       .def_readonly("batch_bucket", &GraphSlotKey::batch_bucket)
+      .def_readonly("engine", &GraphSlotKey::engine)
       .def("__eq__", [](const GraphSlotKey& key, py::handle other) {
         return py::isinstance<GraphSlotKey>(other) && key == other.cast<GraphSlotKey>();
       })
       .def("__hash__", [](const GraphSlotKey& key) {
-        return py::hash(py::make_tuple(key.slot, key.tokens_per_row, key.batch_bucket));
+        return py::hash(py::make_tuple(key.slot, key.tokens_per_row, key.batch_bucket, key.engine));
       })
       .def("__repr__", [](const GraphSlotKey& key) {
         return "GraphSlotKey('" + key.slot + "', tokens_per_row=" +
                std::to_string(key.tokens_per_row) + ", batch_bucket=" +
-               std::to_string(key.batch_bucket) + ")";
+               std::to_string(key.batch_bucket) + ", engine=" + std::to_string(key.engine) + ")";
       });
 
   py::class_<GraphSlotRegistry>(module, "GraphSlotRegistry", R"doc(
@@ -92,8 +99,8 @@ slot already captured, raises RuntimeError.)doc")
            [](const GraphSlotRegistry& r, py::handle key) { return r.is_captured(key_arg(key)); },
            py::arg("key"))
       .def("counters", [](const GraphSlotRegistry& r) { return counters_dict(r.counters()); },
-           "{(slot, tokens_per_row, batch_bucket): {graph_id, captures, replays, fallbacks, "
-           "invalidations, captured}}")
+           "{(slot, tokens_per_row, batch_bucket, engine): {graph_id, captures, replays, "
+           "fallbacks, invalidations, captured}}")
       .def("release_all", [](GraphSlotRegistry& r) { return counters_dict(r.release_all()); },
            "Forgets every slot (teardown); returns the counters as they were.")
       .def("__len__", &GraphSlotRegistry::size);

@@ -1,5 +1,6 @@
 // Graph slot bookkeeping: ids stable and in insertion order, counters per key,
-// misuse (replay before capture, double capture) loud, release_all complete.
+// one key (and id) per engine, misuse (replay before capture, double capture)
+// loud, release_all complete.
 #include <stdexcept>
 
 #include "core/graph_slots.h"
@@ -45,12 +46,39 @@ void test_misuse_is_loud() {
   GraphSlotRegistry registry;
   GraphSlotKey decode{"decode", 1, 1};
   CHECK_THROWS(registry.on_replay(decode), std::logic_error,
-               "decode(M=1, B=1) (graph id 1) replayed while no graph is captured");
+               "decode(M=1, B=1, engine 0) (graph id 1) replayed while no graph is captured");
   registry.on_capture(decode);
   CHECK_THROWS(registry.on_capture(decode), std::logic_error, "already captured");
   CHECK_THROWS(registry.graph_id(GraphSlotKey{"", 1, 1}), std::invalid_argument, "slot name");
   CHECK_THROWS(registry.graph_id(GraphSlotKey{"decode", 0, 1}), std::invalid_argument,
                "tokens_per_row and batch_bucket must be >= 1");
+  CHECK_THROWS(registry.graph_id(GraphSlotKey{"decode", 1, 1, -1}), std::invalid_argument,
+               "engine must be >= 0");
+}
+
+void test_engines_of_one_shape_get_their_own_graphs() {
+  // Two engines of one batch size alternate: each captures and replays its own graph
+  // (its own id), so neither falls back nor invalidates the other's.
+  GraphSlotRegistry registry;
+  GraphSlotKey first{"decode", 1, 4, 0}, second{"decode", 1, 4, 1};
+  CHECK(!(first == second));
+  CHECK(first < second || second < first);
+  CHECK_EQ(registry.graph_id(first), 1);
+  CHECK_EQ(registry.graph_id(second), 2);
+  registry.on_capture(first);
+  registry.on_capture(second);
+  for (int step = 0; step < 3; ++step) {
+    registry.on_replay(first);
+    registry.on_replay(second);
+  }
+  const auto counters = registry.counters();
+  CHECK_EQ(counters.size(), 2u);
+  for (const GraphSlotKey& key : {first, second}) {
+    CHECK_EQ(counters.at(key).captures, 1);
+    CHECK_EQ(counters.at(key).replays, 3);
+    CHECK_EQ(counters.at(key).invalidations, 0);
+  }
+  CHECK(second.describe() == "decode(M=1, B=4, engine 1)");
 }
 
 void test_release_all_forgets_keys_but_never_reuses_ids() {
@@ -72,6 +100,7 @@ int run_graph_slot_tests() {
   test_ids_are_stable_and_in_insertion_order();
   test_counters_follow_the_lifecycle();
   test_misuse_is_loud();
+  test_engines_of_one_shape_get_their_own_graphs();
   test_release_all_forgets_keys_but_never_reuses_ids();
   return 0;
 }

@@ -107,6 +107,9 @@ class HostArrays:
     def begin_step(self) -> None:
         pass
 
+    def release(self) -> None:
+        pass  # numpy memory goes with its last reference
+
 
 class CudaArrays:
     device = "cuda"
@@ -234,6 +237,16 @@ class CudaArrays:
             held = self._staging[name] = self.zeros([words], np.int64)
         return self.native.Buffer.from_pointer(held.data_ptr, tuple(int(s) for s in shape), _dtype_name(dtype),
                                                "cuda", self.device_index)
+
+    def release(self) -> None:
+        """Drops this device's buffer pool, scratch arena and every buffer held here (Session.close);
+        device memory is freed once no engine or captured slot holds a buffer either."""
+        self.native.synchronize(0, self.device_index)
+        self._persistent.clear()
+        self._views.clear()
+        self._staging.clear()
+        self._uploaded = {}
+        self.pool = self.scratch_arena = None
 
     def settle(self) -> None:
         """The native kernels run on the default stream and ONNX Runtime on its own: wait for

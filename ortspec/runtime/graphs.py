@@ -8,15 +8,17 @@ Sessions are created on first use: a Session with k=2 never builds the k=3 verif
 
 from __future__ import annotations
 
-import time
+import contextlib
+import threading
 
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import ProviderError
+from ..errors import ClosedError, ProviderError
 from ..manifest import Manifest
-from .arrays import DTYPES
+from .fair_lock import FairLock
+from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -86,17 +88,18 @@ class SharedWeights:
 class GraphRunner:
     """One graph of the manifest, in its own ONNX Runtime session.
 
-    ``run(feeds)`` runs it eagerly. ``run(feeds, slot=key)`` (CUDA graphs enabled) replays a
-    captured CUDA graph for that fixed shape: the slot's numpy inputs are uploaded into
-    static buffers, its buffer inputs must be the same buffers every time (else it runs
-    eagerly and counts a fallback), and its outputs are static buffers that the next replay
-    of the slot overwrites. Each session has its own CUDA memory arena, so the verify graph
-    (the "verify sibling") never shares scratch with the M=1 decode.
+    ``run(feeds)`` runs it eagerly. ``run(feeds, slot=key)`` (CUDA graphs enabled) replays the
+    captured CUDA graph of that slot (``graph_slots.GraphSlots``): the slot's numpy inputs are
+    uploaded into static buffers, its buffer inputs must be the same buffers every time (else
+    it runs eagerly and counts a fallback), and its outputs are static buffers that the next
+    replay of the slot overwrites. Each session has its own CUDA memory arena, so the verify
+    graph (the "verify sibling") never shares scratch with the M=1 decode. On the CPU ``run``
+    may be called from several threads at once (ONNX Runtime's Run is thread-safe).
     """
 
     def __init__(self, manifest: Manifest, name: str, weights: SharedWeights, arrays, provider: str = "cpu",
-                 threads: int | None = None, cuda_graphs: bool = False, registry=None) -> None:
-        self.name, self.arrays, self.registry = name, arrays, registry
+                 threads: int | None = None, cuda_graphs: bool = False, slots: GraphSlots | None = None) -> None:
+        self.name, self.arrays, self.slots = name, arrays, slots
         self.cuda_graphs = cuda_graphs and provider == "cuda"
         path = manifest.graph_path(name)
         options = weights.session_options(manifest.graphs[name]["weights"], threads)
@@ -110,40 +113,20 @@ class GraphRunner:
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self._slots: dict = {}
-        self._eager_options = _graph_id_options(-1) if self.cuda_graphs else None  # made once: ~60 us each
-        self.seconds = 0.0
-        self.runs = 0
+        self._eager_options = graph_id_options(-1) if self.cuda_graphs else None  # made once: ~60 us each
 
-    def run(self, feeds: dict, slot=None) -> dict:
+    def run(self, feeds: dict, slot: SlotKey | None = None) -> dict:
         """Inputs as numpy arrays or backend arrays; returns backend arrays (numpy on the CPU;
         device buffers on CUDA, kept alive by the returned dict)."""
-        start = time.perf_counter()
         if self.arrays.device == "cpu":
             values = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
-            out = dict(zip(self.output_names, values))
-        elif slot is not None and self.cuda_graphs:
-            out = self._run_slot(slot, feeds)
-        else:
-            out = self._run_bound(feeds)
-        self.seconds += time.perf_counter() - start
-        self.runs += 1
-        return out
+            return dict(zip(self.output_names, values))
+        if slot is not None and self.cuda_graphs:
+            return self.slots.run(self, slot, feeds)
+        return self.run_bound(feeds)
 
-    def _run_slot(self, key, feeds: dict) -> dict:
-        captured = self._slots.get(key)
-        if captured is None:  # first call: run eagerly, learn the output shapes, bind for next time
-            out = self._run_bound(feeds)
-            captured = self._slots[key] = CapturedSlot(self, key, feeds, out)
-            for name, value in out.items():  # hand out the static buffers from the start, so a
-                self.arrays.copy(captured.outputs[name], value)  # consumer bound to them stays valid
-            return captured.outputs
-        if not captured.matches(feeds):
-            self.registry.on_fallback(key)
-            return self._run_bound(feeds)
-        return captured.replay(feeds)
-
-    def _run_bound(self, feeds: dict) -> dict:
+    def run_bound(self, feeds: dict) -> dict:
+        """One eager run over IOBinding (CUDA): inputs bound where they are, outputs allocated by ONNX Runtime."""
         self.arrays.settle()  # our kernels' writes land before ONNX Runtime reads (replay settles after its uploads)
         binding = self.session.io_binding()
         for name in self.input_names:
@@ -156,65 +139,9 @@ class GraphRunner:
             binding.bind_output(name, "cuda", self.arrays.device_index)
         self.session.run_with_iobinding(binding, self._eager_options)
         values = binding.get_outputs()
-        out = _Outputs({name: self.arrays.wrap(v) for name, v in zip(self.output_names, values)})
+        out = Outputs({name: self.arrays.wrap(v) for name, v in zip(self.output_names, values)})
         out.keep_alive = (binding, values)
         return out
-
-
-def _graph_id_options(graph_id: int) -> ort.RunOptions:
-    options = ort.RunOptions()
-    options.add_run_config_entry("gpu_graph_id", str(graph_id))
-    return options
-
-
-class CapturedSlot:
-    """One CUDA graph: a fixed-shape IOBinding over static buffers, captured on its first replay.
-
-    Nothing the graph reads is written by it: states come in as inputs and leave as separate
-    outputs that the runtime commits afterwards. So ONNX Runtime's warm-up runs before a
-    capture (the graph runs 3 times) leave every state as it was.
-    """
-
-    def __init__(self, runner: GraphRunner, key, feeds: dict, first_out: dict) -> None:
-        arrays = runner.arrays
-        self.runner, self.key, self.arrays = runner, key, arrays
-        self.graph_id = runner.registry.graph_id(key)
-        self.run_options = _graph_id_options(self.graph_id)
-        self.binding = runner.session.io_binding()
-        self.uploads, self.pointers, self.outputs = {}, {}, _Outputs()
-        for name in runner.input_names:
-            value = feeds[name]
-            if isinstance(value, np.ndarray):
-                value = self.uploads[name] = arrays.zeros(value.shape, value.dtype)
-            else:
-                self.pointers[name] = value.data_ptr
-            self.binding.bind_ortvalue_input(name, arrays.ort_value(value))
-        for name in runner.output_names:
-            buffer = self.outputs[name] = arrays.zeros(first_out[name].shape, DTYPES[first_out[name].dtype])
-            self.binding.bind_ortvalue_output(name, arrays.ort_value(buffer))
-        self.captured = False
-
-    def matches(self, feeds: dict) -> bool:
-        return all(feeds[n].data_ptr == ptr for n, ptr in self.pointers.items()) and all(
-            feeds[n].shape == self.uploads[n].shape for n in self.uploads)
-
-    def replay(self, feeds: dict) -> dict:
-        for name, buffer in self.uploads.items():
-            self.arrays.upload(buffer, feeds[name])
-        self.arrays.settle()
-        self.runner.session.run_with_iobinding(self.binding, self.run_options)
-        if self.captured:
-            self.runner.registry.on_replay(self.key)
-        else:
-            self.runner.registry.on_capture(self.key)
-            self.captured = True
-        return self.outputs
-
-
-class _Outputs(dict):
-    """Graph outputs; holds the OrtValues whose device memory the wrapped buffers point into."""
-
-    keep_alive = None
 
 
 class GraphSet:
@@ -224,6 +151,15 @@ class GraphSet:
     devices: the device of each pipeline stage (default: everything on device 0). Stage s's
     graphs and its layers' states live on devices[s]; the MTP head, and so the tokens and the
     final hidden state it reads, live with the last stage. ``arrays`` is that last device's.
+
+    Threads: ``device_lock`` is held for a step, a prefill or an allocation. On CUDA it is a real
+    lock, granted in arrival order (``FairLock``), because every engine shares the device's
+    scratch arena (reset by ``begin_step``), the one stream our kernels and the uploads run on,
+    the buffer pool, and ONNX Runtime's graph capture (no other CUDA work may run meanwhile); so
+    steps of different callers take turns one by one and never overlap. On the CPU it is a
+    no-op: calls on different engines run in parallel (ONNX Runtime's Run is thread-safe,
+    HostArrays keeps no shared state), and only the lazy creation of sessions and per-device
+    weights is guarded.
     """
 
     def __init__(self, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
@@ -232,20 +168,25 @@ class GraphSet:
         self.manifest, self.provider, self.threads = manifest, provider, threads
         self.cuda_graphs = cuda_graphs and provider == "cuda"
         self.devices = list(devices) if devices else [0]
+        self._lock = FairLock() if provider == "cuda" else threading.RLock()  # re-entered: __getitem__ -> _place
+        self.device_lock = self._lock if provider == "cuda" else contextlib.nullcontext()
+        self._closed = False
         self._placed: dict[int, tuple] = {}  # device -> (arrays, SharedWeights)
         self.arrays = self.arrays_on(self.devices[-1])
-        self.registry = self.arrays.native.GraphSlotRegistry() if provider == "cuda" else None
+        self.slots = GraphSlots(self.arrays.native.GraphSlotRegistry() if provider == "cuda" else None)
         self._runners: dict[str, GraphRunner] = {}
 
     def _place(self, device: int) -> tuple:
-        if device not in self._placed:
-            arrays = make_arrays(self.manifest, self.provider, device)
-            if self.provider == "cpu" and self._placed:  # host memory: one copy serves every "device"
-                weights = next(iter(self._placed.values()))[1]
-            else:
-                weights = SharedWeights(self.manifest, arrays)
-            self._placed[device] = (arrays, weights)
-        return self._placed[device]
+        with self._lock:
+            self._check_open()
+            if device not in self._placed:
+                arrays = make_arrays(self.manifest, self.provider, device)
+                if self.provider == "cpu" and self._placed:  # host memory: one copy serves every "device"
+                    weights = next(iter(self._placed.values()))[1]
+                else:
+                    weights = SharedWeights(self.manifest, arrays)
+                self._placed[device] = (arrays, weights)
+            return self._placed[device]
 
     def arrays_on(self, device: int):
         return self._place(device)[0]
@@ -268,7 +209,8 @@ class GraphSet:
         return self.arrays_on(self.stage_device(stage))
 
     def begin_step(self) -> None:
-        for arrays, _ in self._placed.values():
+        """(under device_lock) Hands every device's step scratch back."""
+        for arrays, _ in list(self._placed.values()):  # a copy: another thread may place a device meanwhile
             arrays.begin_step()
 
     @property
@@ -283,17 +225,37 @@ class GraphSet:
 
     def graph_counters(self) -> dict:
         """Per CUDA-graph slot: captures, replays, fallbacks, invalidations ({} on the CPU)."""
-        if self.registry is None:
-            return {}
-        return {f"{slot}/M{m}/B{b}": {k: v for k, v in c.items() if k in ("captures", "replays", "fallbacks",
-                                                                            "invalidations")}
-                for (slot, m, b), c in self.registry.counters().items()}
+        return self.slots.counters()
 
     def __getitem__(self, name: str) -> GraphRunner:
-        if name not in self._runners:
-            base = name.split(".stage")[0]
-            graphed = self.cuda_graphs and (base in ("decode", "mtp") or base.startswith(("verify", "mtp_propose")))
-            arrays, weights = self._place(self.graph_device(name))
-            self._runners[name] = GraphRunner(self.manifest, name, weights, arrays, self.provider,
-                                              self.threads, cuda_graphs=graphed, registry=self.registry)
-        return self._runners[name]
+        runner = self._runners.get(name)
+        if runner is None:
+            with self._lock:
+                self._check_open()
+                if name not in self._runners:
+                    arrays, weights = self._place(self.graph_device(name))
+                    self._runners[name] = GraphRunner(self.manifest, name, weights, arrays, self.provider,
+                                                      self.threads, self.cuda_graphs and is_captured_graph(name),
+                                                      self.slots)
+                runner = self._runners[name]
+        return runner
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Releases the captured slots, the ONNX Runtime sessions (and with them their CUDA graphs),
+        and every device's buffers and weights. Later use raises ClosedError. Idempotent."""
+        with self._lock:
+            self.slots.release()
+            self._runners.clear()
+            for arrays, _ in self._placed.values():
+                arrays.release()
+            self._placed.clear()
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the graphs of {self.manifest.dir} were released (Session.close()); "
+                              "open a new Session to run them.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..manifest import graph_name, stage_graph_name
+from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
 from .states import LayerState, Rows, Snapshot, StateSet
 
@@ -35,56 +36,32 @@ def proxies(outputs: dict) -> dict:
     return {name: value for name, value in outputs.items() if name.startswith("proxy.")}
 
 
-class HandOver:
-    """Proxies passed from one pipeline stage to the next when the two run on different devices:
-    copied into buffers on the receiving device. A captured CUDA graph binds its input
-    addresses, so each graph slot receives into its own fixed buffer; eager runs (prefill,
-    any M) receive into a staging buffer per proxy."""
-
-    def __init__(self, graphs: GraphSet, stage: int) -> None:
-        self.source = graphs.stage_device(stage - 1)
-        self.device = graphs.stage_device(stage)
-        self.arrays = graphs.arrays_on(self.device)
-        self._slot_buffers: dict = {}
-
-    def __call__(self, proxies: dict, slot) -> dict:
-        if self.device == self.source:
-            return proxies
-        received = {}
-        for name, value in proxies.items():
-            if slot is None:
-                buffer = self.arrays.staging(name, value.shape, value.dtype)
-            else:
-                buffer = self._slot_buffers.get((slot, name))
-                if buffer is None:
-                    buffer = self._slot_buffers[(slot, name)] = self.arrays.zeros(value.shape, value.dtype)
-            self.arrays.copy(buffer, value)
-            received[name] = buffer
-        return received
-
-
 class TargetModel:
     """The hybrid target: prefill, M=1 decode, M=k+1 verify (plain or with state windows).
 
     With pipeline stages each forward runs the stage graphs in order, each over its own
     layers' states, passing the proxies on; the outputs of all stages are merged, so the
     state kinds and the speculative step see one model.
+
+    engine: the id CUDA-graph slots are keyed by (``graph_slots.SlotKey``): the captured graphs
+    of these buffers are this model's own. Default: a fresh id.
     """
 
-    def __init__(self, graphs: GraphSet, batch: int, stages: int = 1) -> None:
+    def __init__(self, graphs: GraphSet, batch: int, stages: int = 1, engine: int | None = None) -> None:
         self.graphs, self.stages = graphs, stages
+        self.engine = graphs.slots.new_engine_id() if engine is None else engine
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
         self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
 
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
-    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, slot: str | None = None) -> Forward:
-        """slot names the CUDA graph for this fixed shape (slot, rows per request, batch)."""
+    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False) -> Forward:
+        """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them."""
         feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
         merged, keep_alive = {}, []
         for stage, graph in enumerate(self.graph_names(name)):
-            key = (f"{slot}.stage{stage}" if self.stages > 1 else slot, ids.shape[1], len(rows)) if slot else None
+            key = SlotKey.for_run(graph, ids, self.engine) if graphed else None
             out = self.graphs[graph].run(feeds, slot=key)
             keep_alive.append(getattr(out, "keep_alive", None))
             merged.update(out)
@@ -108,19 +85,19 @@ class TargetModel:
 
     def decode(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, 1]."""
-        out = self._run("decode", rows, ids, positions, slot="decode")
+        out = self._run("decode", rows, ids, positions, graphed=True)
         self.states.advance(out, rows, positions)
         return out
 
     def verify(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, k+1]; advances every state past all k+1 rows (readvance fixes it)."""
-        out = self._run(graph_name("verify", ids.shape[1] - 1), rows, ids, positions, slot="verify_readvance")
+        out = self._run(graph_name("verify", ids.shape[1] - 1), rows, ids, positions, graphed=True)
         self.states.advance(out, rows, positions)
         return out
 
     def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """Like verify, but leaves the states untouched; the outputs hold the state after each row."""
-        return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions, slot="verify")
+        return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions, graphed=True)
 
     def select(self, out: Forward, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
         self.states.select(out, rows, positions, accepted)
@@ -130,6 +107,12 @@ class TargetModel:
 
     def restore(self, snap: Snapshot, rows: Rows, lengths: np.ndarray) -> None:
         self.states.restore(snap, rows, lengths)
+
+    def release(self) -> None:
+        """Drops the state and hand-over buffers (Session.close), even while stale objects still hold this model."""
+        self.states.release()
+        for hand_over in self.hand_overs:
+            hand_over.release()
 
 
 class MTPHead:
@@ -143,18 +126,20 @@ class MTPHead:
     written to the cache; the draft passes' entries live inside the graph.
     """
 
-    def __init__(self, graphs: GraphSet, batch: int, k: int) -> None:
+    def __init__(self, graphs: GraphSet, batch: int, k: int, engine: int | None = None) -> None:
         self.graphs, self.arrays, self.k = graphs, graphs.arrays, k
+        self.engine = graphs.slots.new_engine_id() if engine is None else engine
         self.graph = graph_name("mtp_propose", k)
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
 
     def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
-                 slot: str | None = "mtp_catch_up") -> np.ndarray:
+                 graphed: bool = True) -> np.ndarray:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
-        (rows past last[j] are padding, never written). Returns the next step's drafts [B, k]."""
+        (rows past last[j] are padding, never written). Returns the next step's drafts [B, k].
+        graphed: a fixed-shape run (every step's), replayed as a CUDA graph; not the prefill's."""
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
                  "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows)}
-        key = (f"{slot}.k{self.k}", next_ids.shape[1], len(rows)) if slot else None  # one graph per k
+        key = SlotKey.for_run(self.graph, next_ids, self.engine) if graphed else None
         out = self.graphs[self.graph].run(feeds, slot=key)
         for kind in self.states.kinds:
             kind.write(out, rows, positions, counts=last + 1)
@@ -162,3 +147,6 @@ class MTPHead:
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         return self.states.row_state(row, length)
+
+    def release(self) -> None:
+        self.states.release()

@@ -243,6 +243,10 @@ class StateSet:
                 name = kind.names[0]
                 kind.select_window(kind.arrays.stack([c[name] for c in captures]), rows, index)
 
+    def release(self) -> None:
+        """Drops every buffer (Session.close): memory goes even if a stale holder keeps this set."""
+        self.kinds, self._layer_groups = [], []
+
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""
         out = {}

@@ -1,26 +1,36 @@
 """Continuous batching: requests join and leave a running batch between steps.
 
-    batcher = session.batcher(max_batch_size=4)
-    a = batcher.add_request([1, 2, 3], max_new_tokens=32)
-    batcher.step()                       # {request id: tokens committed this step}
-    b = batcher.add_request([4, 5], max_new_tokens=8)   # joins while `a` runs
-    while batcher.pending:
-        batcher.step()
-    batcher.result(a), batcher.result(b)
+    with session.batcher(max_batch_size=4) as batcher:
+        a = batcher.add_request([1, 2, 3], max_new_tokens=32)
+        batcher.step()                       # {request id: tokens committed this step}
+        b = batcher.add_request([4, 5], max_new_tokens=8)   # joins while `a` runs
+        while batcher.pending:
+            batcher.step()
+        batcher.result(a), batcher.result(b)
 
 A new request is prefilled into a free row when it is added and takes part from the next
 step on; a finished request's row is freed for the next arrival. Every request's tokens equal
 what it gets decoded alone. On CUDA every row always runs (rows stay one contiguous range at
 fixed addresses, so the captured graphs keep replaying): a free row holds a finished
 placeholder whose results are dropped.
+
+A batcher holds one engine (state buffers for max_batch_size rows) from its creation until
+``close()`` (or the end of its with block; or, unclosed, when it is garbage-collected), so a
+generate call or another batcher of the same size never touches its states. It uses the
+Session's public API only: ``lease_engine``, ``new_requests``, ``record_stats``, ``graphs``,
+``k`` and ``commit``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 from .. import validation
-from ..errors import InputError
+from ..errors import ClosedError, InputError
 from .decoder import Decoder
 from .requests import Request
+from .stats import Stats
 
 
 class Batcher:
@@ -29,14 +39,51 @@ class Batcher:
         decoder_options = validation.decoder_options(decoder_options, "batcher")
         validation.batch_fits_memory(max_batch_size, session.manifest.states, session.graphs.arrays.device)
         self.session = session
-        self.decoder = Decoder(session.graphs, max_batch_size, session.k, session.commit, session._stats,
-                               engine=session._engine(max_batch_size), **decoder_options)
         self.rows: list[Request | None] = [None] * max_batch_size
         self.requests: dict[int, Request] = {}
         self._next_id = 0
-        if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
-            for row in range(max_batch_size):
-                self._place(Request.filler(row))
+        self.decoder: Decoder | None = None
+        lease = session.lease_engine(max_batch_size)
+        self._give_back = weakref.finalize(self, lease.release)  # at close(), or when dropped unclosed
+        self._lease = lease
+        try:
+            with self._call() as engine:
+                self.decoder = Decoder(session.graphs, max_batch_size, session.k, session.commit, Stats(),
+                                       engine=engine, **decoder_options)
+                if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
+                    for row in range(max_batch_size):
+                        self._place(Request.filler(row))
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "Batcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Gives the engine back (idempotent). add_request and step then raise ClosedError;
+        result and pending still answer."""
+        self._give_back()
+
+    @property
+    def closed(self) -> bool:
+        return not self._give_back.alive
+
+    @contextlib.contextmanager
+    def _call(self):
+        """One call on the engine: refused once closed, waited for by Session.close(); its
+        counters go to the Session's totals when it ends."""
+        if self.closed:
+            raise ClosedError("this batcher is closed; open a new one with session.batcher(...).")
+        with self._lease.using() as engine:
+            try:
+                yield engine
+            finally:
+                if self.decoder is not None:
+                    self.session.record_stats(self.decoder.take_stats())
 
     @property
     def pending(self) -> list[int]:
@@ -49,21 +96,19 @@ class Batcher:
         prompt: token ids (as for Session.generate), or a str, encoded with the model's
         tokenizer; step() and result() return token ids either way (session.tokenizer.decode
         turns them into text). max_new_tokens >= 1; stop_tokens as for generate."""
-        max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=1)
-        spec = self.session.manifest.spec
-        stops = validation.stop_tokens(stop_tokens, spec.vocab_size, spec.eos_token_ids)
-        prompts, single, _ = self.session._token_prompts(prompt)
-        prompt = validation.single_prompt(prompts, single)
-        validation.prompts_fit([prompt], max_new_tokens, self.session.manifest.max_length)
-        row = next((i for i, r in enumerate(self.rows) if r is None or r.done), None)  # finished rows are free
-        if row is None:
-            raise InputError(f"all {len(self.rows)} rows are busy; call step() until a request finishes, "
-                             "or open a batcher with a larger max_batch_size.")
-        req = Request(row=row, prompt=prompt, max_new_tokens=max_new_tokens, stop_tokens=stops)
-        self._place(req)
-        rid, self._next_id = self._next_id, self._next_id + 1
-        self.requests[rid] = req
-        return rid
+        with self._call():
+            new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1)
+            validation.single_prompt([r.prompt for r in new.requests], new.single)
+            [req] = new.requests
+            row = next((i for i, r in enumerate(self.rows) if r is None or r.done), None)  # finished rows are free
+            if row is None:
+                raise InputError(f"all {len(self.rows)} rows are busy; call step() until a request finishes, "
+                                 "or open a batcher with a larger max_batch_size.")
+            req.row = row
+            self._place(req)
+            rid, self._next_id = self._next_id, self._next_id + 1
+            self.requests[rid] = req
+            return rid
 
     def _place(self, req: Request) -> None:
         self.rows[req.row] = req
@@ -71,9 +116,10 @@ class Batcher:
 
     def step(self) -> dict[int, list[int]]:
         """One decoding step for every running request; returns the tokens each committed."""
-        before = {rid: r.output_length for rid, r in self.requests.items() if not r.done}
-        self.decoder.step([r for r in self.rows if r is not None])
-        return {rid: self.requests[rid].output(n) for rid, n in before.items()}
+        with self._call():
+            before = {rid: r.output_length for rid, r in self.requests.items() if not r.done}
+            self.decoder.step([r for r in self.rows if r is not None])
+            return {rid: self.requests[rid].output(n) for rid, n in before.items()}
 
     def result(self, request_id: int) -> list[int]:
         """The request's tokens so far (all of them once it is done)."""

@@ -10,8 +10,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..runtime.engines import Engine
 from ..runtime.graphs import GraphSet
-from ..runtime.model import MTPHead, TargetModel
+from ..runtime.model import MTPHead
 from ..runtime.states import Rows
 from .drafts import DraftSource, MTPDrafts
 from .requests import Batch, Request
@@ -31,7 +32,9 @@ def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
 class Decoder:
     """Runs prefill, then greedy (k=0) or speculative (k>=1) steps until every request is done.
 
-    One Decoder per generate call: its state buffers are sized to the batch and start at zero.
+    One Decoder per generate call or batcher, over an ``Engine`` (state buffers for the batch)
+    that its caller leased from the Session, or its own when none is given. Each step and
+    prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
     ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
 
     On the CPU each step runs only the unfinished requests. On CUDA (``fixed_rows``) every
@@ -42,13 +45,12 @@ class Decoder:
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
-                 engine: tuple[TargetModel, MTPHead | None] | None = None, stages: int = 1) -> None:
+                 engine: Engine | None = None, stages: int = 1) -> None:
         self.graphs, self.k, self.commit, self.stats, self.on_commit = graphs, k, commit, stats, on_commit
         self.fixed_rows = graphs.arrays.device != "cpu" if fixed_rows is None else fixed_rows
         self.max_length = graphs.manifest.max_length
-        # engine: state buffers a Session keeps across calls (fixed addresses for CUDA graphs)
-        self.target, self.mtp = engine or (TargetModel(graphs, batch_size, stages),
-                                           MTPHead(graphs, batch_size, k) if k > 0 else None)
+        self.engine = engine or Engine.create(graphs, batch_size, k, stages)
+        self.target, self.mtp = self.engine.target, self.engine.mtp
         self.drafts = make_drafts(self.mtp) if k > 0 else None
 
     # -- driver ----------------------------------------------------------------------------
@@ -66,28 +68,34 @@ class Decoder:
         if not active:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
-        self.graphs.begin_step()
-        room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-        if self.k > 0 and room >= self.k:
-            self.speculative_step(batch)
-        else:
-            self.greedy_step(batch)
-        if self.on_commit:
-            self.on_commit(self, batch)
+        with self.graphs.device_lock:
+            self.graphs.begin_step()
+            room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
+            if self.k > 0 and room >= self.k:
+                self.speculative_step(batch)
+            else:
+                self.greedy_step(batch)
+            if self.on_commit:
+                self.on_commit(self, batch)
         return True
+
+    def take_stats(self) -> Stats:
+        """The counters since the last take (a batcher reports them to its Session after each call)."""
+        stats, self.stats = self.stats, Stats()
+        return stats
 
     def prefill(self, req: Request) -> None:
         """Target over the prompt (positions 0..n-1) -> first token; then the MTP head's entries 0..n-1."""
         rows, n = Rows([req.row]), len(req.prompt)
         ids, positions = np.array([req.prompt], np.int64), np.arange(n, dtype=np.int64)[None]  # [1, n]
-        with self.stats.timed("prefill"):
+        with self.graphs.device_lock, self.stats.timed("prefill"):
             self.target.reset(rows)
             out = self.target.prefill(rows, ids, positions)
             req.tokens = list(req.prompt)
             first = int(out.tokens[0, -1])
             if self.mtp is not None:
                 next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
-                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req], slot=None)
+                self._catch_up(rows, out["hidden"], next_ids, positions, np.array([n - 1]), [req], graphed=False)
         req.extend([first])
         if not req.placeholder:
             self.stats.requests += 1
@@ -164,10 +172,10 @@ class Decoder:
         self.stats.readvance_forwards += last + 1
         states.select_captured(recorded, np.where(partial, accepted, last + 1), rows)
 
-    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, slot="mtp_catch_up") -> None:
+    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
         and never written); the head's output at last[j] is the next step's d1."""
-        drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, slot=slot)  # [B, k]
+        drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, graphed=graphed)  # [B, k]
         for req, row in zip(requests, drafts):
             req.next_drafts = row.tolist()
 

@@ -1,4 +1,5 @@
-"""Counters a Session accumulates over its life (``Session.stats`` returns them as a dict).
+"""Counters of a call (``Stats``) and a Session's totals over every call (``StatsTotals``;
+``Session.stats`` returns them as a dict).
 
 Two units are counted, and each name says which:
 
@@ -14,7 +15,9 @@ times add up to at most the wall time of the calls they were measured in.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import threading
 import time
 
 PHASES = ("prefill", "decode", "propose", "verify", "commit")
@@ -94,6 +97,18 @@ class Stats:
         self.drafted += k * len(accepted)
         self.accepted += int(sum(accepted))
 
+    def merge(self, other: "Stats") -> None:
+        """Adds another call's counters to these (every int counter, the histogram, the phase times)."""
+        for f in dataclasses.fields(self):
+            if not f.name.startswith("_") and isinstance(getattr(self, f.name), int):
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        if len(self.accept_histogram) < len(other.accept_histogram):
+            self.accept_histogram.extend([0] * (len(other.accept_histogram) - len(self.accept_histogram)))
+        for a, rows in enumerate(other.accept_histogram):
+            self.accept_histogram[a] += rows
+        for phase, seconds in other.seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted (0.0 before any draft)."""
@@ -124,3 +139,25 @@ class Stats:
 
 
 DERIVED = ("acceptance_rate", "mean_tokens_per_step", "tokens_per_second")
+
+
+class StatsTotals:
+    """A Session's counters over all its calls. Each call (a generate, a batcher's step) counts
+    into its own Stats and adds them here when it ends, under a lock: calls in several threads
+    neither race on a counter nor see each other's half-counted steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = Stats()
+
+    def add(self, stats: Stats) -> None:
+        with self._lock:
+            self._stats.merge(stats)
+
+    def snapshot(self) -> Stats:
+        with self._lock:
+            return copy.deepcopy(self._stats)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._stats = Stats()
