@@ -4,6 +4,7 @@ from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     ConfigurationError,
+    ConvertOptionError,
     InputError,
     ModelDirError,
     OrtspecError,
@@ -31,4 +32,4 @@ def __getattr__(name):
 
 
 __all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ConfigurationError",
-           "InputError", "ModelDirError", "ProviderError", "UnsupportedModelError", "WeightError"]
+           "ConvertOptionError", "InputError", "ModelDirError", "ProviderError", "UnsupportedModelError", "WeightError"]

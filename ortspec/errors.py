@@ -39,3 +39,10 @@ class ConfigurationError(OrtspecError, ValueError):
 
 class ProviderError(OrtspecError, RuntimeError):
     """The requested execution provider is not available in the installed onnxruntime."""
+
+
+class ConvertOptionError(CheckpointError, ConfigurationError):
+    """An argument of ``convert`` is invalid: wrong type, out of range, or too large for the model
+    or for this machine's memory. A ConfigurationError by meaning; also a CheckpointError, which
+    is what convert raised for bad options before this class existed."""
+

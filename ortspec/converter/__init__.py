@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..errors import CheckpointError, UnsupportedModelError
+from ..errors import ConvertOptionError, UnsupportedModelError
 from ..manifest import GRAPH_FILES, Manifest, graph_name, stage_graph_name
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
+from .options import ConvertOptions, check_max_length
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
 from .quantize import quantize_store
 from .weights import WeightPreparer, cast_matrices
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "generation_config.json")
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
@@ -36,19 +37,18 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
     lm_head and the MTP fc as 4-bit blocks of 32 (MatMulNBits); the embedding keeps dtype.
     """
-    if quant not in (None, "int4"):
-        raise CheckpointError(f"quant={quant!r} is not supported; use 'int4' or leave it out.")
-    if dtype not in DTYPES:
-        raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
-    if not 0 <= num_speculative_tokens <= 8:
-        raise CheckpointError(f"num_speculative_tokens={num_speculative_tokens} is out of range; use 0..8.")
-    if max_length < 2:
-        raise CheckpointError(f"max_length={max_length} is too small; use at least 2 (typical: 1024-8192).")
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
+                             pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
+                             progress=progress)
+    num_speculative_tokens, dtype, max_length = options.num_speculative_tokens, options.dtype, options.max_length
+    quant, progress = options.quant, options.progress
+    checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     hf_config = read_hf_config(checkpoint_dir)
     spec = ModelSpec.from_hf_config(hf_config)
     reader = CheckpointReader(checkpoint_dir)
     with_mtp = _mtp_available(spec, reader)
+    check_max_length(spec, max_length, with_mtp)
+    boundaries = _stage_boundaries(spec.num_layers, options.pipeline_stages, options.stage_layers)
     K = num_speculative_tokens if with_mtp else 0
     if num_speculative_tokens and not with_mtp:
         print(f"ortspec convert: {checkpoint_dir} has no mtp.* weights; converting without an MTP head "
@@ -62,7 +62,6 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     cast_matrices(store, dtype)
     layout = store.save(out_dir)
 
-    boundaries = _stage_boundaries(spec.num_layers, pipeline_stages, stage_layers)
     shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
@@ -99,14 +98,20 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     return out_dir
 
 
+def _path(name: str, value) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConvertOptionError(f"{name}={value!r} must be a path (str or pathlib.Path).")
+    return Path(value)
+
+
 def _stage_boundaries(num_layers: int, stages: int, stage_layers) -> list[int]:
     if stage_layers is not None:
         bounds = list(stage_layers)
-        if bounds[0] != 0 or bounds[-1] != num_layers or any(b > c for b, c in zip(bounds, bounds[1:])):
-            raise CheckpointError(f"stage_layers={bounds} must rise from 0 to num_layers={num_layers}.")
+        if not bounds or bounds[0] != 0 or bounds[-1] != num_layers or any(b > c for b, c in zip(bounds, bounds[1:])):
+            raise ConvertOptionError(f"stage_layers={bounds} must rise from 0 to num_layers={num_layers}.")
         return bounds
     if not 1 <= stages <= num_layers:
-        raise CheckpointError(f"pipeline_stages={stages} must be between 1 and the {num_layers} layers.")
+        raise ConvertOptionError(f"pipeline_stages={stages} must be between 1 and the {num_layers} layers.")
     return [round(s * num_layers / stages) for s in range(stages + 1)]
 
 
