@@ -8,6 +8,7 @@ from .errors import (
     InputError,
     ModelDirError,
     OrtspecError,
+    OutputDirError,
     ProviderError,
     UnsupportedModelError,
     WeightError,
@@ -23,6 +24,15 @@ def convert(checkpoint_dir, out_dir, **options):
     return _convert(checkpoint_dir, out_dir, **options)
 
 
+def verify(model_dir) -> dict[str, int]:
+    """Checks every file of a converted model against the size and sha256 recorded at conversion
+    (reads every byte). Raises ModelDirError naming the first file that differs; returns
+    {file name: size} of the files checked. (Loading a Session checks the sizes only.)"""
+    from .manifest import Manifest
+
+    return Manifest.load(model_dir).verify()
+
+
 def __getattr__(name):
     if name == "Session":  # imported lazily so `ortspec convert` does not load onnxruntime sessions
         from .session import Session
@@ -31,5 +41,6 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ConfigurationError",
-           "ConvertOptionError", "InputError", "ModelDirError", "ProviderError", "UnsupportedModelError", "WeightError"]
+__all__ = ["Session", "convert", "verify", "OrtspecError", "CheckpointError", "CheckpointNotFoundError",
+           "ConfigurationError", "ConvertOptionError", "InputError", "ModelDirError", "OutputDirError", "ProviderError",
+           "UnsupportedModelError", "WeightError"]

@@ -13,8 +13,17 @@ def _convert(args) -> None:
     from .converter import convert
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.num_speculative_tokens, dtype=args.dtype,
-                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant)
+                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
+                  overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
+
+
+def _verify(args) -> None:
+    from . import verify
+
+    files = verify(args.model)
+    print(f"{args.model}: {len(files)} files, {sum(files.values()) / 2**20:.1f} MiB: every size and sha256 matches "
+          "manifest.json")
 
 
 def _int_list(text: str) -> list[int]:
@@ -89,7 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None, help="int4 projection weights (MatMulNBits, block 32)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
+
+    v = sub.add_parser("verify", help="check every file of a converted model against its recorded sha256 "
+                                      "(exit 0: intact, 2: the first damaged file is named)")
+    v.add_argument("model", help="converted model directory")
+    v.set_defaults(func=_verify)
 
     g = sub.add_parser("generate", help="generate from a converted model")
     g.add_argument("model", help="converted model directory")

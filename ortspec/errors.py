@@ -46,3 +46,7 @@ class ConvertOptionError(CheckpointError, ConfigurationError):
     or for this machine's memory. A ConfigurationError by meaning; also a CheckpointError, which
     is what convert raised for bad options before this class existed."""
 
+
+class OutputDirError(OrtspecError, OSError):
+    """``convert`` cannot or will not write its output directory: it is a file, not writable, the
+    checkpoint itself, or an existing directory that it must not replace."""

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 import ortspec
@@ -38,7 +39,7 @@ def copy(checkpoint, tmp_path):
     (dict(stage_layers=[0, "2", 4]), "stage_layers='2' must be an integer"),
     (dict(dtype=16), "dtype 16 is not supported"),
     (dict(quant="INT4"), "quant='INT4' is not supported"),
-    (dict(max_length=None), "max_length=None must be an integer, not NoneType"),
+    (dict(overwrite="no"), "overwrite='no' must be True or False"),
     (dict(max_length=1), "max_length=1 is too small"),
 ])
 def test_bad_option_types_are_refused_before_reading_anything(tmp_path, option, match):
@@ -69,7 +70,7 @@ def test_max_length_that_cannot_fit_in_memory_is_refused_at_once(copy, tmp_path)
     with pytest.raises(ortspec.ConvertOptionError, match=r"max_length=1000000000 needs [\d,.]+ GiB .* this machine "
                                                         r"has [\d,.]+ GiB of memory\. Use --max-length \d+ or less"):
         convert(copy, tmp_path / "out", max_length=10**9)
-    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.glob(".out*")) == [] and not (tmp_path / "out").exists()
 
 
 def test_the_memory_bound_is_exact(checkpoint):
@@ -91,6 +92,19 @@ def test_non_finite_weights_are_refused_naming_the_tensor(copy, tmp_path, value)
     with pytest.raises(ortspec.WeightError, match=r"'model.layers.2.mlp.down_proj.weight' has 1 non-finite values "
                                                   r"\(NaN or Inf\), the first at index \[5, 7\]"):
         convert(copy, tmp_path / "out")
+    assert list(tmp_path.glob(".out*")) == [] and not (tmp_path / "out").exists()
+
+
+def test_a_nan_bfloat16_weight_over_an_existing_model_leaves_it_intact(tmp_path):
+    make_checkpoint(tmp_path / "ck", seed=52, dtype="bfloat16")
+    out = convert(tmp_path / "ck", tmp_path / "out")
+    tensors = load_file(tmp_path / "ck" / "model.safetensors")
+    tensors["mtp.fc.weight"][0, 0] = torch.nan
+    save_file(tensors, tmp_path / "ck" / "model.safetensors")
+    with pytest.raises(ortspec.WeightError, match="'mtp.fc.weight' has 1 non-finite"):
+        convert(tmp_path / "ck", out, overwrite=True)
+    ortspec.verify(out)
+    assert list(tmp_path.glob(".out*")) == []
 
 
 def test_a_truncated_safetensors_file_is_a_checkpoint_error(copy, tmp_path):

@@ -35,6 +35,7 @@ class ConvertOptions:
     pipeline_stages: int = 1
     stage_layers: tuple[int, ...] | None = None
     quant: str | None = None
+    overwrite: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -45,8 +46,9 @@ class ConvertOptions:
                 raise ConvertOptionError(f"stage_layers={self.stage_layers!r} must be a list of layer indices such "
                                          "as [0, 2, 4], or None for an even split.")
             object.__setattr__(self, "stage_layers", tuple(_integer("stage_layers", b) for b in self.stage_layers))
-        if not isinstance(self.progress, bool):
-            raise ConvertOptionError(f"progress={self.progress!r} must be True or False.")
+        for name in ("overwrite", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConvertOptionError(f"{name}={getattr(self, name)!r} must be True or False.")
         self._check_ranges()
 
     def _check_ranges(self) -> None:
