@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     ort.set_default_logger_severity(3)
     out, failures, results = Path(args.out), 0, {}
     ortspec.convert(ROOT / "models" / "tiny-qwen35", out / "tiny", num_speculative_tokens=4, max_length=512,
-                    pipeline_stages=2, progress=False)
+                    pipeline_stages=2, overwrite=True, progress=False)
     solo = [ortspec.Session(out / "tiny", provider="cuda").generate(p, max_new_tokens=n) for p, n in REQUESTS]
     for commit in ("select", "readvance"):
         session = ortspec.Session(out / "tiny", provider="cuda", num_speculative_tokens=3, commit=commit)
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     tables = []
     for dtype in ("float16", "float32"):
         ortspec.convert(medium / "ck", medium / dtype, num_speculative_tokens=4, max_length=512, dtype=dtype,
-                        progress=False)
+                        overwrite=True, progress=False)
         result = run_bench(medium / dtype, ks=(0, 1, 2, 3, 4), batches=(1, 2, 4, 8, 16), max_new_tokens=64,
                            repeats=3, provider="cuda", progress=False)
         results[f"bench_medium_{dtype}"] = result

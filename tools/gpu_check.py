@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     print("onnxruntime", ort.__version__, ort.get_available_providers())
     print("native", json.dumps(_native.build_info()))
     out = Path(args.out)
-    ortspec.convert(ROOT / "models" / "tiny-qwen35", out, num_speculative_tokens=4, max_length=512, progress=False)
+    ortspec.convert(ROOT / "models" / "tiny-qwen35", out, num_speculative_tokens=4, max_length=512,
+                    overwrite=True, progress=False)
     prompts = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [900, 1]]
     n = args.new_tokens
     results, failures = {}, 0
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
         model = out if dtype == "float32" else Path(f"{args.out}_{dtype}")
         if dtype != "float32":
             ortspec.convert(ROOT / "models" / "tiny-qwen35", model, num_speculative_tokens=4, max_length=512,
-                            dtype=dtype, progress=False)
+                            dtype=dtype, overwrite=True, progress=False)
         greedy = ortspec.Session(model, provider="cuda").generate(prompts, max_new_tokens=n)
         line = []
         for commit in ("select", "readvance"):
@@ -121,9 +122,10 @@ def main(argv=None) -> int:
 
     medium = Path(args.out + "_medium")
     make_checkpoint(medium / "ck", seed=7, draft_agreement=10.0, **MEDIUM)
-    ortspec.convert(medium / "ck", medium / "out", num_speculative_tokens=4, max_length=512, progress=False)
+    ortspec.convert(medium / "ck", medium / "out", num_speculative_tokens=4, max_length=512,
+                    overwrite=True, progress=False)
     ortspec.convert(medium / "ck", medium / "out_fp16", num_speculative_tokens=4, max_length=512, dtype="float16",
-                    progress=False)
+                    overwrite=True, progress=False)
     results["memory_mib"] = memory_with_and_without_sharing(medium / "out")
     print("device memory (MiB):", results["memory_mib"])
 

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     out, failures, results = Path(args.out), 0, {"gpus": gpus, "devices": devices}
     tiny = out / "tiny"
     ortspec.convert(ROOT / "models" / "tiny-qwen35", tiny, num_speculative_tokens=4, max_length=256,
-                    pipeline_stages=2, progress=False)
+                    pipeline_stages=2, overwrite=True, progress=False)
 
     one = ortspec.Session(tiny, provider="cuda").generate(PROMPTS, max_new_tokens=48)
     for k, commit in ((0, "select"), (2, "select"), (3, "readvance")):
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     medium = out / "medium"
     make_checkpoint(medium / "ck", seed=7, draft_agreement=10.0, **MEDIUM)
     ortspec.convert(medium / "ck", medium / "fp16", num_speculative_tokens=4, max_length=512, dtype="float16",
-                    pipeline_stages=2, progress=False)
+                    pipeline_stages=2, overwrite=True, progress=False)
     layouts = [("1 stage", 1, None), ("2 stages, 1 GPU", 2, [0, 0])] + ([("2 stages, 2 GPUs", 2, [0, 1])]
                                                                          if gpus >= 2 else [])
     benches = {}

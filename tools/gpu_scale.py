@@ -147,12 +147,12 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     make_checkpoint(out / "large_ck", seed=3, **LARGE)
     large = ortspec.convert(out / "large_ck", out / "large_fp16", num_speculative_tokens=4, max_length=512,
-                            dtype="float16", progress=False)
+                            dtype="float16", overwrite=True, progress=False)
     params = sum(int(np.prod(e["shape"])) for e in Manifest.load(large).weights.values())
     print(f"LARGE: {params / 1e9:.2f}B parameters (MTP head included), checkpoint + convert "
           f"{time.perf_counter() - start:.0f} s", flush=True)
     trained = ortspec.convert(args.trained, out / "trained_fp16", num_speculative_tokens=4, max_length=512,
-                              dtype="float16", progress=False)
+                              dtype="float16", overwrite=True, progress=False)
 
     bench, table = memory_bound(large, bandwidth)
     profiles = [kernel_profile(model, k, b) for model in (trained, large) for k in (0, 2) for b in (1, 16)]
