@@ -187,19 +187,20 @@ def _check_field(doc: dict, dotted: str, kind: type, path: Path) -> None:
 def _check_files(doc: dict, path: Path) -> None:
     """Every graph entry names its file and weights; every file a load reads (graphs, weights.bin)
     has a well-formed size and checksum record."""
-    files = doc["files"]
+    files, reconvert = doc["files"], _reconvert(path.parent, doc)
     for name, graph in doc["graphs"].items():
-        if not (isinstance(graph, dict) and isinstance(graph.get("file"), str) and isinstance(graph.get("weights"), list)):
-            raise ModelDirError(f"{path} has an invalid entry for graph {name!r}: {graph!r}; {_reconvert(path.parent, doc)}")
+        if not (isinstance(graph, dict) and isinstance(graph.get("file"), str)
+                and isinstance(graph.get("weights"), list)):
+            raise ModelDirError(f"{path} has an invalid entry for graph {name!r}: {graph!r}; {reconvert}")
     for name in [doc["weights"]["file"], *(g["file"] for g in doc["graphs"].values())]:
         if name not in files:
-            raise ModelDirError(f"{path} records no size for {name!r} among its files; {_reconvert(path.parent, doc)}")
+            raise ModelDirError(f"{path} records no size for {name!r} among its files; {reconvert}")
     for name, record in files.items():
         plain = isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
-        well_formed = isinstance(record, dict) and isinstance(record.get("size"), int) and isinstance(
-            record.get(CHECKSUM), str)
+        well_formed = (isinstance(record, dict) and isinstance(record.get("size"), int)
+                       and isinstance(record.get(CHECKSUM), str))
         if not (plain and well_formed):
-            raise ModelDirError(f"{path} has an invalid file record {name!r}: {record!r}; {_reconvert(path.parent, doc)}")
+            raise ModelDirError(f"{path} has an invalid file record {name!r}: {record!r}; {reconvert}")
 
 
 def _reconvert(model_dir: Path, doc: dict) -> str:

@@ -38,7 +38,8 @@ def load(model_dir):
 def test_manifest_records_every_file(converted):
     manifest = Manifest.load(converted)
     assert sorted(manifest.files) == sorted(set(os.listdir(converted)) - {"manifest.json"})
-    assert all(len(r["sha256"]) == 64 and r["size"] == (converted / n).stat().st_size for n, r in manifest.files.items())
+    for name, record in manifest.files.items():
+        assert len(record["sha256"]) == 64 and record["size"] == (converted / name).stat().st_size
     assert ortspec.verify(converted) == {n: r["size"] for n, r in manifest.files.items()}
 
 

@@ -51,7 +51,7 @@ def check_destination(out: Path, overwrite: bool) -> None:
         return
     foreign = [p.name + ("/" if p.is_dir() else "") for p in entries if not _is_model_file(p)]
     if foreign or not _manifest_may_be_ours(out):
-        listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "") if foreign else "no ortspec manifest.json"
+        listed = (", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")) if foreign else "no ortspec manifest"
         raise OutputDirError(
             f"the output directory {out} is not empty and is not an ortspec model ({listed}); ortspec replaces "
             "only directories it wrote, even with overwrite. Choose a new or empty directory, or remove this one "

@@ -12,8 +12,9 @@ into place only when complete, so no reader ever sees half of a model:
 Beside the destination means on the same filesystem, where a rename is atomic. While a
 conversion runs it holds a shared flock on the parent directory; the lock dies with the process
 (even on SIGKILL). A conversion that can take the lock exclusively knows that no other
-conversion runs there, so every staging directory of NAME is a dead one and it deletes them. Where renameat2 is missing (macOS, Windows, old glibc) the old model is renamed aside and
-the new one renamed in: for that instant the directory is absent, never half-written.
+conversion runs there, so every staging directory of NAME is a dead one and it deletes them.
+Where renameat2 is missing (macOS, Windows, old glibc) the old model is renamed aside and the
+new one renamed in: for that instant the directory is absent, never half-written.
 """
 
 from __future__ import annotations
