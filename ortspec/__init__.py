@@ -5,11 +5,13 @@ from .errors import (
     CheckpointNotFoundError,
     ClosedError,
     ConfigurationError,
+    ConvertOptionError,
     EnginesHeldError,
     InputError,
     MissingDependencyError,
     ModelDirError,
     OrtspecError,
+    OutputDirError,
     ProviderError,
     UnsupportedModelError,
     WeightError,
@@ -25,6 +27,15 @@ def convert(checkpoint_dir, out_dir, **options):
     return _convert(checkpoint_dir, out_dir, **options)
 
 
+def verify(model_dir) -> dict[str, int]:
+    """Checks every file of a converted model against the size and sha256 recorded at conversion
+    (reads every byte). Raises ModelDirError naming the first file that differs; returns
+    {file name: size} of the files checked. (Loading a Session checks the sizes only.)"""
+    from .manifest import Manifest
+
+    return Manifest.load(model_dir).verify()
+
+
 def __getattr__(name):
     if name == "Session":  # imported lazily so `ortspec convert` does not load onnxruntime sessions
         from .session import Session
@@ -33,6 +44,7 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["Session", "convert", "OrtspecError", "CheckpointError", "CheckpointNotFoundError", "ClosedError",
-           "ConfigurationError", "EnginesHeldError", "InputError", "MissingDependencyError", "ModelDirError",
-           "ProviderError", "UnsupportedModelError", "WeightError"]
+__all__ = ["Session", "convert", "verify", "OrtspecError", "CheckpointError", "CheckpointNotFoundError",
+           "ClosedError", "ConfigurationError", "ConvertOptionError", "EnginesHeldError", "InputError",
+           "MissingDependencyError", "ModelDirError", "OutputDirError", "ProviderError", "UnsupportedModelError",
+           "WeightError"]

@@ -14,6 +14,7 @@ from .errors import InputError, OrtspecError
 
 EXAMPLES = """examples:
   ortspec convert models/qwen35-python-20m out/py20m
+  ortspec verify out/py20m
   ortspec generate out/py20m --prompt "def fibonacci(n):" --max-new-tokens 64 -k 2
   ortspec bench out/py20m -k 0,1,2,3 --batch 1,4 --plot bench.png   (--plot needs: pip install 'ortspec[bench]')
 """
@@ -80,7 +81,17 @@ def _add_convert(sub) -> None:
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None,
                    help="int4 projection weights (MatMulNBits, blocks of 32; default: none)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
+
+
+def _add_verify(sub) -> None:
+    v = _command(sub, "verify", "check a converted model's files against their recorded sha256",
+                 "Re-hashes every file of a converted model and compares sizes and sha256 with\n"
+                 "manifest.json (exit 0: intact; 2: the first damaged file is named).")
+    v.add_argument("model", help="converted model directory")
+    v.set_defaults(func=_verify)
 
 
 def _add_generate(sub) -> None:
@@ -122,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_convert(sub)
+    _add_verify(sub)
     _add_generate(sub)
     _add_bench(sub)
     return parser
@@ -143,8 +155,17 @@ def _convert(args) -> None:
     from .converter import convert
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
-                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant)
+                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
+                  overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
+
+
+def _verify(args) -> None:
+    from . import verify
+
+    files = verify(args.model)
+    print(f"{args.model}: {len(files)} files, {sum(files.values()) / 2**20:.1f} MiB: every size and sha256 matches "
+          "manifest.json")
 
 
 def _parse_prompt(text: str, ids: bool):

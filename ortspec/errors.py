@@ -52,3 +52,14 @@ class ClosedError(OrtspecError, RuntimeError):
 
 class EnginesHeldError(OrtspecError, RuntimeError):
     """A call would wait forever for state buffers that its own thread holds (e.g. an open batcher)."""
+
+
+class ConvertOptionError(CheckpointError, ConfigurationError):
+    """An argument of ``convert`` is invalid: wrong type, out of range, or too large for the model
+    or for this machine's memory. A ConfigurationError by meaning; also a CheckpointError, which
+    is what convert raised for bad options before this class existed."""
+
+
+class OutputDirError(OrtspecError, OSError):
+    """``convert`` cannot or will not write its output directory: it is a file, not writable, the
+    checkpoint itself, or an existing directory that it must not replace."""

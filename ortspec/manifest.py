@@ -1,8 +1,13 @@
 """manifest.json: the contract between the converter and the runtime.
 
 It records the model dimensions, K, max_length, every graph file with the weights it
-uses, the weight layout of weights.bin, and every state tensor (kind, shape, dtype) so
-the runtime allocates states without guessing.
+uses, the weight layout of weights.bin, every state tensor (kind, shape, dtype) so the
+runtime allocates states without guessing, and the size and sha256 of every file in the
+directory (integrity.py), so a load refuses a directory that is not what was converted.
+
+Format ortspec/2 added the file records. A directory of format ortspec/1 is refused with the
+command that reconverts it: without sizes, a half-overwritten directory of that format (what
+a killed conversion of that version left) cannot be told from a whole one.
 """
 
 from __future__ import annotations
@@ -12,10 +17,18 @@ import json
 from pathlib import Path
 
 from .errors import ModelDirError
+from .integrity import CHECKSUM, check_checksums, check_sizes
 from .model_spec import FULL, ModelSpec
 
-FORMAT = "ortspec/1"
+FORMAT = "ortspec/2"
+MANIFEST_FILE = "manifest.json"
+WEIGHTS_FILE = "weights.bin"
 GRAPH_FILES = "{name}.onnx"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "generation_config.json")
+_FIELDS = (("model", dict), ("max_length", int), ("num_speculative_tokens", int), ("dtype", str),
+           ("weights.file", str), ("weights.tensors", dict), ("graphs", dict), ("states", dict),
+           ("tokenizer.files", list), ("files", dict))
 
 
 def graph_name(kind: str, k: int) -> str:
@@ -65,6 +78,7 @@ class Manifest:
     source: dict = dataclasses.field(default_factory=dict)
     stage_layers: list = dataclasses.field(default_factory=list)  # pipeline boundaries, [0, ..., L]
     quant: str | None = None  # "int4": MatMulNBits weights
+    files: dict = dataclasses.field(default_factory=dict)  # file name -> {"size", "sha256"}
 
     @property
     def num_stages(self) -> int:
@@ -84,13 +98,13 @@ class Manifest:
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
-               source, model_type, stage_layers, quant=None) -> "Manifest":
+               source, model_type, stage_layers, quant=None, files=None) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
-                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant)
+                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant, dict(files or {}))
 
-    def save(self, out_dir: Path) -> None:
-        doc = {
+    def to_json(self) -> str:
+        return json.dumps({
             "format": FORMAT,
             "source": self.source,
             "model": self.spec.to_dict(),
@@ -98,30 +112,97 @@ class Manifest:
             "num_speculative_tokens": self.num_speculative_tokens,
             "dtype": self.dtype,
             "quant": self.quant,
-            "weights": {"file": "weights.bin", "tensors": self.weights},
+            "weights": {"file": WEIGHTS_FILE, "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
             "tokenizer": {"files": self.tokenizer_files},
             "pipeline": {"stage_layers": self.stage_layers},
-        }
-        (Path(out_dir) / "manifest.json").write_text(json.dumps(doc, indent=1))
+            "files": self.files,
+        }, indent=1)
 
     @classmethod
     def load(cls, model_dir: str | Path) -> "Manifest":
+        """Reads manifest.json and checks the directory against it: every file it records is
+        there with its recorded size (one stat each; checksums are ``verify``'s job)."""
         model_dir = Path(model_dir)
-        path = model_dir / "manifest.json"
-        if not path.is_file():
-            hint = (" It looks like a HuggingFace checkpoint: convert it first with "
-                    f"`ortspec convert {model_dir} OUT_DIR`." if (model_dir / "config.json").is_file() else "")
-            raise ModelDirError(f"{str(model_dir)!r} has no manifest.json, so it is not a converted ortspec model.{hint}")
-        doc = json.loads(path.read_text())
-        if doc.get("format") != FORMAT:
-            raise ModelDirError(f"{path} has format {doc.get('format')!r}; this ortspec reads {FORMAT!r}. Reconvert.")
-        missing = [g["file"] for g in doc["graphs"].values() if not (model_dir / g["file"]).is_file()]
-        if not (model_dir / doc["weights"]["file"]).is_file():
-            missing.append(doc["weights"]["file"])
-        if missing:
-            raise ModelDirError(f"{model_dir} is missing {missing}; reconvert the model.")
-        return cls(model_dir, ModelSpec.from_dict(doc["model"]), doc["max_length"], doc["num_speculative_tokens"],
-                   doc["dtype"], doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
-                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"))
+        doc = _read_document(model_dir)
+        try:
+            spec = ModelSpec.from_dict(doc["model"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelDirError(f"{model_dir / MANIFEST_FILE} has an invalid 'model' section ({exc!r}); "
+                                f"{_reconvert(model_dir, doc)}") from exc
+        check_sizes(model_dir, doc["files"])
+        return cls(model_dir, spec, doc["max_length"], doc["num_speculative_tokens"], doc["dtype"],
+                   doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
+                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
+                   doc["files"])
+
+    def verify(self) -> dict[str, int]:
+        """Re-hashes every file against its recorded checksum (reads every byte); raises
+        ModelDirError at the first that differs. Returns {file name: size} of the files checked."""
+        check_checksums(self.dir, self.files)
+        return {name: record["size"] for name, record in self.files.items()}
+
+
+def _read_document(model_dir: Path) -> dict:
+    """manifest.json parsed and checked field by field: anything else is a ModelDirError."""
+    path = model_dir / MANIFEST_FILE
+    if not path.is_file():
+        hint = (" It looks like a HuggingFace checkpoint: convert it first with "
+                f"`ortspec convert {model_dir} OUT_DIR`." if (model_dir / "config.json").is_file() else "")
+        raise ModelDirError(f"{str(model_dir)!r} has no manifest.json, so it is not a converted ortspec model.{hint}")
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise ModelDirError(f"cannot read {path}: {exc.strerror}. Check the directory's permissions.") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelDirError(f"{path} is not valid JSON ({exc}): it was cut short or overwritten; "
+                            f"{_reconvert(model_dir, {})}") from exc
+    if not isinstance(doc, dict):
+        raise ModelDirError(f"{path} holds a JSON {type(doc).__name__}, not an ortspec manifest; this is not a "
+                            "converted ortspec model.")
+    if doc.get("format") != FORMAT:
+        old = doc.get("format") == "ortspec/1"
+        why = ("records no file sizes or checksums, so a half-written directory cannot be told from a whole one"
+               if old else f"is not the format this ortspec reads ({FORMAT!r})")
+        raise ModelDirError(f"{path} has format {doc.get('format')!r}, which {why}; {_reconvert(model_dir, doc)}")
+    for dotted, kind in _FIELDS:
+        _check_field(doc, dotted, kind, path)
+    _check_files(doc, path)
+    return doc
+
+
+def _check_field(doc: dict, dotted: str, kind: type, path: Path) -> None:
+    value = doc
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise ModelDirError(f"{path} lacks {dotted!r}; it is incomplete or not written by ortspec. "
+                                f"{_reconvert(path.parent, doc)}")
+        value = value[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ModelDirError(f"{path} has {dotted!r} of type {type(value).__name__}, expected {kind.__name__}. "
+                            f"{_reconvert(path.parent, doc)}")
+
+
+def _check_files(doc: dict, path: Path) -> None:
+    """Every graph entry names its file and weights; every file a load reads (graphs, weights.bin)
+    has a well-formed size and checksum record."""
+    files, reconvert = doc["files"], _reconvert(path.parent, doc)
+    for name, graph in doc["graphs"].items():
+        if not (isinstance(graph, dict) and isinstance(graph.get("file"), str)
+                and isinstance(graph.get("weights"), list)):
+            raise ModelDirError(f"{path} has an invalid entry for graph {name!r}: {graph!r}; {reconvert}")
+    for name in [doc["weights"]["file"], *(g["file"] for g in doc["graphs"].values())]:
+        if name not in files:
+            raise ModelDirError(f"{path} records no size for {name!r} among its files; {reconvert}")
+    for name, record in files.items():
+        plain = isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
+        well_formed = (isinstance(record, dict) and isinstance(record.get("size"), int)
+                       and isinstance(record.get(CHECKSUM), str))
+        if not (plain and well_formed):
+            raise ModelDirError(f"{path} has an invalid file record {name!r}: {record!r}; {reconvert}")
+
+
+def _reconvert(model_dir: Path, doc: dict) -> str:
+    source = doc.get("source", {}).get("checkpoint") if isinstance(doc.get("source"), dict) else None
+    return f"reconvert it: ortspec convert {source or 'CHECKPOINT_DIR'} {model_dir} --overwrite"

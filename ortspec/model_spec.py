@@ -43,6 +43,7 @@ class ModelSpec:
     tie_word_embeddings: bool
     mtp_num_hidden_layers: int
     eos_token_ids: tuple[int, ...] = ()
+    max_position_embeddings: int | None = None  # the longest sequence the model was made for, if config.json says
 
     # -- derived dimensions -------------------------------------------------------------
     @property
@@ -172,11 +173,15 @@ class ModelSpec:
             tie_word_embeddings=bool(t.get("tie_word_embeddings", False)),
             mtp_num_hidden_layers=int(t.get("mtp_num_hidden_layers", 0) or 0),
             eos_token_ids=eos_ids,
+            max_position_embeddings=t.get("max_position_embeddings"),
         )
         spec._check()
         return spec
 
     def _check(self) -> None:
+        limit = self.max_position_embeddings
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise CheckpointError(f"config.json has max_position_embeddings={limit!r}; it must be a positive integer.")
         if self.num_attention_heads % self.num_key_value_heads:
             raise CheckpointError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "

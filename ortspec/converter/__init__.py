@@ -1,30 +1,34 @@
-"""``ortspec convert``: a HuggingFace Qwen3.5-text checkpoint -> ONNX graphs + manifest.json."""
+"""``ortspec convert``: a HuggingFace Qwen3.5-text checkpoint -> ONNX graphs + manifest.json.
+
+    check arguments, output directory, checkpoint and max_length     (before any work)
+    -> weights.bin, graphs, tokenizer files, manifest.json           (in a staging directory,
+                                                                       each file size + sha256 recorded)
+    -> publish: one atomic move into place                           (converter/staging.py)
+"""
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..errors import CheckpointError, UnsupportedModelError
-from ..manifest import GRAPH_FILES, Manifest, graph_name, stage_graph_name
+from ..errors import ConvertOptionError, UnsupportedModelError
+from ..manifest import GRAPH_FILES, MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_name, stage_graph_name
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
+from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
+from .output_dir import check_output_dir
 from .quantize import quantize_store
+from .staging import StagingDir
 from .weights import WeightPreparer, cast_matrices
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "generation_config.json")
-DTYPES = ("float32", "float16", "bfloat16")
-MAX_SPECULATIVE_TOKENS = 8  # the largest K convert writes verify graphs for; Session's k errors quote it
 
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
-            quant: str | None = None, progress: bool = True) -> Path:
+            quant: str | None = None, overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -36,35 +40,66 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
     lm_head and the MTP fc as 4-bit blocks of 32 (MatMulNBits); the embedding keeps dtype.
+
+    out_dir is written whole or not at all (see converter/output_dir.py for what may be
+    replaced): an existing model there is refused unless overwrite=True, which replaces it.
     """
-    if quant not in (None, "int4"):
-        raise CheckpointError(f"quant={quant!r} is not supported; use 'int4' or leave it out.")
-    if dtype not in DTYPES:
-        raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
-    if not 0 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
-        raise CheckpointError(f"num_speculative_tokens={num_speculative_tokens} is out of range; "
-                              f"use 0..{MAX_SPECULATIVE_TOKENS}.")
-    if max_length < 2:
-        raise CheckpointError(f"max_length={max_length} is too small; use at least 2 (typical: 1024-8192).")
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
+                             pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
+                             overwrite=overwrite, progress=progress)
+    checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
+    check_output_dir(out_dir, checkpoint_dir, options.overwrite)
     hf_config = read_hf_config(checkpoint_dir)
     spec = ModelSpec.from_hf_config(hf_config)
     reader = CheckpointReader(checkpoint_dir)
     with_mtp = _mtp_available(spec, reader)
-    K = num_speculative_tokens if with_mtp else 0
-    if num_speculative_tokens and not with_mtp:
+    check_max_length(spec, options.max_length, with_mtp)
+    boundaries = _stage_boundaries(spec.num_layers, options.pipeline_stages, options.stage_layers)
+    K = options.num_speculative_tokens if with_mtp else 0
+    if options.num_speculative_tokens and not with_mtp:
         print(f"ortspec convert: {checkpoint_dir} has no mtp.* weights; converting without an MTP head "
               "(greedy only, num_speculative_tokens=0).")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    store = WeightStore()
-    WeightPreparer(spec, reader, store).prepare_all(max_length, with_mtp)
-    if quant == "int4":
-        quantize_store(store)
-    cast_matrices(store, dtype)
-    layout = store.save(out_dir)
+    with StagingDir(out_dir, options.overwrite) as staging:
+        store = _prepare_weights(spec, reader, options, with_mtp)
+        with staging.create(WEIGHTS_FILE) as f:
+            layout = store.write(f)
+        builders = _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries)
+        graphs = {}
+        for name, build in tqdm(builders.items(), desc="ortspec convert", unit="graph", disable=not options.progress):
+            g = build()
+            graphs[name] = {"file": GRAPH_FILES.format(name=name), "weights": g.used_weights}
+            staging.write_bytes(graphs[name]["file"], g.build(layout).SerializeToString())
+        tokenizer_files = [name for name in TOKENIZER_FILES if (checkpoint_dir / name).is_file()]
+        for name in tokenizer_files:
+            staging.copy(checkpoint_dir / name, name)
+        manifest = Manifest.create(spec, max_length=options.max_length, num_speculative_tokens=K, dtype=options.dtype,
+                                   weights=layout, graphs=graphs, tokenizer_files=tokenizer_files,
+                                   source=str(checkpoint_dir), model_type=hf_config.get("model_type"),
+                                   stage_layers=boundaries, quant=options.quant, files=staging.files)
+        staging.write_bytes(MANIFEST_FILE, manifest.to_json().encode(), record=False)
+        staging.publish()
+    return out_dir
 
-    boundaries = _stage_boundaries(spec.num_layers, pipeline_stages, stage_layers)
+
+def _path(name: str, value) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConvertOptionError(f"{name}={value!r} must be a path (str or pathlib.Path).")
+    return Path(value)
+
+
+def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: ConvertOptions, with_mtp: bool) -> WeightStore:
+    store = WeightStore()
+    WeightPreparer(spec, reader, store).prepare_all(options.max_length, with_mtp)
+    if options.quant == "int4":
+        quantize_store(store)
+    cast_matrices(store, options.dtype)
+    return store
+
+
+def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,
+                    boundaries: list[int]) -> dict:
+    """Graph name -> a function building it (graphs are built one at a time, then written)."""
     shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
@@ -80,35 +115,17 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
         builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length)
         for k in range(1, K + 1):
             builders[graph_name("mtp_propose", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k)
-
-    import onnx
-
-    graphs = {}
-    for name, build in tqdm(builders.items(), desc="ortspec convert", unit="graph", disable=not progress):
-        g = build()
-        file = GRAPH_FILES.format(name=name)
-        onnx.save(g.build(layout), str(out_dir / file))
-        graphs[name] = {"file": file, "weights": g.used_weights}
-
-    tokenizer_files = []
-    for fname in TOKENIZER_FILES:
-        if (checkpoint_dir / fname).is_file():
-            shutil.copy2(checkpoint_dir / fname, out_dir / fname)
-            tokenizer_files.append(fname)
-    Manifest.create(spec, max_length=max_length, num_speculative_tokens=K, dtype=dtype, weights=layout,
-                    graphs=graphs, tokenizer_files=tokenizer_files, source=str(checkpoint_dir),
-                    model_type=hf_config.get("model_type"), stage_layers=boundaries, quant=quant).save(out_dir)
-    return out_dir
+    return builders
 
 
 def _stage_boundaries(num_layers: int, stages: int, stage_layers) -> list[int]:
     if stage_layers is not None:
         bounds = list(stage_layers)
-        if bounds[0] != 0 or bounds[-1] != num_layers or any(b > c for b, c in zip(bounds, bounds[1:])):
-            raise CheckpointError(f"stage_layers={bounds} must rise from 0 to num_layers={num_layers}.")
+        if not bounds or bounds[0] != 0 or bounds[-1] != num_layers or any(b > c for b, c in zip(bounds, bounds[1:])):
+            raise ConvertOptionError(f"stage_layers={bounds} must rise from 0 to num_layers={num_layers}.")
         return bounds
     if not 1 <= stages <= num_layers:
-        raise CheckpointError(f"pipeline_stages={stages} must be between 1 and the {num_layers} layers.")
+        raise ConvertOptionError(f"pipeline_stages={stages} must be between 1 and the {num_layers} layers.")
     return [round(s * num_layers / stages) for s in range(stages + 1)]
 
 

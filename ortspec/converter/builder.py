@@ -15,10 +15,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..manifest import WEIGHTS_FILE
+
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
 IR_VERSION = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 would default to 14
-WEIGHTS_FILE = "weights.bin"
 _ALIGN = 64
 
 _ONNX_TYPE = {
@@ -59,11 +60,17 @@ class WeightStore:
         return table
 
     def save(self, out_dir: Path) -> dict[str, dict]:
-        table = self.layout()
         with open(out_dir / WEIGHTS_FILE, "wb") as f:
-            for name, arr in self.arrays.items():
-                f.seek(table[name]["offset"])
-                f.write(arr.tobytes())
+            return self.write(f)
+
+    def write(self, f) -> dict[str, dict]:
+        """Writes weights.bin front to back (zero padding written, not sought over, so a writer
+        can checksum the bytes as they pass); returns the layout."""
+        table, end = self.layout(), 0
+        for name, arr in self.arrays.items():
+            f.write(bytes(table[name]["offset"] - end))
+            f.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
+            end = table[name]["offset"] + table[name]["length"]
         return table
 
     def external_tensor(self, name: str, entry: dict) -> TensorProto:

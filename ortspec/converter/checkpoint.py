@@ -4,10 +4,16 @@ HF's own loader drops the ``mtp.*`` keys of Qwen3.5 checkpoints, so ortspec read
 files directly. Target weights live under ``model.`` (Qwen3_5ForCausalLM) or
 ``model.language_model.`` (the multimodal Qwen3_5ForConditionalGeneration layout);
 ``lm_head.weight`` and ``mtp.*`` sit at the top level in both.
+
+Every tensor is read once and checked: shape against config.json, and every value finite (a
+NaN weight used to convert fine and then generate only EOS). A shard that is cut short or not
+safetensors at all is a CheckpointError naming the file; shards' headers are read up front,
+before any work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,6 +22,7 @@ import numpy as np
 from ..errors import CheckpointError, CheckpointNotFoundError, WeightError
 
 _TARGET_PREFIXES = ("model.language_model.", "model.")
+_FINITE_CHUNK = 1 << 20  # elements per isfinite call: a 1 MiB temporary that stays in cache
 
 
 class CheckpointReader:
@@ -29,14 +36,16 @@ class CheckpointReader:
     def _index_files(self) -> dict[str, Path]:
         index = self.dir / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-            files = {name: self.dir / fname for name, fname in weight_map.items()}
+            files = {name: self.dir / fname for name, fname in _read_weight_map(index).items()}
             missing = sorted({str(f) for f in files.values() if not f.is_file()})
             if missing:
                 raise CheckpointNotFoundError(
                     f"model.safetensors.index.json names shard files that are missing: {missing}. "
                     "Download every shard of the checkpoint."
                 )
+            for shard in sorted(set(files.values())):
+                with _open_shard(shard, "np"):  # reads the header only: a cut-short shard fails here
+                    pass
             return files
         shards = sorted(self.dir.glob("*.safetensors"))
         if not shards:
@@ -44,11 +53,9 @@ class CheckpointReader:
                 f"{str(self.dir)!r} has no *.safetensors files; ortspec reads safetensors weights "
                 "(convert .bin checkpoints with transformers' save_pretrained first)."
             )
-        from safetensors import safe_open
-
         files = {}
         for shard in shards:
-            with safe_open(str(shard), framework="np") as f:
+            with _open_shard(shard, "np") as f:
                 for name in f.keys():
                     files[name] = shard
         return files
@@ -83,9 +90,7 @@ class CheckpointReader:
                 f"weight {key!r} is missing from the checkpoint's safetensors files; the config "
                 f"expects it with shape {list(shape)}. The checkpoint is incomplete or of another layout."
             )
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
+        with _open_shard(path, "pt") as f:
             tensor = f.get_tensor(key)
         if tuple(tensor.shape) != tuple(shape):
             raise WeightError(
@@ -93,6 +98,46 @@ class CheckpointReader:
                 "the weights do not match config.json."
             )
         try:
-            return tensor.float().numpy()
+            array = tensor.float().numpy()
         except Exception as exc:  # pragma: no cover - dtype torch cannot convert
             raise CheckpointError(f"weight {key!r} of dtype {tensor.dtype} cannot be read: {exc}") from exc
+        check_finite(key, array)
+        return array
+
+
+def check_finite(key: str, array: np.ndarray) -> None:
+    """Raises WeightError naming the tensor if any value is NaN or Inf. Checked in chunks, so a
+    multi-gigabyte tensor costs no full-size temporary (only the failing case counts them all)."""
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, _FINITE_CHUNK):
+        if not np.isfinite(flat[start:start + _FINITE_CHUNK]).all():
+            bad = np.flatnonzero(~np.isfinite(flat))
+            first = [int(i) for i in np.unravel_index(bad[0], array.shape)]
+            raise WeightError(
+                f"weight {key!r} has {bad.size} non-finite values (NaN or Inf), the first at index {first}: the "
+                "checkpoint is corrupt or was saved from a diverged training run, and a model made from it would "
+                "generate garbage. Use a checkpoint whose weights are all finite.")
+
+
+def _read_weight_map(index: Path) -> dict:
+    try:
+        weight_map = json.loads(index.read_bytes()).get("weight_map")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{index} cannot be read as a safetensors index ({exc}); download it again.") from exc
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no 'weight_map' object; download the checkpoint's index again.")
+    return weight_map
+
+
+@contextlib.contextmanager
+def _open_shard(path: Path, framework: str):
+    """safe_open, with a truncated, corrupt or unreadable shard turned into a CheckpointError."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework=framework) as f:
+            yield f
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(
+            f"{path} cannot be read as safetensors ({exc}): it is cut short (an interrupted download?) or "
+            "corrupt. Download it again.") from exc

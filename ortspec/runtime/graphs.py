@@ -15,12 +15,14 @@ import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import ClosedError, ProviderError
+from ..errors import ClosedError, ModelDirError, ProviderError
 from ..manifest import Manifest
 from .fair_lock import FairLock
 from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_LOAD_FAILURES = tuple(getattr(ort.capi.onnxruntime_pybind11_state, name) for name in (
+    "InvalidProtobuf", "InvalidGraph", "NoSuchFile", "Fail"))  # what ONNX Runtime raises for a bad model file
 
 
 def check_provider(provider: str) -> str:
@@ -53,7 +55,11 @@ class SharedWeights:
     def __init__(self, manifest: Manifest, arrays) -> None:
         self.manifest, self.arrays = manifest, arrays
         path = manifest.dir / "weights.bin"
-        self._raw = np.fromfile(path, dtype=np.uint8) if arrays.device == "cpu" else np.memmap(path, np.uint8, "r")
+        try:
+            self._raw = np.fromfile(path, dtype=np.uint8) if arrays.device == "cpu" else np.memmap(path, np.uint8, "r")
+        except (OSError, ValueError) as exc:  # ValueError: np.memmap of an empty file
+            raise ModelDirError(f"cannot read {path} ({exc}); run `ortspec verify {manifest.dir}`, then copy the "
+                                "model again or reconvert it.") from exc
         self._buffers, self._values = {}, {}
         self.nbytes = 0  # bytes this device holds
 
@@ -61,7 +67,11 @@ class SharedWeights:
         if name not in self._values:
             entry = self.manifest.weights[name]
             dtype = ml_dtypes.bfloat16 if entry["dtype"] == "bfloat16" else entry["dtype"]
-            array = self._raw[entry["offset"]: entry["offset"] + entry["length"]].view(dtype).reshape(entry["shape"])
+            raw = self._raw[entry["offset"]: entry["offset"] + entry["length"]]
+            if raw.size != entry["length"]:  # Manifest.load checked the size; the file changed since
+                raise ModelDirError(f"weight {name!r} lies past the end of {self.manifest.dir}/weights.bin "
+                                    f"({self._raw.size} bytes); the file changed after loading. Reload the model.")
+            array = raw.view(dtype).reshape(entry["shape"])
             if self.arrays.device != "cpu":
                 if array.dtype == np.uint8:  # int4 blocks: the native buffers hold no uint8; each
                     return None  # session reads these (small) from weights.bin itself
@@ -110,7 +120,13 @@ class GraphRunner:
             if self.cuda_graphs:
                 cuda_options["enable_cuda_graph"] = "1"
             providers = [(providers[0], cuda_options)]
-        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except _LOAD_FAILURES as exc:
+            raise ModelDirError(
+                f"ONNX Runtime cannot load graph {path.name} of {manifest.dir} ({type(exc).__name__}: "
+                f"{str(exc)[:300]}). Run `ortspec verify {manifest.dir}` to find a damaged file, then copy the "
+                "model again or reconvert it.") from exc
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._eager_options = graph_id_options(-1) if self.cuda_graphs else None  # made once: ~60 us each

@@ -42,9 +42,10 @@ CODE_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:
 
 def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline_stages: int = 1,
             quant: str | None = None) -> Path:
-    """ortspec.convert with K=4, quietly: every subcommand converts this way."""
+    """ortspec.convert with K=4, quietly, replacing an earlier conversion at the same fixed path
+    (the subcommands reconvert into fixed /tmp paths): every subcommand converts this way."""
     return ortspec.convert(source, out, num_speculative_tokens=4, max_length=max_length, dtype=dtype,
-                           pipeline_stages=pipeline_stages, quant=quant, progress=False)
+                           pipeline_stages=pipeline_stages, quant=quant, overwrite=True, progress=False)
 
 
 def random_checkpoint(out: Path, preset: str) -> Path:

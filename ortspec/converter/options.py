@@ -1,0 +1,121 @@
+"""``convert``'s arguments: types and ranges checked before any work, and the bounds that
+max_length must respect for the model and for this machine.
+
+Why max_length is bounded: the converter precomputes tables sized by it (RoPE cos/sin in
+weights.bin, a position constant in every graph) and a Session allocates, per request, a KV
+cache of max_length rows for every full-attention layer and for the MTP head. Unbounded,
+max_length=10**9 got the process OOM-killed instead of an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+from pathlib import Path
+
+from ..errors import ConvertOptionError
+from ..manifest import state_table
+from ..model_spec import FULL, ModelSpec
+
+DTYPES = ("float32", "float16", "bfloat16")
+QUANTS = (None, "int4")
+MAX_SPECULATIVE_TOKENS = 8
+GRAPHS_PER_SESSION = 4  # prefill, decode, verify, mtp_propose: each holds its own position constant [L] int64
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """convert()'s keyword arguments, each of the right type and in range (else ConvertOptionError)."""
+
+    num_speculative_tokens: int = 4
+    dtype: str = "float32"
+    max_length: int = 1024
+    pipeline_stages: int = 1
+    stage_layers: tuple[int, ...] | None = None
+    quant: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_speculative_tokens", "max_length", "pipeline_stages"):
+            object.__setattr__(self, name, _integer(name, getattr(self, name)))
+        if self.stage_layers is not None:
+            if isinstance(self.stage_layers, (str, bytes)) or not isinstance(self.stage_layers, (list, tuple)):
+                raise ConvertOptionError(f"stage_layers={self.stage_layers!r} must be a list of layer indices such "
+                                         "as [0, 2, 4], or None for an even split.")
+            object.__setattr__(self, "stage_layers", tuple(_integer("stage_layers", b) for b in self.stage_layers))
+        for name in ("overwrite", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConvertOptionError(f"{name}={getattr(self, name)!r} must be True or False.")
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        if self.quant not in QUANTS:
+            raise ConvertOptionError(f"quant={self.quant!r} is not supported; use 'int4' or leave it out.")
+        if self.dtype not in DTYPES:
+            raise ConvertOptionError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ConvertOptionError(f"num_speculative_tokens={self.num_speculative_tokens} is out of range; "
+                                     f"use 0..{MAX_SPECULATIVE_TOKENS}.")
+        if self.max_length < 2:
+            raise ConvertOptionError(f"max_length={self.max_length} is too small; use at least 2 "
+                                     "(typical: 1024-8192).")
+        if self.pipeline_stages < 1:
+            raise ConvertOptionError(f"pipeline_stages={self.pipeline_stages} must be at least 1.")
+
+
+def _integer(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConvertOptionError(f"{name}={value!r} must be an integer, not {type(value).__name__}"
+                                 f"{' (pass it without quotes)' if isinstance(value, str) else ''}.")
+    return int(value)
+
+
+def check_max_length(spec: ModelSpec, max_length: int, with_mtp: bool, memory: int | None = None) -> None:
+    """Refuses a max_length beyond the model's max_position_embeddings, or one whose per-request
+    state buffers and tables exceed this machine's memory (memory: bytes, default: measured)."""
+    limit = spec.max_position_embeddings
+    if limit is not None and max_length > limit:
+        raise ConvertOptionError(
+            f"max_length={max_length} exceeds max_position_embeddings={limit} in config.json: the model was not "
+            f"made for positions beyond it. Use --max-length {limit} or less.")
+    memory = machine_memory_bytes() if memory is None else memory
+    need = request_bytes(spec, max_length, with_mtp)
+    if memory is None or need <= memory:
+        return
+    fixed = request_bytes(spec, 0, with_mtp)
+    fits = (memory - fixed) // (request_bytes(spec, 1, with_mtp) - fixed)
+    caches = len(spec.layers_of(FULL)) + with_mtp
+    raise ConvertOptionError(
+        f"max_length={max_length} needs {_gib(need)} for one request's state buffers and tables (the KV caches "
+        f"of {caches} attention layer{'s' if caches != 1 else ''}{' incl. the MTP head' if with_mtp else ''}, the "
+        f"GDN states, RoPE tables and position constants), but this machine has {_gib(memory)} of memory. "
+        f"Use --max-length {fits} or less.")
+
+
+def request_bytes(spec: ModelSpec, max_length: int, with_mtp: bool) -> int:
+    """Bytes of one request's state buffers (fp32, manifest.state_table) plus the tables sized by
+    max_length: RoPE cos/sin [L, rotary/2] fp32 and the position constant [L] int64 of each graph."""
+    states = sum(4 * math.prod(entry["shape"][1:]) for entry in state_table(spec, max_length, with_mtp).values())
+    tables = 2 * 4 * max_length * (spec.rotary_dim // 2) + GRAPHS_PER_SESSION * 8 * max_length
+    return states + tables
+
+
+def machine_memory_bytes() -> int | None:
+    """Physical memory, or a smaller cgroup (container) limit; None where it cannot be read."""
+    try:
+        sizes = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            sizes.append(int(Path(limit_file).read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            pass
+    return min(sizes)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
