@@ -161,6 +161,15 @@ def model_dirs(built: Path, device: str) -> PeerDirs:
     return PeerDirs(built, head, graph_main, graph_head)
 
 
+def source_stamp(checkpoint, max_length: int) -> dict:
+    """What identifies the exports of a checkpoint: its path, config.json, weight file sizes
+    and modification times, and the KV capacity they were made for."""
+    checkpoint = Path(checkpoint).resolve()
+    files = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(checkpoint.glob("*.safetensors"))}
+    return {"checkpoint": str(checkpoint), "config": (checkpoint / "config.json").read_text(), "weights": files,
+            "max_length": max_length}
+
+
 def export_peer(checkpoint, work, device: str = "cuda") -> PeerDirs:
     """Re-lay `checkpoint`, run the builder (fp16, CUDA EP) and write the runtime's directories."""
     work = Path(work)
