@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import ortspec  # noqa: E402
 from ortspec.errors import CheckpointNotFoundError, ConfigurationError, OrtspecError  # noqa: E402
 from tools.peer import export, profile, relayout, report, rounds, runners  # noqa: E402
+from tools.peer.progress import say  # noqa: E402
 from tools.peer.prompts import load_prompts  # noqa: E402
 
 DEFAULT_PROFILE = ("ortspec greedy", "ortspec k=2", "peer eager", "peer graph", "peer mtp N=2", "peer mtp N=2 graph")
@@ -89,6 +90,7 @@ def large_checkpoint(work: Path) -> Path:
 
     out = work / "large_ck"
     if not (out / "config.json").exists():
+        say(f"generating LARGE in {out}")
         make_checkpoint(out, seed=3, dtype="float16", **LARGE)
     return out
 
@@ -114,7 +116,7 @@ def make_runners(args, ortspec_dir: Path, peer_dirs, order: list, errors: dict) 
             built[name] = make()
         except Exception as err:  # noqa: BLE001 - reported per configuration
             errors[name] = f"load: {type(err).__name__}: {str(err).strip()[:300]}"
-            print(f"peer_bench: {name} could not be loaded ({errors[name]})", flush=True)
+            say(f"{name} could not be loaded ({errors[name]})")
     return built
 
 
@@ -122,6 +124,7 @@ def profile_all(args, built: dict, prompt, floor: dict, bandwidth: float) -> dic
     names = list(built) if args.profile == "all" else [n for n in args.profile.split(",") if n in built]
     profiles = {}
     for name in [] if args.profile == "none" else names:
+        say(f"profiling {name}")
         try:
             p = profile.kernel_profile(lambda: len(built[name].generate(prompt.ids, args.profile_tokens)))
             profiles[name] = {**p, **profile.against_floor(p, floor["total"], bandwidth)}
@@ -141,6 +144,7 @@ def export_both(args, checkpoint: Path, result: dict):
         stamp_path.unlink(missing_ok=True)
         for stale in (ortspec_dir, args.work / "peer"):  # never reuse an export of another checkpoint
             shutil.rmtree(stale, ignore_errors=True)
+        say(f"converting {checkpoint} with ortspec (fp16)")
         start = time.perf_counter()
         ortspec.convert(checkpoint, ortspec_dir, num_speculative_tokens=4, dtype="float16", max_length=args.max_length,
                         progress=False)
@@ -153,10 +157,13 @@ def export_both(args, checkpoint: Path, result: dict):
     try:
         if reuse and (args.work / "peer" / "genai_config.json").exists():
             return ortspec_dir, export.model_dirs(args.work / "peer", args.provider)
+        say("exporting with onnxruntime-genai's builder (fp16, CUDA EP)")
         peer_dirs = export.export_peer(checkpoint, args.work, args.provider)
     except Exception as err:  # noqa: BLE001
         result["setup"]["peer_error"] = f"{type(err).__name__}: {err}"
-        print(f"peer_bench: the peer's export failed; running ortspec alone.\n{err}", flush=True)
+        result["notes"].append(f"the peer's export failed ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                               "ortspec ran alone")
+        say(f"the peer's export failed; running ortspec alone.\n{err}")
         return ortspec_dir, None
     result["setup"]["peer_export_s"] = time.perf_counter() - start
     return ortspec_dir, peer_dirs
@@ -182,7 +189,7 @@ def versions(provider: str) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return run(args)
+        return run(args)  # 0; 3 when an ortspec configuration failed (a sticky CUDA error, say)
     except OrtspecError as err:
         print(f"peer_bench: {err}", file=sys.stderr)
         return 2
@@ -214,11 +221,14 @@ def checked_prompts(args, checkpoint: Path) -> list:
 
 def add_floor(result: dict, checkpoint: Path, prompts) -> None:
     """The bandwidth floor per token at the mean context of the run, and the copy rate (CUDA)."""
+    import torch
+
     from tools.gpu_scale import copy_bandwidth
 
     context = round(statistics.mean(len(p.ids) for p in prompts) + result["max_new_tokens"] / 2)
     result["floor"] = profile.floor_bytes_per_token(checkpoint, context)
     result["bandwidth_bytes_per_s"] = copy_bandwidth()
+    torch.cuda.empty_cache()  # the copy's 4 GiB go back to the device, not to torch's cache
 
 
 def run(args) -> int:
@@ -235,22 +245,24 @@ def run(args) -> int:
     result = {"checkpoint": str(checkpoint), "provider": args.provider, "max_new_tokens": args.max_new_tokens,
               "max_length": args.max_length, "num_prompts": len(prompts), "prompts": [vars(p) for p in prompts],
               "setup": {}, "notes": [], "complete": False, "versions": versions(args.provider)}
+    report.write_json(result, args.json)
     ortspec_dir, peer_dirs = export_both(args, checkpoint, result)
     if args.provider == "cpu" and peer_dirs is not None:
         result["notes"].append("peer on the CPU: its fp16 CUDA export with providers cleared and shared_initializers "
                                "dropped (its CPU runtime refuses them); no graph configurations")
     if args.provider == "cuda":
         add_floor(result, checkpoint, prompts)
+    say("loading the configurations")
     order, errors = [], {}
     built = make_runners(args, ortspec_dir, peer_dirs, order, errors)
 
     def save(runs, done_rounds):
-        failed = {n: rounds.ConfigRun(n, n.split()[0], error=e) for n, e in errors.items()}
-        all_runs = {n: runs.get(n) or failed[n] for n in order}
+        all_runs = {n: runs.get(n) or rounds.ConfigRun(n, n.split()[0], error=errors.get(n)) for n in order}
         result.update(configs=report.config_rows(all_runs, built, result.get("floor"),
                                                  result.get("bandwidth_bytes_per_s")), rounds_done=done_rounds)
         report.write_json(result, args.json)
 
+    save({}, 0)  # a run cut short during warm-up still leaves its setup and load errors
     runs = rounds.run_rounds(built, prompts, args.max_new_tokens, args.rounds, args.budget_s, on_round=save)
     save(runs, result.get("rounds_done", 0))
     if args.provider == "cuda" and args.profile != "none":
@@ -259,7 +271,7 @@ def run(args) -> int:
     result["complete"] = True
     report.write_json(result, args.json)
     print(report.format_report(result))
-    return 0
+    return 3 if any(runs[n].error for n in built if n.startswith("ortspec")) else 0
 
 
 if __name__ == "__main__":

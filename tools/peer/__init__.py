@@ -7,4 +7,5 @@
     rounds    interleaved timed rounds, token comparisons
     profile   one kernel profiler for both (CUPTI via torch.profiler), the bandwidth floor
     report    the JSON and the table
+    progress  timestamped progress lines (host logs are read after the fact)
 """

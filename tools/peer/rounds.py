@@ -13,6 +13,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from .progress import say
+
 
 @dataclass
 class ConfigRun:
@@ -51,7 +53,7 @@ def prompt_key(prompt) -> int:
 
 def fail(run: ConfigRun, where: str, err: BaseException) -> None:
     run.error = f"{where}: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-    print(f"peer_bench: {run.name} failed ({run.error}); continuing without it", flush=True)
+    say(f"{run.name} failed ({run.error}); continuing without it")
 
 
 def warm_up(runners: dict, runs: dict[str, ConfigRun], prompt: list[int], max_new_tokens: int) -> None:
@@ -87,6 +89,7 @@ def run_rounds(runners: dict, prompts, max_new_tokens: int, rounds: int, budget_
                on_round=None) -> dict[str, ConfigRun]:
     """Warm-up, then up to `rounds` interleaved rounds within `budget_s` seconds of rounds."""
     runs = {name: ConfigRun(name, runner.side) for name, runner in runners.items()}
+    say(f"warm-up of {len(runners)} configurations")
     warm_up(runners, runs, prompts[0].ids, min(16, max_new_tokens))
     start = time.perf_counter()
     for r in range(rounds):
@@ -97,8 +100,9 @@ def run_rounds(runners: dict, prompts, max_new_tokens: int, rounds: int, budget_
         if on_round:
             on_round(runs, r + 1)
         spent, last = time.perf_counter() - start, time.perf_counter() - round_start
+        say(f"round {r + 1} of {rounds}: {last:.1f} s")
         if r + 1 < rounds and spent + last > budget_s:
-            print(f"peer_bench: stopping after {r + 1} of {rounds} rounds (time budget {budget_s:.0f} s)", flush=True)
+            say(f"stopping after {r + 1} of {rounds} rounds (time budget {budget_s:.0f} s)")
             break
     return runs
 
