@@ -111,14 +111,25 @@ def test_write_json_leaves_no_partial_file(tmp_path):
 
 
 def test_bad_options_are_refused_before_any_work(tmp_path, capsys):
-    assert main(["--k", "5", str(TINY), "--work", str(tmp_path)]) == 2
+    cpu = ["--provider", "cpu", "--work", str(tmp_path)]
+    assert main(["--k", "5", str(TINY), *cpu]) == 2
     assert "--k '5': values must be in 1..4" in capsys.readouterr().err
-    assert main([str(TINY), "--max-length", "64", "--work", str(tmp_path)]) == 2
+    assert main([str(TINY), "--max-length", "64", *cpu]) == 2
     assert "--max-length 64 is too small" in capsys.readouterr().err
-    assert main([str(tmp_path / "missing"), "--work", str(tmp_path)]) == 2
+    assert main([str(tmp_path / "missing"), *cpu]) == 2
     assert "has no config.json" in capsys.readouterr().err
-    assert main(["--work", str(tmp_path)]) == 2
-    assert list(tmp_path.iterdir()) == []
+    assert main(cpu) == 2 and "a checkpoint directory or --large" in capsys.readouterr().err
+    assert main(["--report", str(tmp_path / "none.json")]) == 2
+    assert "--report" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+    if not _has_cuda_ep():
+        assert main([str(TINY), "--work", str(tmp_path)]) == 2  # the default provider is cuda
+        assert "needs CUDAExecutionProvider" in capsys.readouterr().err
+
+
+def _has_cuda_ep() -> bool:
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
 def test_ortspec_side_on_the_cpu_without_the_peer(tmp_path, capsys):

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import ortspec  # noqa: E402
 from ortspec.errors import CheckpointNotFoundError, ConfigurationError, OrtspecError  # noqa: E402
+from ortspec.runtime.graphs import check_provider  # noqa: E402
 from tools.peer import export, profile, relayout, report, rounds, runners  # noqa: E402
 from tools.peer.progress import say  # noqa: E402
 from tools.peer.prompts import load_prompts  # noqa: E402
@@ -197,6 +198,7 @@ def main(argv=None) -> int:
 
 def check_args(args) -> None:
     """Refuse bad options before minutes of export, naming the option and what to give."""
+    check_provider(args.provider)
     int_list(args.k, "k")
     int_list(args.mtp, "mtp")
     if (args.checkpoint is None) == (not args.large):
@@ -233,7 +235,7 @@ def add_floor(result: dict, checkpoint: Path, prompts) -> None:
 
 def run(args) -> int:
     if args.report:
-        print(report.format_report(json.loads(args.report.read_text())))
+        print(report.format_report(report.read_json(args.report)))
         return 0
     check_args(args)
     use_peer_path(args.peer_path)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ortspec.errors import ConfigurationError
+
 from .rounds import ConfigRun, differing_prompts
 
 ORTSPEC_GREEDY, PEER_EAGER = "ortspec greedy", "peer eager"
@@ -42,6 +44,17 @@ def write_json(result: dict, path: Path | None) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str))
     tmp.replace(path)
+
+
+def read_json(path: Path) -> dict:
+    """An earlier run's result (complete or cut short), for --report."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigurationError(f"--report {path}: cannot read it ({err}); give the file a run wrote with --json")
+    if "checkpoint" not in result:
+        raise ConfigurationError(f"--report {path}: not a peer_bench result (no 'checkpoint' key)")
+    return result
 
 
 def _fmt(value, spec: str, none: str = "-") -> str:
