@@ -67,8 +67,9 @@ def run_builder(relaid: Path, out: Path, log: Path, precision: str = "fp16") -> 
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     cmd = builder_command(relaid, partial, out.parent / "builder_cache", precision)
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a local checkpoint: no hub
     with open(log, "w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=out.parent)
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=out.parent, env=offline)
     tail = log.read_text()[-2000:]
     if done.returncode:
         hint = (" (onnxruntime_genai is not importable: pip install onnxruntime-genai==0.18.0 onnx-ir, or put the "
