@@ -1,7 +1,7 @@
 """ortspec beside onnxruntime-genai (the peer) on the same checkpoint, in one process.
 
     python tools/peer_bench.py MODEL_CHECKPOINT_DIR [--json F] [--provider cuda|cpu] [--skip-peer]
-    python tools/peer_bench.py --large [--work DIR]       # the 1B random model of tools/gpu_scale.py
+    python tools/peer_bench.py --large [--work DIR]       # the 1B random model of tools/gpu.py scale
     python tools/peer_bench.py --report F.json            # print the tables of an earlier run
 
 1. Export: ortspec converts the checkpoint (fp16); the peer's own builder exports the re-laid
@@ -44,7 +44,7 @@ DEFAULT_PROFILE = ("ortspec greedy", "ortspec k=2", "peer eager", "peer graph", 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", type=Path, help="HuggingFace checkpoint directory (config + safetensors)")
-    p.add_argument("--large", action="store_true", help="generate and use LARGE of tools/gpu_scale.py (in --work)")
+    p.add_argument("--large", action="store_true", help="generate and use LARGE of tools/gpu.py scale (in --work)")
     p.add_argument("--report", type=Path, help="print the tables of an earlier --json result and exit")
     p.add_argument("--work", type=Path, default=Path("/tmp/ortspec_peer"), help="exports go here")
     p.add_argument("--reuse-exports", action="store_true", help="keep --work's exports if made from this checkpoint")
@@ -84,9 +84,9 @@ def use_peer_path(path: Path) -> None:
 
 
 def large_checkpoint(work: Path) -> Path:
-    """LARGE of tools/gpu_scale.py (seed 3), stored fp16 (~1.8 GB; both sides run it in fp16).
+    """LARGE of tools/gpu.py scale (seed 3), stored fp16 (~1.8 GB; both sides run it in fp16).
     Reused when present: config.json is written after the weights, so it marks a finished one."""
-    from tools.gpu_scale import LARGE
+    from tools.gpu_suite.common import LARGE
     from tools.make_tiny_checkpoint import make_checkpoint
 
     out = work / "large_ck"
@@ -225,7 +225,7 @@ def add_floor(result: dict, checkpoint: Path, prompts) -> None:
     """The bandwidth floor per token at the mean context of the run, and the copy rate (CUDA)."""
     import torch
 
-    from tools.gpu_scale import copy_bandwidth
+    from tools.gpu_suite.scale import copy_bandwidth
 
     context = round(statistics.mean(len(p.ids) for p in prompts) + result["max_new_tokens"] / 2)
     result["floor"] = profile.floor_bytes_per_token(checkpoint, context)

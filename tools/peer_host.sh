@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU host: ortspec beside onnxruntime-genai (tools/peer_bench.py) on models/qwen35-python-20m and
-# on LARGE (the 1B random model of tools/gpu_scale.py, generated here), tables printed last.
+# on LARGE (the 1B random model of tools/gpu.py scale, generated here), tables printed last.
 # Before: tools/gpu_host.sh has installed onnxruntime-gpu in /tmp/ortgpu and built ortspec
 # (GPU_TOOL=none), and .peer/ was carried (stage it with ../shared/gpu/stage-peer: 17 MB).
 #   bash tools/peer_host.sh        # results in $OUT: peer_20m.json/.log, peer_large.json/.log

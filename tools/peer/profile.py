@@ -9,7 +9,7 @@ GPU-busy time per token (the union of kernel intervals, so overlapping kernels c
 its share of the wall time of the same run without the profiler.
 
 Bandwidth floor per generated token (greedy): the bytes a decode step must read, over the
-device-to-device copy rate measured here (tools/gpu_scale.copy_bandwidth):
+device-to-device copy rate measured here (tools/gpu_suite/scale.copy_bandwidth):
 
     weights   every target tensor at 2 bytes (fp16), the embedding table only when tied (the
               lm_head then reads it whole; otherwise a decode reads one row); mtp.* left out
