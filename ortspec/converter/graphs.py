@@ -30,6 +30,7 @@ from .layers import (
     make_rms_norm,
     make_step_inputs,
 )
+from .sampling_graph import make_draft_choice
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -169,7 +170,8 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     return g
 
 
-def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int) -> GraphBuilder:
+def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
+                           sample: bool = False) -> GraphBuilder:
     """The MTP head's whole share of a step in one graph (one Run instead of k): the catch-up
     over M rows of target hiddens, then k-1 recursive draft passes.
 
@@ -179,16 +181,23 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
            normed output) at position T+a+j; new_key.mtp, new_value.mtp: the catch-up's rows
            (the runtime writes rows 0..a; the draft passes' rows stay inside the graph)
 
+    sample=True (``mtp_sample_k{k}``) draws each draft instead of taking the argmax, for the
+    rows with temperature > 0 (converter/sampling_graph.py):
+      in   temperature float [B] (0: greedy row), top_k int64 [B], top_p float [B], uniforms [B, k]
+      out  draft_probs [B, k, V]: the distribution each draft was drawn from
+
     Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
     past a are padding: their slots lie after every draft's position, so the mask hides them.
     Draft positions are clamped to L-1 (near the end of max_length their drafts go unused).
     """
-    g = GraphBuilder(graph_name("mtp_propose", k), store)
+    g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store)
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
     last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
+    choose = _draft_sampler(g, spec, k) if sample else (lambda logits, j: (g.op("ArgMax", [logits], axis=-1,
+                                                                                 keepdims=0), None))
     step = make_step_inputs(g, spec, positions, max_length)
     out, logits, new_key, new_value, key_view, value_view = _mtp_pass(
         g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
@@ -198,14 +207,30 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
-    draft = at_last(g.op("ArgMax", [logits], axis=-1, keepdims=0))  # [B, 1]
+    draft, probs = choose(at_last(logits), 0)  # [B, 1], [B, 1, V] or None
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]
-    drafts = [draft]
+    drafts, draft_probs = [draft], [probs]
     for j in range(1, k):
         position = g.op("Min", [g.op("Add", [base, g.const([j])]), g.const([max_length - 1])])
         out, logits, _, _, key_view, value_view = _mtp_pass(
             g, spec, draft, out, make_step_inputs(g, spec, position, max_length), key_view, value_view)
-        draft = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B, 1]
+        draft, probs = choose(logits, j)  # [B, 1]
         drafts.append(draft)
+        draft_probs.append(probs)
     g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
+    if sample:
+        g.output(g.op("Concat", draft_probs, axis=1) if k > 1 else probs, "draft_probs", F32,
+                 ["B", k, spec.vocab_size])
     return g
+
+
+def _draft_sampler(g: GraphBuilder, spec: ModelSpec, k: int):
+    """The sampling graph's inputs, and (logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V])."""
+    temperature, top_p = g.input("temperature", F32, ["B"]), g.input("top_p", F32, ["B"])
+    top_k, uniforms = g.input("top_k", I64, ["B"]), g.input("uniforms", F32, ["B", k])
+
+    def choose(logits, j):
+        u = g.op("Slice", [uniforms, g.const([j]), g.const([j + 1]), g.const([1])])  # [B, 1]
+        return make_draft_choice(g, logits, temperature, top_k, top_p, u, spec.vocab_size)
+
+    return choose
