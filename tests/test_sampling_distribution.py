@@ -10,12 +10,14 @@ fixed, so a run is reproducible. Accepting drafts without the ratio p/q (the pla
 rejected at p < 1e-3 / 3 too (measured: p ~ 0, chi-square ~ 20,000 on ~130 cells).
 
 All rows share the prompt, so each configuration is one batch of 20,000 rows: a grouped
-prefill and a few steps (~5 s each on 2 cores).
+prefill and a few steps (~5 s each on 2 cores). ORTSPEC_TEST_PROVIDER=cuda runs the same test on
+a GPU (the head's draws then come from the CUDA graph of mtp_sample_k{k}).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -31,6 +33,7 @@ ALPHA = 1e-3 / 3  # three comparisons against k = 0: a false alarm in this file 
 PROMPT = [3, 5]
 SAMPLING = dict(temperature=4.0, top_k=8, top_p=0.95)
 MIN_CELL = 10  # cells with fewer samples in both runs together are pooled (each expected count >= 5)
+PROVIDER = os.environ.get("ORTSPEC_TEST_PROVIDER", "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def model(tmp_path_factory):
 
 
 def first_tokens(model, k: int, seed: int) -> tuple[list[list[int]], dict]:
-    session = ortspec.Session(model, num_speculative_tokens=k)
+    session = ortspec.Session(model, num_speculative_tokens=k, provider=PROVIDER)
     tokens = session.generate([PROMPT] * SAMPLES, max_new_tokens=NEW_TOKENS, stop_tokens=[], seed=seed, **SAMPLING)
     return tokens, session.stats
 

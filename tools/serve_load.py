@@ -1,7 +1,10 @@
 """Load an ortspec server with concurrent clients: throughput and latency at 1 / 8 / 32 clients.
 
-    python3 tools/serve_load.py --model out/qwen35-python-20m -k 2 --clients 1,8,32   (starts its own server)
+    python3 tools/serve_load.py --model out/qwen35-python-20m -k 2 --clients 1,8,32   (starts `ortspec serve`)
     python3 tools/serve_load.py --url http://127.0.0.1:8000 --clients 1,8,32          (a running one)
+
+With --model the server runs in a child process (`python3 -m ortspec serve` of this tree, on an
+ephemeral port of 127.0.0.1), so the clients' threads do not share its interpreter.
 
 Each client is a thread with its own HTTP connection per request (stdlib http.client, no extra
 package), sending --requests requests one after another: prompts from the bench's code
@@ -14,9 +17,13 @@ the first streamed token. The client functions are what the CI load test uses to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import http.client
 import json
+import re
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -165,6 +172,25 @@ def _range(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
+@contextlib.contextmanager
+def served(model: Path, k: int, provider: str, threads: int | None, max_batch_size: int):
+    """`python3 -m ortspec serve` of this tree in a child process; yields its URL, stops it with SIGINT."""
+    command = [sys.executable, "-m", "ortspec", "serve", str(model), "--port", "0", "-k", str(k), "--provider", provider,
+               "--max-batch-size", str(max_batch_size), "--max-queue", "1024"]
+    if threads:
+        command += ["--threads", str(threads)]
+    child = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stderr.readline()
+        found = re.search(r"(http://\S+?)/v1/completions", line)
+        if not found:
+            raise SystemExit(f"serve_load: the server did not start: {line}{child.stderr.read()}")
+        yield found.group(1)
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=60)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
@@ -180,27 +206,15 @@ def main(argv=None) -> int:
     parser.add_argument("--stream", choices=["yes", "no", "both"], default="both")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    server = session = None
-    if args.model:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        import ortspec
-        from ortspec.serve.server import Server
-
-        session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=args.k,
-                                  threads=args.threads)
-        server = Server(session, port=0, max_batch_size=args.max_batch_size, max_queue=1024).start()
-    url = args.url or server.url
-    try:
+    server = (served(args.model, args.k, args.provider, args.threads, args.max_batch_size) if args.model
+              else contextlib.nullcontext(args.url))
+    with server as url:
         run_clients(url, workload(2, 1, (8, 8), "both"))  # warm-up: graph sessions, arenas
         rows = []
         for clients in (int(c) for c in args.clients.split(",")):
             results, seconds = run_clients(url, workload(clients, args.requests, args.max_tokens, args.stream))
             rows.append(summarize(clients, results, seconds))
             print(format_table(rows[-1:]).splitlines()[-1] if rows[:-1] else format_table(rows), flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-            session.close()
     if args.json:
         args.json.write_text(json.dumps({"url": url, "model": str(args.model or ""), "k": args.k, "rows": rows}, indent=1))
     return 0
