@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigurationError, InputError, ModelDirError, OrtspecError, ProviderError
+from .manifest import graph_name
 from .speculative.sampling import MIN_TEMPERATURE, SamplingParams
 
 PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer array), a batch of those "
@@ -307,7 +308,7 @@ def sampling(temperature, top_k, top_p, seed) -> SamplingParams:
 
 def sampling_graphs(manifest, k: int, params: SamplingParams) -> None:
     """Sampling with MTP drafts needs the head's sampling graph, written by conversions since it existed."""
-    name = f"mtp_sample_k{k}"
+    name = graph_name("mtp_sample", k)
     if k > 0 and not params.greedy and name not in manifest.graphs:
         raise ModelDirError(
             f"{manifest.dir} was converted before sampled drafts existed (no {name}.onnx), so "

@@ -39,10 +39,12 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--provider", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
     print("k  greedy s  sampled s  sampled/greedy  acceptance greedy/sampled")
     for k in (int(x) for x in args.k.split(",")):
-        sessions = {name: ortspec.Session(args.model, num_speculative_tokens=k, threads=args.threads)
+        sessions = {name: ortspec.Session(args.model, num_speculative_tokens=k, threads=args.threads,
+                                           provider=args.provider)
                     for name in ("greedy", "sampled")}
         sampled = dict(temperature=args.temperature, top_p=args.top_p, seed=0)
         times = {"greedy": [], "sampled": []}

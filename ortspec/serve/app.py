@@ -74,9 +74,8 @@ class Routes:
         except (protocol.BadRequest, TemplateError, OrtspecError) as exc:
             return error(400, str(exc))
         events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
         job = Job(checked.prompt, req.max_tokens, req.sampling, time.monotonic() + req.timeout,
-                  deliver=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+                  deliver=_poster(asyncio.get_running_loop(), events))
         try:
             self.engine.submit(job)
         except QueueFull as exc:
@@ -140,6 +139,18 @@ class Routes:
         finally:
             if not done:
                 self.engine.cancel(job)
+
+
+def _poster(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
+    """deliver(event) for the engine thread: puts the event into this handler's queue, on its loop."""
+
+    def deliver(event) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the loop has closed (the server stopped): nobody reads it any more
+            pass
+
+    return deliver
 
 
 def create_app(session, engine: Engine, model_name: str, request_timeout: float = 600.0,

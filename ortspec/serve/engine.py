@@ -164,7 +164,8 @@ class Engine:
     def _end(self, batcher, cancelled: list[Job], now: float) -> None:
         for job in cancelled:
             if job.request_id is None:
-                self._drop_queued(job)
+                if self._drop_queued(job):
+                    self.metrics.finished["cancelled"] += 1
             elif self._running.pop(job.request_id, None) is job:
                 batcher.cancel(job.request_id)
                 self.metrics.finished["cancelled"] += 1
@@ -178,10 +179,13 @@ class Engine:
             job.deliver(Failed(503, "timed out waiting for a free row; retry later or raise the timeout."))
             self.metrics.finished[503] += 1
 
-    def _drop_queued(self, job: Job) -> None:
+    def _drop_queued(self, job: Job) -> bool:
+        """Takes the job out of the queue; False when it was not there (admitted or ended)."""
         with self._wake:
             if job in self._queue:
                 self._queue.remove(job)
+                return True
+            return False
 
     def _admit(self, batcher, now: float) -> None:
         while len(self._running) < self.max_batch_size:

@@ -92,7 +92,6 @@ class Batch:
         self.rows = Rows([r.row for r in requests])
         self.processed = np.array([r.processed for r in requests], np.int64)  # T [B]
         self.pending = np.array([r.pending for r in requests], np.int64)  # x_T [B]
-        self.samples = any(r.samples and not r.done for r in requests)  # some live row draws its tokens
 
     def __len__(self) -> int:
         return len(self.requests)
