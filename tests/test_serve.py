@@ -218,3 +218,15 @@ def test_shutdown_is_clean(session):
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=1)
     assert len(session.generate("a", max_new_tokens=3)) > 0  # the Session stays usable
+
+
+def test_the_serve_command_refuses_a_bad_model_dir_or_a_busy_port(tmp_path, tokenized_model, capsys):
+    from ortspec import cli
+
+    assert cli.main(["serve", str(tmp_path)]) == 2
+    assert "has no manifest.json" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert cli.main(["serve", str(tokenized_model), "--port", str(busy.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err

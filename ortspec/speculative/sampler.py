@@ -59,7 +59,7 @@ def accept(requests: list[Request], drafts: np.ndarray, out: Forward) -> tuple[n
     if live:
         chosen = [requests[j] for j in live]
         k = drafts.shape[1]
-        logits = out.logits()[live]  # [n, k+1, V]
+        logits = out.logits()[live, : k + 1]  # [n, k+1, V] (a forward padded past k+1 rows: not the step's)
         temperature, top_k, top_p = (np.repeat(x, k + 1) for x in _params(chosen))
         p = sampling.transform(logits.reshape(-1, logits.shape[2]), temperature, top_k, top_p).reshape(logits.shape)
         q = np.stack([r.draft_probs for r in chosen])  # [n, k, V]
