@@ -126,7 +126,7 @@ def cases(seed: int = 0) -> list[Case]:
         Case("FusedMatMul alpha=1/8, computed right operand", "attention scores",
              _ms("FusedMatMul", ["q", "k"], ["y"], alpha=hd ** -0.5),
              lambda r, m: {"q": _normal(r, BATCH, 2, m, hd), "k": keys}, ("q",), row_axis=2),
-        Case("FusedMatMul alpha=2, computed right operand", "attention context",
+        Case("FusedMatMul alpha=2, computed right operand", "attention context (o_proj stored halved)",
              _ms("FusedMatMul", ["p", "v"], ["y"], alpha=2.0),
              lambda r, m: {"p": np.abs(_normal(r, BATCH, 2, m, L)) / L, "v": values}, ("p",), row_axis=2),
         nbits(4), nbits(0),

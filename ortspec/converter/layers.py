@@ -1,9 +1,10 @@
 """One ``make_*`` function per subgraph of a Qwen3.5 decoder layer.
 
 Activations are [B, M, H] float32 (B requests, M token rows each). Every op here is
-row-wise or a MatMul over rows, so a token's result does not depend on how many other
-rows share the call: the M=1 decode and the M=k+1 verify compute the same bits per token
-(the exactness tests depend on this; ONNX Runtime's CPU MatMul was checked to be M-invariant).
+row-wise or a product over rows that computes each row the same way whatever rows share
+the call, so the M=1 decode and the M=k+1 verify compute the same bits per token (the
+exactness tests depend on this; tools/row_invariance.py measures it op kind by op kind on
+ONNX Runtime's CPU EP).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..model_spec import ModelSpec
 from .builder import GraphBuilder
 
 F32 = TensorProto.FLOAT
+CONTEXT_ALPHA = 2.0  # attention context product: any alpha != 1 keeps the CPU GEMM off its one-row kernel
 
 
 @dataclasses.dataclass
@@ -25,7 +27,8 @@ class StepInputs:
     positions: str  # int64 [B, M]
     cos: str  # float [B, M, 1, rotary_dim/2]
     sin: str  # float [B, M, 1, rotary_dim/2]
-    attn_bias: str  # float [B, 1, 1, M, 1, L]: 0 where slot <= position, -inf elsewhere
+    attn_bias: str  # float [B, 1, M, 1, L]: 0 where slot <= position, -inf elsewhere
+    max_length: int  # L, the cache slots every row attends over
 
 
 def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int) -> StepInputs:
@@ -34,8 +37,8 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
     slots = g.const(range(max_length), hint="slots")  # [L]
     visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, L]
     bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
-    bias = g.op("Unsqueeze", [bias, g.const([1, 2, 4])], hint="attn_bias")  # [B, 1, 1, M, 1, L]
-    return StepInputs(positions, cos, sin, bias)
+    bias = g.op("Unsqueeze", [bias, g.const([1, 3])], hint="attn_bias")  # [B, 1, M, 1, L]
+    return StepInputs(positions, cos, sin, bias, max_length)
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -98,17 +101,21 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, L]
     values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, L, hd]
 
-    # Query head h uses kv head h // groups: view queries as [B, kvh, groups, M, 1, hd]. Each
-    # query row is its own 1-row MatMul (the batch axes broadcast over the cache), because ONNX
-    # Runtime's CPU GEMM takes a different kernel for one row than for several when the right
-    # operand is not a constant: a 1-row product is then the same bits in decode and verify.
-    qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 3, 1, 4])
-    qg = g.op("Unsqueeze", [qg, g.const([4])])
-    scores = g.op("MatMul", [qg, g.op("Unsqueeze", [keys, g.const([2, 3])])])  # [B, kvh, groups, M, 1, L]
-    scores = g.op("Add", [g.op("Mul", [scores, g.const(hd ** -0.5, "float32")]), step.attn_bias])
-    probs = g.op("Softmax", [scores], axis=-1)
-    ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2, 3])])])  # [B, kvh, groups, M, 1, hd]
-    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4, 5]), g.const([0, 0, nh * hd])])
+    # Query head h uses kv head h // groups: the queries of one kv head, all rows and groups,
+    # are the rows of one product with the cache [B, kvh, M*groups, hd]. ONNX Runtime's CPU
+    # GEMM computes a row the same way for any number of rows except through its one-row
+    # kernel, which it takes only for alpha == 1 (tools/row_invariance.py): the scores carry
+    # alpha = hd^-1/2 and the context alpha = 2 (the o_proj weight is stored halved; powers
+    # of two cancel exactly), so a token's bits do not depend on the rows beside it.
+    qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 1, 3, 4])
+    qg = g.op("Reshape", [qg, g.const([0, 0, -1, hd])])  # [B, kvh, M*groups, hd]
+    scores = g.ms("FusedMatMul", [qg, keys], alpha=hd ** -0.5)  # [B, kvh, M*groups, L]
+    scores = g.op("Reshape", [scores, g.const([0, 0, -1, groups, step.max_length])])  # [B, kvh, M, groups, L]
+    probs = g.op("Softmax", [g.op("Add", [scores, step.attn_bias])], axis=-1)
+    probs = g.op("Reshape", [probs, g.const([0, 0, -1, step.max_length])])  # [B, kvh, M*groups, L]
+    ctx = g.ms("FusedMatMul", [probs, values], alpha=CONTEXT_ALPHA)  # [B, kvh, M*groups, hd]
+    ctx = g.op("Transpose", [g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])])], perm=[0, 2, 1, 3, 4])
+    ctx = g.op("Reshape", [ctx, g.const([0, 0, nh * hd])])  # [B, M, nh*hd], head h = kv head * groups + group
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
     out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out")
     return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)

@@ -10,7 +10,7 @@ Store names (i = layer index, "mtp.L0" for the MTP layer):
   embed [V,H]  lm_head [H,V]  final_norm [H]  rope.cos/rope.sin [L, rotary_dim/2]
   {p}.in_norm, {p}.post_norm [H]            (1 + w)
   {p}.q_gate [H, 2*nh*hd]  columns: all query heads, then all output-gate heads
-  {p}.k, {p}.v [H, kvh*hd]  {p}.o [nh*hd, H]  {p}.q_norm, {p}.k_norm [hd]  (1 + w)
+  {p}.k, {p}.v [H, kvh*hd]  {p}.o [nh*hd, H] (o_proj / CONTEXT_ALPHA)  {p}.q_norm, {p}.k_norm [hd]  (1 + w)
   {p}.in_proj [H, C + vd + 2*nv]  columns: qkv | z | b | a     {p}.conv [C, 1, K]
   {p}.dt_bias, {p}.decay_scale [nv]  {p}.gdn_norm [dv] (plain w)  {p}.out [vd, H]
   {p}.gate_up [H, 2*I]  {p}.down [I, H]
@@ -25,6 +25,7 @@ import numpy as np
 from ..model_spec import FULL, LINEAR, ModelSpec
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
+from .layers import CONTEXT_ALPHA
 
 _MATRIX_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down")
 _MATRICES = ("embed", "lm_head", "mtp.fc")
@@ -91,7 +92,9 @@ class WeightPreparer:
         self.store.add(f"{dst}.q_gate", q_gate)
         self.store.add(f"{dst}.k", self.linear(f"{src}.k_proj.weight", kvh * hd, H))
         self.store.add(f"{dst}.v", self.linear(f"{src}.v_proj.weight", kvh * hd, H))
-        self.store.add(f"{dst}.o", self.linear(f"{src}.o_proj.weight", H, nh * hd))
+        # the context product runs with alpha = CONTEXT_ALPHA (layers.make_attention): halving
+        # o_proj by a power of two cancels it exactly
+        self.store.add(f"{dst}.o", self.linear(f"{src}.o_proj.weight", H, nh * hd) / np.float32(CONTEXT_ALPHA))
         self.store.add(f"{dst}.q_norm", _offset_norm(self.reader.get(f"{src}.q_norm.weight", (hd,))))
         self.store.add(f"{dst}.k_norm", _offset_norm(self.reader.get(f"{src}.k_norm.weight", (hd,))))
 
