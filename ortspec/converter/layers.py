@@ -86,13 +86,13 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     """
     nh, kvh, hd, eps = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.rms_norm_eps
     groups = nh // kvh
-    q, gate = g.op("Split", [g.linear(x, f"{prefix}.q_gate"), g.const([nh * hd, nh * hd])],
-                   num_outputs=2, axis=-1)
+    q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv"), g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])],
+                         num_outputs=4, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
     q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), step)  # [B, M, nh, hd]
-    k = g.op("Reshape", [g.linear(x, f"{prefix}.k"), g.const([0, 0, kvh, hd])])
+    k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])])
     k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), step)  # [B, M, kvh, hd]
-    v = g.op("Reshape", [g.linear(x, f"{prefix}.v"), g.const([0, 0, kvh, hd])])
+    v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])])
 
     new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
     new_value = g.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, kvh, M, hd]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 BLOCK = 32
-QUANTIZED_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down")
+QUANTIZED_SUFFIXES = (".qkv", ".o", ".in_proj", ".out", ".gate_up", ".down")
 QUANTIZED_NAMES = ("lm_head", "mtp.fc")  # the embedding stays a gather table
 
 
