@@ -141,11 +141,13 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out).
 
     conv_state [B, K-1, C] (channels-last tail of the pre-conv q,k,v inputs) and
-    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the fused ops run over all M
-    rows at once and the outputs are the states after the last row. With per_position=M
-    (a static row count) the two stateful ops run once per row and the outputs are windows:
-    conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv], slot j = state after row j. The CPU
-    kernels refuse the ops' own ``state_window``, so this is how a CPU verify emits them.
+    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the outputs are the states
+    after the last row. With per_position=M (a static row count) they are windows, slot j =
+    state after row j: conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv]. The CPU kernels
+    refuse the ops' own ``state_window``, so a CPU verify builds the windows itself: the conv
+    window by data movement (``_conv_window``), the recurrent one by running LinearAttention
+    once per row (``_recurrence_per_row``). Either way every op runs on the same rows with the
+    same bits (M rows in one call equal M one-row calls: tools/row_invariance.py).
 
                  x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
                                               ├─ z ─────────────────────────────────────┐
@@ -158,42 +160,47 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
+    mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
+                           activation="silu", channels_last=1)  # [B, M, C], [B, K-1, C]
+    q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
+    q = _repeat_heads(g, _l2_normalize(g, q, nk, dk), nk, nv // nk, dk)  # [B, M, nv*dk]
+    k = _repeat_heads(g, _l2_normalize(g, k, nk, dk), nk, nv // nk, dk)
 
-    def conv(rows, state):
-        return g.ms("CausalConvWithState", [rows, g.weight(f"{prefix}.conv"), "", state], num_outputs=2,
-                    activation="silu", channels_last=1)
-
-    def recurrence(q, k, v, state, dec, bet):
-        return g.ms("LinearAttention", [q, k, v, state, dec, bet], num_outputs=2, q_num_heads=nv, kv_num_heads=nv,
+    def recurrence(state, q, k, v, decay, beta):
+        return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nv, kv_num_heads=nv,
                     update_rule="gated_delta", scale=float(dk ** -0.5))
 
-    def mix(mixed):
-        q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
-        q = _repeat_heads(g, _l2_normalize(g, q, nk, dk), nk, nv // nk, dk)
-        k = _repeat_heads(g, _l2_normalize(g, k, nk, dk), nk, nv // nk, dk)
-        return q, k, v
-
     if per_position == 0:
-        mixed, conv_out = conv(qkv, conv_state)
-        q, k, v = mix(mixed)
-        core, recurrent_out = recurrence(q, k, v, recurrent_state, decay, beta)
+        core, recurrent_out = recurrence(recurrent_state, q, k, v, decay, beta)
     else:
-        rows = g.op("Split", [qkv, g.const([1] * per_position)], num_outputs=per_position, axis=1) if per_position > 1 else [qkv]
-        mixed_rows, conv_window, state = [], [], conv_state
-        for row in rows:
-            out, state = conv(row, state)
-            mixed_rows.append(out)
-            conv_window.append(g.op("Unsqueeze", [state, g.const([0])]))
-        q, k, v = mix(g.op("Concat", mixed_rows, axis=1) if per_position > 1 else mixed_rows[0])
-        split = (lambda t: g.op("Split", [t, g.const([1] * per_position)], num_outputs=per_position, axis=1)) if per_position > 1 else (lambda t: [t])
-        core_rows, rec_window, state = [], [], recurrent_state
-        for qj, kj, vj, dj, bj in zip(split(q), split(k), split(v), split(decay), split(beta)):
-            out, state = recurrence(qj, kj, vj, state, dj, bj)
-            core_rows.append(out)
-            rec_window.append(g.op("Unsqueeze", [state, g.const([0])]))
-        core = g.op("Concat", core_rows, axis=1) if per_position > 1 else core_rows[0]
-        conv_out = g.op("Concat", conv_window, axis=0)
-        recurrent_out = g.op("Concat", rec_window, axis=0)
+        conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
+        core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
+                                                  per_position)
     normed = g.ms("GatedRMSNorm", [core, g.weight(f"{prefix}.gdn_norm"), z], activation="silu", epsilon=spec.rms_norm_eps)
     out = g.linear(normed, f"{prefix}.out", hint=f"{prefix}.gdn_out")
     return out, conv_out, recurrent_out
+
+
+def _conv_window(g: GraphBuilder, conv_state: str, qkv: str, rows: int, kernel: int) -> str:
+    """The conv state after each row, [rows, B, K-1, C], by data movement alone: the state after
+    row j is the last K-1 pre-conv inputs up to row j (what CausalConvWithState keeps, bit for
+    bit), so the conv itself runs once over all rows."""
+    tail = kernel - 1
+    inputs = g.op("Concat", [conv_state, qkv], axis=1)  # [B, K-1+M, C]: the tail, then this call's rows
+    index = g.const([[j + 1 + i for i in range(tail)] for j in range(rows)])  # [M, K-1]: rows j+1 .. j+K-1
+    return g.op("Transpose", [g.op("Gather", [inputs, index], axis=1)], perm=[1, 0, 2, 3])  # [M, B, K-1, C]
+
+
+def _recurrence_per_row(g: GraphBuilder, recurrence, state: str, inputs: list[str], rows: int) -> tuple[str, str]:
+    """The recurrence once per row, to emit the state after each: inputs [B, M, ...] each.
+    Returns (output [B, M, nv*dv], window [M, B, nv, dk, dv])."""
+    per_row = [g.op("Split", [t, g.const([1] * rows)], num_outputs=rows, axis=1) if rows > 1 else [t] for t in inputs]
+    outputs, states = [], []
+    for row_inputs in zip(*per_row):
+        out, state = recurrence(state, *row_inputs)
+        outputs.append(out)
+        states.append(state)
+    output = g.op("Concat", outputs, axis=1) if rows > 1 else outputs[0]
+    # Unsqueeze aliases its input; the Concat then writes straight into the graph output
+    window = g.op("Concat", [g.op("Unsqueeze", [s, g.const([0])]) for s in states], axis=0)  # [M, B, nv, dk, dv]
+    return output, window
