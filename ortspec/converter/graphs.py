@@ -128,8 +128,8 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
 
 def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, past_key: str, past_value: str):
     """One pass of the MTP head over M rows: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) ->
-    attention layer (own KV) -> mtp.norm. Returns (hidden_out, logits, new_key, new_value,
-    merged key view, merged value view)."""
+    attention layer (own KV) -> mtp.norm. Returns (hidden_out, new_key, new_value, merged key
+    view, merged value view); the caller applies the lm_head to the rows it needs."""
     eps = spec.rms_norm_eps
     embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
     normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
@@ -143,7 +143,7 @@ def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, pas
 
     x, residual = _decoder_layer(g, spec, x, None, "mtp.L0", mixer)
     hidden_out, _ = make_add_rms_norm(g, x, residual, "mtp.norm", eps)
-    return (hidden_out, g.linear(hidden_out, "lm_head"), *cache)
+    return (hidden_out, *cache)
 
 
 def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> GraphBuilder:
@@ -159,8 +159,8 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     positions = g.input("positions", I64, ["B", "M"])
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
     step = make_step_inputs(g, spec, positions, max_length)
-    hidden_out, logits, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"],
-                                                             states["value.mtp"])
+    hidden_out, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
+    logits = g.linear(hidden_out, "lm_head")
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", "M"])
     g.output(logits, "logits", F32, ["B", "M", spec.vocab_size])
     g.output(hidden_out, "hidden_out", F32, ["B", "M", spec.hidden_size])
@@ -190,7 +190,7 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
     step = make_step_inputs(g, spec, positions, max_length)
-    out, logits, new_key, new_value, key_view, value_view = _mtp_pass(
+    out, new_key, new_value, key_view, value_view = _mtp_pass(
         g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
     g.output(new_key, "new_key.mtp", F32, None)
     g.output(new_value, "new_value.mtp", F32, None)
@@ -198,14 +198,17 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
-    draft = at_last(g.op("ArgMax", [logits], axis=-1, keepdims=0))  # [B, 1]
-    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]
+    def draft_from(out):  # the lm_head on one row per request: [B, 1, H] -> [B, 1]
+        return g.op("ArgMax", [g.linear(out, "lm_head")], axis=-1, keepdims=0)
+
+    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
+    draft = draft_from(out)
     drafts = [draft]
     for j in range(1, k):
         position = g.op("Min", [g.op("Add", [base, g.const([j])]), g.const([max_length - 1])])
-        out, logits, _, _, key_view, value_view = _mtp_pass(
+        out, _, _, key_view, value_view = _mtp_pass(
             g, spec, draft, out, make_step_inputs(g, spec, position, max_length), key_view, value_view)
-        draft = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B, 1]
+        draft = draft_from(out)
         drafts.append(draft)
     g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
     return g
