@@ -13,7 +13,8 @@ def _convert(args) -> None:
     from .converter import convert
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.num_speculative_tokens, dtype=args.dtype,
-                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant)
+                  max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
+                  mtp_quant=args.mtp_quant)
     print(f"converted {args.checkpoint} -> {out}")
 
 
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generation (default 1024)")
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None, help="int4 projection weights (MatMulNBits, block 32)")
+    c.add_argument("--mtp-quant", choices=["int4"], default=None,
+                   help="int4 weights for the MTP draft head only (cheaper drafts; the output is the target's)")
     c.set_defaults(func=_convert)
 
     g = sub.add_parser("generate", help="generate from a converted model")

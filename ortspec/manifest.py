@@ -65,6 +65,7 @@ class Manifest:
     source: dict = dataclasses.field(default_factory=dict)
     stage_layers: list = dataclasses.field(default_factory=list)  # pipeline boundaries, [0, ..., L]
     quant: str | None = None  # "int4": MatMulNBits weights
+    mtp_quant: str | None = None  # "int4": the MTP draft head's weights are (also when quant is)
 
     @property
     def num_stages(self) -> int:
@@ -84,10 +85,10 @@ class Manifest:
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
-               source, model_type, stage_layers, quant=None) -> "Manifest":
+               source, model_type, stage_layers, quant=None, mtp_quant=None) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
-                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant)
+                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant, mtp_quant)
 
     def save(self, out_dir: Path) -> None:
         doc = {
@@ -98,6 +99,7 @@ class Manifest:
             "num_speculative_tokens": self.num_speculative_tokens,
             "dtype": self.dtype,
             "quant": self.quant,
+            "mtp_quant": self.mtp_quant,
             "weights": {"file": "weights.bin", "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -124,4 +126,5 @@ class Manifest:
             raise ModelDirError(f"{model_dir} is missing {missing}; reconvert the model.")
         return cls(model_dir, ModelSpec.from_dict(doc["model"]), doc["max_length"], doc["num_speculative_tokens"],
                    doc["dtype"], doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
-                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"))
+                   doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
+                   doc.get("mtp_quant"))

@@ -13,7 +13,7 @@ from ..model_spec import ModelSpec, read_hf_config
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
-from .quantize import quantize_store
+from .quantize import quantize_draft_head, quantize_store
 from .weights import WeightPreparer, cast_matrices
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -23,7 +23,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
-            quant: str | None = None, progress: bool = True) -> Path:
+            quant: str | None = None, mtp_quant: str | None = None, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -35,9 +35,12 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
     lm_head and the MTP fc as 4-bit blocks of 32 (MatMulNBits); the embedding keeps dtype.
+    mtp_quant="int4" does that for the MTP draft head alone (with its own int4 copy of the
+    lm_head): drafts get cheaper, the output stays exactly the target's.
     """
-    if quant not in (None, "int4"):
-        raise CheckpointError(f"quant={quant!r} is not supported; use 'int4' or leave it out.")
+    for name, value in (("quant", quant), ("mtp_quant", mtp_quant)):
+        if value not in (None, "int4"):
+            raise CheckpointError(f"{name}={value!r} is not supported; use 'int4' or leave it out.")
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
     if not 0 <= num_speculative_tokens <= 8:
@@ -59,6 +62,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     WeightPreparer(spec, reader, store).prepare_all(max_length, with_mtp)
     if quant == "int4":
         quantize_store(store)
+    elif mtp_quant == "int4" and with_mtp:
+        quantize_draft_head(store)
     cast_matrices(store, dtype)
     layout = store.save(out_dir)
 
@@ -95,7 +100,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
             tokenizer_files.append(fname)
     Manifest.create(spec, max_length=max_length, num_speculative_tokens=K, dtype=dtype, weights=layout,
                     graphs=graphs, tokenizer_files=tokenizer_files, source=str(checkpoint_dir),
-                    model_type=hf_config.get("model_type"), stage_layers=boundaries, quant=quant).save(out_dir)
+                    model_type=hf_config.get("model_type"), stage_layers=boundaries, quant=quant,
+                    mtp_quant="int4" if with_mtp and "int4" in (quant, mtp_quant) else None).save(out_dir)
     return out_dir
 
 

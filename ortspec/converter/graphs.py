@@ -126,6 +126,11 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     return g
 
 
+def mtp_lm_head(store: WeightStore) -> str:
+    """The MTP head's own lm_head when it has one (an int4 draft head), else the shared one."""
+    return "mtp.lm_head" if "mtp.lm_head" in store.arrays else "lm_head"
+
+
 def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, past_key: str, past_value: str):
     """One pass of the MTP head over M rows: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) ->
     attention layer (own KV) -> mtp.norm. Returns (hidden_out, new_key, new_value, merged key
@@ -160,7 +165,7 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
     step = make_step_inputs(g, spec, positions, max_length)
     hidden_out, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
-    logits = g.linear(hidden_out, "lm_head")
+    logits = g.linear(hidden_out, mtp_lm_head(store))
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", "M"])
     g.output(logits, "logits", F32, ["B", "M", spec.vocab_size])
     g.output(hidden_out, "hidden_out", F32, ["B", "M", spec.hidden_size])
@@ -199,7 +204,7 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
     def draft_from(out):  # the lm_head on one row per request: [B, 1, H] -> [B, 1]
-        return g.op("ArgMax", [g.linear(out, "lm_head")], axis=-1, keepdims=0)
+        return g.op("ArgMax", [g.linear(out, mtp_lm_head(store))], axis=-1, keepdims=0)
 
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
     draft = draft_from(out)
