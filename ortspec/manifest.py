@@ -66,6 +66,7 @@ class Manifest:
     stage_layers: list = dataclasses.field(default_factory=list)  # pipeline boundaries, [0, ..., L]
     quant: str | None = None  # "int4": MatMulNBits weights
     mtp_quant: str | None = None  # "int4": the MTP draft head's weights are (also when quant is)
+    attention_window: bool = False  # the graphs attend over the first W KV slots they are given
 
     @property
     def num_stages(self) -> int:
@@ -88,7 +89,8 @@ class Manifest:
                source, model_type, stage_layers, quant=None, mtp_quant=None) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
-                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant, mtp_quant)
+                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant, mtp_quant,
+                   attention_window=True)
 
     def save(self, out_dir: Path) -> None:
         doc = {
@@ -100,6 +102,7 @@ class Manifest:
             "dtype": self.dtype,
             "quant": self.quant,
             "mtp_quant": self.mtp_quant,
+            "attention_window": self.attention_window,
             "weights": {"file": "weights.bin", "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -127,4 +130,4 @@ class Manifest:
         return cls(model_dir, ModelSpec.from_dict(doc["model"]), doc["max_length"], doc["num_speculative_tokens"],
                    doc["dtype"], doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
                    doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
-                   doc.get("mtp_quant"))
+                   doc.get("mtp_quant"), doc.get("attention_window", False))

@@ -170,8 +170,8 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 feeds[i.name] = rng.standard_normal((2, rows, m.spec.hidden_size)).astype(np.float32)
             elif i.name == "last":
                 feeds[i.name] = np.array([rows - 1, 0])
-            else:
-                feeds[i.name] = np.zeros([2] + list(i.shape[1:]), np.float32)
+            else:  # a state: the runtime's buffer (the graph's KV inputs take any window W of it)
+                feeds[i.name] = np.zeros([2] + list(m.states[i.name]["shape"][1:]), np.float32)
         out = runner.run(feeds)
         if name.startswith("mtp_propose"):  # drafts d1..dk, and the catch-up's KV rows
             assert out["drafts"].shape == (2, int(name[-1])) and np.isfinite(out["new_key.mtp"]).all()

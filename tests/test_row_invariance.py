@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.row_invariance import cases, row_invariant
+from tools.row_invariance import cases, row_invariant, window_invariant
 
 RELIED_ON = [c for c in cases() if c.relied_on]
 
@@ -21,3 +21,8 @@ def test_the_check_detects_a_row_dependent_kernel():
     """Planted: a plain MatMul against a computed operand takes a one-row kernel for M=1."""
     case = next(c for c in cases() if c.op == "MatMul, computed right operand")
     assert not row_invariant(case, threads=1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_bits_do_not_depend_on_the_cache_window(threads):
+    assert window_invariant(threads)

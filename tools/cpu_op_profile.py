@@ -5,7 +5,8 @@
 
 Each graph gets its own ONNX Runtime session (the shared weights, as in a Session) and runs on
 --batch requests at positions --position.. (the step shape of the graph: M=1 for decode, k+1
-for verify_*_k{k} and the catch-up of mtp_propose_k{k}), with random states.
+for verify_*_k{k} and the catch-up of mtp_propose_k{k}), with random states and the KV window
+the CPU runtime would pass (all max_length slots for a model converted without windows).
 
 Two tables:
 - wall ms per Run without the profiler, graphs interleaved round by round (so machine noise
@@ -36,6 +37,7 @@ import onnxruntime as ort  # noqa: E402
 from ortspec.manifest import Manifest  # noqa: E402
 from ortspec.runtime.arrays import HostArrays  # noqa: E402
 from ortspec.runtime.graphs import SharedWeights  # noqa: E402
+from ortspec.runtime.model import window_slots  # noqa: E402
 
 
 def step_rows(session: ort.InferenceSession, name: str) -> int:
@@ -47,9 +49,13 @@ def step_rows(session: ort.InferenceSession, name: str) -> int:
     return int(k.group(1)) + 1 if k else 1
 
 
-def make_feeds(session: ort.InferenceSession, rows: int, batch: int, position: int, seed: int = 0) -> dict:
-    """Inputs of one step: token 5 everywhere, positions position.., random finite states."""
+def make_feeds(session: ort.InferenceSession, manifest: Manifest, name: str, rows: int, batch: int, position: int,
+               seed: int = 0) -> dict:
+    """Inputs of one step: token 5 everywhere, positions position.., random finite states, the
+    KV caches cut to the window the CPU runtime would pass."""
     rng = np.random.default_rng(seed)
+    reach = rows - 1 if name.startswith("mtp_propose") else 1  # the drafts reach k-1 slots past row a
+    window = window_slots(manifest.max_length, position + rows - 1, reach) if manifest.attention_window else None
     feeds = {}
     for i in session.get_inputs():
         if i.name == "input_ids":
@@ -58,7 +64,14 @@ def make_feeds(session: ort.InferenceSession, rows: int, batch: int, position: i
             feeds[i.name] = np.tile(np.arange(position, position + rows), (batch, 1))
         elif i.name == "last":
             feeds[i.name] = np.zeros(batch, np.int64)
-        else:
+        elif i.name in manifest.states:
+            state = (0.1 * rng.standard_normal([batch] + manifest.states[i.name]["shape"][1:])).astype(np.float32)
+            if window is not None and manifest.states[i.name]["kind"].endswith("kv_key"):
+                state = state[..., :window]
+            elif window is not None and manifest.states[i.name]["kind"].endswith("kv_value"):
+                state = state[:, :, :window]
+            feeds[i.name] = np.ascontiguousarray(state)
+        else:  # the MTP head's hidden input [B, M, H]
             shape = [batch] + [d if isinstance(d, int) else rows for d in i.shape[1:]]
             feeds[i.name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
     return feeds
@@ -75,7 +88,7 @@ class GraphProbe:
         self.name = name
         self.session = ort.InferenceSession(str(manifest.graph_path(name)), options,
                                             providers=["CPUExecutionProvider"])
-        self.feeds = make_feeds(self.session, step_rows(self.session, name), args.batch, args.position)
+        self.feeds = make_feeds(self.session, manifest, name, step_rows(self.session, name), args.batch, args.position)
         for _ in range(3):  # warm-up: first runs allocate
             self.run()
 

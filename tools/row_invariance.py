@@ -11,7 +11,8 @@ the converter avoids, so the table shows why. tests/test_row_invariance.py asser
 graphs rely on.
 
 For a recurrent op (LinearAttention, CausalConvWithState) "one call each" means row after row
-through the state, and the state after the last row must match too.
+through the state, and the state after the last row must match too. The last line checks that
+the attention's bits do not depend on how many cache slots past the rows' positions it is given.
 """
 
 from __future__ import annotations
@@ -150,6 +151,36 @@ def cases(seed: int = 0) -> list[Case]:
     ]
 
 
+WINDOWS = (61, 64, 128, 1024)  # cache slots attended over; the rows' positions all lie below the first
+
+
+def window_invariant(threads: int = 1, seed: int = 0) -> bool:
+    """make_attention's chain (scores FusedMatMul + -inf mask, Softmax, context FusedMatMul) over
+    the first W cache slots gives the same bits for every W in WINDOWS past the rows' positions:
+    masked slots get probability exactly 0 and add exact zeros. This is what lets the CPU runtime
+    pass a window of the cache instead of all max_length slots."""
+    hd, rows, live = 64, 6, WINDOWS[0]
+    nodes = [helper.make_node("FusedMatMul", ["q", "k"], ["s"], domain="com.microsoft", alpha=hd ** -0.5),
+             helper.make_node("Add", ["s", "bias"], ["masked"]), helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("FusedMatMul", ["p", "v"], ["ctx"], domain="com.microsoft", alpha=2.0)]
+    graph = helper.make_graph(nodes, "window", [helper.make_tensor_value_info(n, F32, None) for n in "q k v bias".split()],
+                              [helper.make_tensor_value_info("ctx", F32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    q, keys, values = _normal(rng, 1, 2, rows, hd), _normal(rng, 1, 2, hd, WINDOWS[-1]), _normal(rng, 1, 2, WINDOWS[-1], hd)
+    positions = rng.integers(0, live, rows)  # each row sees slots <= its position
+    outputs = []
+    for w in WINDOWS:
+        bias = np.where(np.arange(w)[None, :] <= positions[:, None], 0.0, -np.inf).astype(np.float32)[None, None]
+        outputs.append(session.run(None, {"q": q, "k": np.ascontiguousarray(keys[..., :w]),
+                                          "v": np.ascontiguousarray(values[:, :, :w]), "bias": bias})[0])
+    return all(np.array_equal(outputs[0], o) for o in outputs[1:])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,2")
@@ -161,6 +192,8 @@ def main(argv=None) -> int:
     for case in cases():
         print(f"| {case.op} | {case.used} | " + " | ".join("yes" if row_invariant(case, t) else "**no**"
                                                           for t in threads) + " |")
+    print(f"| attention over the first W cache slots, W = {', '.join(map(str, WINDOWS))} | KV window (CPU runtime) | "
+          + " | ".join("same bits" if window_invariant(t) else "**differs**" for t in threads) + " |")
     return 0
 
 

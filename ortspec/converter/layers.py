@@ -27,18 +27,29 @@ class StepInputs:
     positions: str  # int64 [B, M]
     cos: str  # float [B, M, 1, rotary_dim/2]
     sin: str  # float [B, M, 1, rotary_dim/2]
-    attn_bias: str  # float [B, 1, M, 1, L]: 0 where slot <= position, -inf elsewhere
-    max_length: int  # L, the cache slots every row attends over
+    attn_bias: str  # float [B, 1, M*groups, W]: 0 where slot <= position, -inf elsewhere (query rows of make_attention)
 
 
-def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int) -> StepInputs:
+def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int,
+                     window: str | None = None) -> StepInputs:
+    """window: a key cache input [B, kvh, hd, W] whose W slots the rows attend over. The runtime
+    may pass the first W slots of the cache, any W past every position of the call: masked
+    slots add exact zeros, so a row's bits do not depend on W (tools/row_invariance.py).
+    None: all max_length slots."""
     cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.cos"), positions]), g.const([2])], hint="cos")
     sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.sin"), positions]), g.const([2])], hint="sin")
-    slots = g.const(range(max_length), hint="slots")  # [L]
-    visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, L]
+    if window is None:
+        slots = g.const(range(max_length), hint="slots")  # [L]
+    else:
+        width = g.op("Squeeze", [g.op("Shape", [window], start=3, end=4)])  # W, a scalar
+        slots = g.op("Range", [g.const(0), width, g.const(1)], hint="slots")  # [W]
+    visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, W]
     bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
-    bias = g.op("Unsqueeze", [bias, g.const([1, 3])], hint="attn_bias")  # [B, 1, M, 1, L]
-    return StepInputs(positions, cos, sin, bias, max_length)
+    # one bias row per query row of make_attention (row m*groups + g attends like row m)
+    groups = spec.num_attention_heads // spec.num_key_value_heads
+    bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
+    rows_shape = g.op("Concat", [g.op("Shape", [bias], end=1), g.const([1, -1]), g.op("Shape", [bias], start=3)], axis=0)
+    return StepInputs(positions, cos, sin, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -78,8 +89,9 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     merged=True also the merged key and value views (the cache with this call's rows in place,
     for a later pass in the same graph to attend over).
 
-    Cache layout: key transposed [B, kvh, hd, L], value [B, kvh, L, hd]. The graph scatters
-    this call's rows into a merged view at their positions and attends over all L slots
+    Cache layout: key transposed [B, kvh, hd, W], value [B, kvh, W, hd] (W: the cache's L slots,
+    or the window of the first W the runtime passes, see make_step_inputs). The graph scatters
+    this call's rows into a merged view at their positions and attends over all W slots
     with a positional mask, so a token sees its keys in the same slots (same summation
     order) whether it arrives in a decode or a verify call. The runtime writes the new
     rows (new_key [B,kvh,hd,M], new_value [B,kvh,M,hd]) into the cache buffers in place.
@@ -98,8 +110,8 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     new_value = g.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, kvh, M, hd]
     key_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 2])]), g.op("Shape", [new_key])])
     value_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 3])]), g.op("Shape", [new_value])])
-    keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, L]
-    values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, L, hd]
+    keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, W]
+    values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, W, hd]
 
     # Query head h uses kv head h // groups: the queries of one kv head, all rows and groups,
     # are the rows of one product with the cache [B, kvh, M*groups, hd]. ONNX Runtime's CPU
@@ -109,10 +121,8 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     # of two cancel exactly), so a token's bits do not depend on the rows beside it.
     qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 1, 3, 4])
     qg = g.op("Reshape", [qg, g.const([0, 0, -1, hd])])  # [B, kvh, M*groups, hd]
-    scores = g.ms("FusedMatMul", [qg, keys], alpha=hd ** -0.5)  # [B, kvh, M*groups, L]
-    scores = g.op("Reshape", [scores, g.const([0, 0, -1, groups, step.max_length])])  # [B, kvh, M, groups, L]
+    scores = g.ms("FusedMatMul", [qg, keys], alpha=hd ** -0.5)  # [B, kvh, M*groups, W]
     probs = g.op("Softmax", [g.op("Add", [scores, step.attn_bias])], axis=-1)
-    probs = g.op("Reshape", [probs, g.const([0, 0, -1, step.max_length])])  # [B, kvh, M*groups, L]
     ctx = g.ms("FusedMatMul", [probs, values], alpha=CONTEXT_ALPHA)  # [B, kvh, M*groups, hd]
     ctx = g.op("Transpose", [g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])])], perm=[0, 2, 1, 3, 4])
     ctx = g.op("Reshape", [ctx, g.const([0, 0, nh * hd])])  # [B, M, nh*hd], head h = kv head * groups + group

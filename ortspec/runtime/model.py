@@ -15,6 +15,24 @@ from .graphs import GraphSet
 from .states import LayerState, Rows, Snapshot, StateSet
 
 
+WINDOW_STEP = 64  # KV window sizes are multiples of this, so a run sees few distinct shapes
+
+
+def window_slots(max_length: int, last_position: int, reach: int) -> int:
+    """The first multiple of WINDOW_STEP at or past last_position + reach, at most max_length."""
+    return min(max_length, -(-(last_position + reach) // WINDOW_STEP) * WINDOW_STEP)
+
+
+def attention_window(graphs: GraphSet, positions: np.ndarray, reach: int) -> int | None:
+    """The first W KV slots a forward attends over: on the CPU, ``window_slots`` past its last
+    position (the slots past it are masked: they cost time, not bits); None, all max_length
+    slots, on CUDA (a captured graph keeps its shapes) or for graphs converted without windows."""
+    manifest = graphs.manifest
+    if graphs.arrays.device != "cpu" or not manifest.attention_window:
+        return None
+    return window_slots(manifest.max_length, int(positions.max()), reach)
+
+
 class Forward(dict):
     """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M] array."""
 
@@ -81,7 +99,8 @@ class TargetModel:
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, slot: str | None = None) -> Forward:
         """slot names the CUDA graph for this fixed shape (slot, rows per request, batch)."""
-        feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
+        feeds = {"input_ids": ids, "positions": positions,
+                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1))}
         merged, keep_alive = {}, []
         for stage, graph in enumerate(self.graph_names(name)):
             key = (f"{slot}.stage{stage}" if self.stages > 1 else slot, ids.shape[1], len(rows)) if slot else None
@@ -152,8 +171,9 @@ class MTPHead:
                  slot: str | None = "mtp_catch_up") -> np.ndarray:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
         (rows past last[j] are padding, never written). Returns the next step's drafts [B, k]."""
+        window = attention_window(self.graphs, positions, reach=self.k)  # drafts d2..dk: k-1 slots past row a
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
-                 "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows)}
+                 "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows, window)}
         key = (f"{slot}.k{self.k}", next_ids.shape[1], len(rows)) if slot else None  # one graph per k
         out = self.graphs[self.graph].run(feeds, slot=key)
         for kind in self.states.kinds:
