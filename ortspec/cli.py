@@ -58,21 +58,22 @@ def _bench(args) -> None:
     import tempfile
     from pathlib import Path
 
-    from .bench import converted_models, format_table, merge_results, run_bench, write_outputs
+    from .bench import converted_models, format_table, merge_results, read_prompts, run_bench, write_outputs
 
+    texts = read_prompts(args.prompts) if args.prompts else None
     with tempfile.TemporaryDirectory(prefix="ortspec-bench-") as workdir:
         models = converted_models(args.model, args.dtype, max(args.k), Path(workdir), args.pipeline_stages)
         result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
-                                          devices=args.devices) for model in models])
+                                          devices=args.devices, prompt_texts=texts) for model in models])
         if args.transformers:
             from .bench import transformers_greedy
             from .session import Session
 
             result["transformers"] = transformers_greedy(
                 args.transformers, args.batch, args.max_new_tokens, args.repeats,
-                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]))
+                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]), prompt_texts=texts)
     print(format_table(result))
     write_outputs(result, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None)
 
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", type=_int_list, default=[0, 1, 2, 3, 4], help="comma-separated k values (0 = greedy)")
     b.add_argument("--batch", type=_int_list, default=[1], help="comma-separated batch sizes")
     b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
+                                                     "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
     b.add_argument("--commit", choices=["select", "readvance"], default="select")
     b.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")

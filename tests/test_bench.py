@@ -39,3 +39,15 @@ def test_bench_dtype_of_a_converted_model_must_match(models, capsys):
     code = main(["bench", str(models.converted("base")), "--dtype", "float16", "--k", "0"])
     assert code == 2
     assert "was converted with dtype float32; --dtype float16 needs the checkpoint" in capsys.readouterr().err
+
+
+def test_bench_reads_held_out_prompts(models, tmp_path, capsys):
+    """--prompts FILE: the texts of a JSON list instead of the bench's own; a bad file is refused."""
+    (tmp_path / "p.json").write_text(json.dumps(["def f(x):\n    return", "class A:"]))
+    code = main(["bench", str(models.converted("base")), "--k", "0,1", "--max-new-tokens", "4", "--repeats", "1",
+                 "--prompts", str(tmp_path / "p.json"), "--json", str(tmp_path / "b.json")])
+    assert code == 0
+    assert json.loads((tmp_path / "b.json").read_text())["prompts"] == ["def f(x):\n    return", "class A:"]
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["bench", str(models.converted("base")), "--k", "0", "--prompts", str(tmp_path / "bad.json")]) == 2
+    assert "must hold a non-empty JSON list" in capsys.readouterr().err
