@@ -19,6 +19,7 @@ def test_bench_cli_writes_table_and_json(models, tmp_path, capsys):
     assert set(rows) == {(0, 1), (0, 2), (2, 1), (2, 2)}
     assert rows[(0, 1)]["speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["mean_tokens_per_step"] >= 1.0
     assert rows[(2, 1)]["steps"] > 0 and rows[(2, 1)]["phase_ms"]["verify"] > 0
+    assert rows[(0, 2)]["cpu_speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["cpu_seconds"] > 0
 
 
 def test_bench_converts_a_checkpoint_per_dtype(models, tmp_path, capsys):
