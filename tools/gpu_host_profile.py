@@ -27,8 +27,9 @@ import ortspec  # noqa: E402
 PROMPT = [11, 7, 3, 250, 99, 17, 5, 42]
 
 
-def profile_steps(model: str, k: int, batch: int, steps: int, provider: str = "cuda", top: int = 22) -> None:
-    session = ortspec.Session(model, provider=provider, num_speculative_tokens=k)
+def profile_steps(model: str, k: int, batch: int, steps: int, provider: str = "cuda", top: int = 22,
+                  threads: int | None = None) -> None:
+    session = ortspec.Session(model, provider=provider, num_speculative_tokens=k, threads=threads)
     batcher = session.batcher(max_batch_size=batch)
     for _ in range(batch):
         batcher.add_request(PROMPT, max_new_tokens=(k + 1) * (2 * steps + 10))
@@ -60,11 +61,12 @@ def main(argv=None) -> int:
     parser.add_argument("--k", default="0,3")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--provider", default="cuda")
+    parser.add_argument("--provider", default="cuda", help="cuda, or cpu (then give --threads)")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
     args = parser.parse_args(argv)
     ort.set_default_logger_severity(3)
     for k in (int(x) for x in args.k.split(",")):
-        profile_steps(args.model, k, args.batch, args.steps, args.provider)
+        profile_steps(args.model, k, args.batch, args.steps, args.provider, threads=args.threads)
     return 0
 
 
