@@ -100,7 +100,8 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
         x = g.input("proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
         residual = g.input("proxy.residual", F32, ["B", dim_m, spec.hidden_size]) if layers.start > 0 else None
     states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
-    step = make_step_inputs(g, spec, positions, max_length, window=next((n for n in states if n.startswith("key.")), None))
+    window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
+    step = make_step_inputs(g, spec, positions, max_length, window=window)
     state_outputs = []
     for i in layers:
         prefix = f"L{i}"
