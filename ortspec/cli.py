@@ -81,6 +81,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None,
                    help="int4 projection weights (MatMulNBits, blocks of 32; default: none)")
+    c.add_argument("--mtp-quant", choices=["int4"], default=None,
+                   help="int4 weights for the MTP draft head only (cheaper drafts; the output is the target's; "
+                        "default: none)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -117,6 +120,8 @@ def _add_bench(sub) -> None:
     _add_k(b, "comma-separated k values to bench (0 = greedy)", _int_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
            metavar="K,K,...")
     b.add_argument("--batch", type=_int_list, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
+    b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
+                                                     "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
     _add_run_options(b, max_new_tokens=64)
     b.add_argument("--transformers", metavar="CHECKPOINT",
@@ -156,7 +161,7 @@ def _convert(args) -> None:
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
-                  overwrite=args.overwrite)
+                  mtp_quant=args.mtp_quant, overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 
@@ -207,22 +212,24 @@ def _bench(args) -> None:
     import tempfile
     from pathlib import Path
 
-    from .bench import check_outputs, converted_models, format_table, merge_results, run_bench, write_outputs
+    from .bench import check_outputs, converted_models, format_table, merge_results, read_prompts, run_bench, write_outputs
 
     json_path, plot_path = (Path(p) if p else None for p in (args.json, args.plot))
     check_outputs(json_path, plot_path)  # before minutes of benchmarking, not after
+    texts = read_prompts(args.prompts) if args.prompts else None
     with tempfile.TemporaryDirectory(prefix="ortspec-bench-") as workdir:
         models = converted_models(args.model, args.dtype, max(args.k), Path(workdir), args.pipeline_stages)
         result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
-                                          devices=args.devices) for model in models])
+                                          devices=args.devices, prompt_texts=texts) for model in models])
         if args.transformers:
             from .bench import transformers_greedy
             from .session import Session
 
             result["transformers"] = transformers_greedy(
                 args.transformers, args.batch, args.max_new_tokens, args.repeats,
-                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]))
+                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]),
+                prompt_texts=texts)
     print(format_table(result))
     write_outputs(result, json_path, plot_path)

@@ -2,7 +2,9 @@
 
 Target graph I/O (B requests, M rows each, L = max_length):
   in   input_ids int64 [B, M]   positions int64 [B, M]
-       key.{i} [B, kvh, hd, L], value.{i} [B, kvh, L, hd]            full-attention layer i
+       key.{i} [B, kvh, hd, W], value.{i} [B, kvh, W, hd]            full-attention layer i: the
+                         cache's first W <= L slots, W past every position of the call (any such
+                         W gives the same bits; the CPU runtime passes a window, CUDA all L)
        conv.{i} [B, K-1, C], recurrent.{i} [B, nv, dk, dv] (fp32)     GDN layer i
   out  tokens int64 [B, M] (argmax)  logits [B, M, V]  hidden [B, M, H] (final-normed)
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
@@ -34,13 +36,16 @@ from .layers import (
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]:
-    """Input name -> shape of every per-layer state of the target model."""
+WINDOW = "W"  # the KV slots a graph attends over: the first W of the cache's max_length
+
+
+def state_shapes(spec: ModelSpec, batch="B") -> dict[str, list]:
+    """Graph input name -> shape of every per-layer state of the target model."""
     shapes = {}
     for i, kind in enumerate(spec.layer_types):
         if kind == FULL:
-            shapes[f"key.{i}"] = [batch, spec.num_key_value_heads, spec.head_dim, max_length]
-            shapes[f"value.{i}"] = [batch, spec.num_key_value_heads, max_length, spec.head_dim]
+            shapes[f"key.{i}"] = [batch, spec.num_key_value_heads, spec.head_dim, WINDOW]
+            shapes[f"value.{i}"] = [batch, spec.num_key_value_heads, WINDOW, spec.head_dim]
         else:
             shapes[f"conv.{i}"] = [batch, spec.linear_conv_kernel_dim - 1, spec.conv_dim]
             shapes[f"recurrent.{i}"] = [batch, spec.linear_num_value_heads, spec.linear_key_head_dim,
@@ -48,10 +53,10 @@ def state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]
     return shapes
 
 
-def mtp_state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]:
+def mtp_state_shapes(spec: ModelSpec, batch="B") -> dict[str, list]:
     return {
-        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, max_length],
-        "value.mtp": [batch, spec.num_key_value_heads, max_length, spec.head_dim],
+        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, WINDOW],
+        "value.mtp": [batch, spec.num_key_value_heads, WINDOW, spec.head_dim],
     }
 
 
@@ -94,9 +99,9 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     else:
         x = g.input("proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
         residual = g.input("proxy.residual", F32, ["B", dim_m, spec.hidden_size]) if layers.start > 0 else None
-    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec, max_length).items()
-              if int(n.split(".")[1]) in layers}
-    step = make_step_inputs(g, spec, positions, max_length)
+    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
+    window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
+    step = make_step_inputs(g, spec, positions, max_length, window=window)
     state_outputs = []
     for i in layers:
         prefix = f"L{i}"
@@ -126,10 +131,15 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     return g
 
 
+def mtp_lm_head(store: WeightStore) -> str:
+    """The MTP head's own lm_head when it has one (an int4 draft head), else the shared one."""
+    return "mtp.lm_head" if "mtp.lm_head" in store.arrays else "lm_head"
+
+
 def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, past_key: str, past_value: str):
     """One pass of the MTP head over M rows: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) ->
-    attention layer (own KV) -> mtp.norm. Returns (hidden_out, logits, new_key, new_value,
-    merged key view, merged value view)."""
+    attention layer (own KV) -> mtp.norm. Returns (hidden_out, new_key, new_value, merged key
+    view, merged value view); the caller applies the lm_head to the rows it needs."""
     eps = spec.rms_norm_eps
     embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
     normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
@@ -143,7 +153,7 @@ def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, pas
 
     x, residual = _decoder_layer(g, spec, x, None, "mtp.L0", mixer)
     hidden_out, _ = make_add_rms_norm(g, x, residual, "mtp.norm", eps)
-    return (hidden_out, g.linear(hidden_out, "lm_head"), *cache)
+    return (hidden_out, *cache)
 
 
 def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> GraphBuilder:
@@ -157,10 +167,10 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
-    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
-    step = make_step_inputs(g, spec, positions, max_length)
-    hidden_out, logits, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"],
-                                                             states["value.mtp"])
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
+    step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
+    hidden_out, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
+    logits = g.linear(hidden_out, mtp_lm_head(store))
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", "M"])
     g.output(logits, "logits", F32, ["B", "M", spec.vocab_size])
     g.output(hidden_out, "hidden_out", F32, ["B", "M", spec.hidden_size])
@@ -181,16 +191,17 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
 
     Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
     past a are padding: their slots lie after every draft's position, so the mask hides them.
-    Draft positions are clamped to L-1 (near the end of max_length their drafts go unused).
+    Draft positions are clamped to W-1, the last slot of the cache window (the runtime passes a
+    window past T+a+k-1, or all L slots: near the end of max_length those drafts go unused).
     """
     g = GraphBuilder(graph_name("mtp_propose", k), store)
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
     last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
-    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
-    step = make_step_inputs(g, spec, positions, max_length)
-    out, logits, new_key, new_value, key_view, value_view = _mtp_pass(
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
+    step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
+    out, new_key, new_value, key_view, value_view = _mtp_pass(
         g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
     g.output(new_key, "new_key.mtp", F32, None)
     g.output(new_value, "new_value.mtp", F32, None)
@@ -198,14 +209,18 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
-    draft = at_last(g.op("ArgMax", [logits], axis=-1, keepdims=0))  # [B, 1]
-    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]
+    def draft_from(out):  # the lm_head on one row per request: [B, 1, H] -> [B, 1]
+        return g.op("ArgMax", [g.linear(out, mtp_lm_head(store))], axis=-1, keepdims=0)
+
+    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
+    last_slot = g.op("Sub", [g.op("Shape", [states["key.mtp"]], start=3, end=4), g.const([1])])  # [1]: W-1
+    draft = draft_from(out)
     drafts = [draft]
     for j in range(1, k):
-        position = g.op("Min", [g.op("Add", [base, g.const([j])]), g.const([max_length - 1])])
-        out, logits, _, _, key_view, value_view = _mtp_pass(
-            g, spec, draft, out, make_step_inputs(g, spec, position, max_length), key_view, value_view)
-        draft = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B, 1]
+        position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
+        out, _, _, key_view, value_view = _mtp_pass(
+            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view), key_view, value_view)
+        draft = draft_from(out)
         drafts.append(draft)
     g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
     return g

@@ -16,6 +16,24 @@ from .graphs import GraphSet
 from .states import LayerState, Rows, Snapshot, StateSet
 
 
+WINDOW_STEP = 64  # KV window sizes are multiples of this, so a run sees few distinct shapes
+
+
+def window_slots(max_length: int, last_position: int, reach: int) -> int:
+    """The first multiple of WINDOW_STEP at or past last_position + reach, at most max_length."""
+    return min(max_length, -(-(last_position + reach) // WINDOW_STEP) * WINDOW_STEP)
+
+
+def attention_window(graphs: GraphSet, positions: np.ndarray, reach: int) -> int | None:
+    """The first W KV slots a forward attends over: on the CPU, ``window_slots`` past its last
+    position (the slots past it are masked: they cost time, not bits); None, all max_length
+    slots, on CUDA (a captured graph keeps its shapes) or for graphs converted without windows."""
+    manifest = graphs.manifest
+    if graphs.arrays.device != "cpu" or not manifest.attention_window:
+        return None
+    return window_slots(manifest.max_length, int(positions.max()), reach)
+
+
 class Forward(dict):
     """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M] array."""
 
@@ -58,7 +76,8 @@ class TargetModel:
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False) -> Forward:
         """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them."""
-        feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
+        feeds = {"input_ids": ids, "positions": positions,
+                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1))}
         merged, keep_alive = {}, []
         for stage, graph in enumerate(self.graph_names(name)):
             key = SlotKey.for_run(graph, ids, self.engine) if graphed else None
@@ -137,8 +156,9 @@ class MTPHead:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
         (rows past last[j] are padding, never written). Returns the next step's drafts [B, k].
         graphed: a fixed-shape run (every step's), replayed as a CUDA graph; not the prefill's."""
+        window = attention_window(self.graphs, positions, reach=self.k)  # drafts d2..dk: k-1 slots past row a
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
-                 "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows)}
+                 "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows, window)}
         key = SlotKey.for_run(self.graph, next_ids, self.engine) if graphed else None
         out = self.graphs[self.graph].run(feeds, slot=key)
         for kind in self.states.kinds:

@@ -1,6 +1,7 @@
 """The state kinds of a hybrid model, each answering the same verbs.
 
-    feeds(rows)                              graph inputs for these batch rows
+    feeds(rows, window)                      graph inputs for these batch rows (KV: the first
+                                             ``window`` slots, or all when None)
     advance(outputs, rows, positions)        keep what a forward left: the state after its last row
     select(outputs, rows, positions, accepted)
                                              keep the state after row accepted[j] of a verify
@@ -67,7 +68,7 @@ class Snapshot:
 class StateKind(Protocol):
     names: tuple[str, ...]
 
-    def feeds(self, rows: Rows) -> dict: ...
+    def feeds(self, rows: Rows, window: int | None = None) -> dict: ...
     def advance(self, outputs: dict, rows: Rows, positions: np.ndarray) -> None: ...
     def select(self, outputs: dict, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None: ...
     def snapshot(self, rows: Rows) -> dict: ...
@@ -89,8 +90,11 @@ class KVCache:
         self.value = arrays.zeros(value_shape)
         self._new = ("new_" + key_name, "new_" + value_name)
 
-    def feeds(self, rows: Rows) -> dict:
-        return {self.names[0]: rows.take(self.arrays, self.key), self.names[1]: rows.take(self.arrays, self.value)}
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
+        key, value = rows.take(self.arrays, self.key), rows.take(self.arrays, self.value)
+        if window is not None:  # host views; ONNX Runtime copies the first `window` slots
+            key, value = key[..., :window], value[:, :, :window]
+        return {self.names[0]: key, self.names[1]: value}
 
     def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Writes the first counts[j] new rows of batch row j (all rows when counts is None)."""
@@ -140,7 +144,7 @@ class LayerState:
         self.buffer = arrays.zeros(shape)
         self.out_name, self.window_name = f"{kind}_out.{layer}", f"{kind}_window.{layer}"
 
-    def feeds(self, rows: Rows) -> dict:
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
         return {self.names[0]: rows.take(self.arrays, self.buffer)}
 
     def advance(self, outputs, rows, positions) -> None:
@@ -188,10 +192,10 @@ class StateSet:
                 groups.setdefault(id(kind.arrays), (kind.arrays, []))[1].append(kind)
         self._layer_groups = list(groups.values())
 
-    def feeds(self, rows: Rows) -> dict:
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
         feeds = {}
         for kind in self.kinds:
-            feeds.update(kind.feeds(rows))
+            feeds.update(kind.feeds(rows, window))
         return feeds
 
     def advance(self, outputs, rows, positions) -> None:
