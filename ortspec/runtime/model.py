@@ -13,7 +13,7 @@ import numpy as np
 from ..manifest import graph_name, stage_graph_name
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
-from .states import LayerState, Rows, Snapshot, StateSet
+from .states import Rows, Snapshot, StateSet
 
 
 class Forward(dict):
@@ -74,9 +74,7 @@ class TargetModel:
 
     def reset(self, rows: Rows) -> None:
         """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
-        for kind in self.states.kinds:
-            if isinstance(kind, LayerState):
-                kind.arrays.zero(rows.take(kind.arrays, kind.buffer))
+        self.states.reset(rows)
 
     def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         out = self._run("prefill", rows, ids, positions)
@@ -141,8 +139,7 @@ class MTPHead:
                  "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows)}
         key = SlotKey.for_run(self.graph, next_ids, self.engine) if graphed else None
         out = self.graphs[self.graph].run(feeds, slot=key)
-        for kind in self.states.kinds:
-            kind.write(out, rows, positions, counts=last + 1)
+        self.states.write(out, rows, positions, counts=last + 1)
         return self.arrays.download(out["drafts"])
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
