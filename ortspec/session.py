@@ -14,7 +14,8 @@ from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.engines import Engine, EnginePool, Lease
 from .runtime.graph_slots import batch_bucket
 from .runtime.graphs import GraphSet, check_provider
-from .speculative.decoder import COMMITS, Decoder
+from .speculative.commits import COMMITS
+from .speculative.decoder import Decoder
 from .speculative.requests import Request
 from .speculative.stats import Stats, StatsTotals
 
@@ -64,7 +65,7 @@ class Session:
         cuda_count = load_native().build_info()["cuda_device_count"] if provider == "cuda" and devices is not None else None
         self.devices = validation.devices(devices, self.stages, cuda_count)
         self.k = validation.num_speculative_tokens(num_speculative_tokens, self.manifest)
-        self.commit = validation.commit(commit, COMMITS)
+        self.commit = validation.commit(commit, tuple(COMMITS))
         validation.model_dtype(self.manifest, provider)
         threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
         max_engines_per_batch_size = validation.max_engines_per_batch_size(max_engines_per_batch_size)
@@ -79,7 +80,7 @@ class Session:
     def _graph_names(self) -> list[str]:
         names = ["prefill", "decode"]
         if self.k:
-            names += [graph_name("verify_select" if self.commit == "select" else "verify", self.k)]
+            names += [graph_name(COMMITS[self.commit].verify_graph, self.k)]
         names = [g for name in names for g in ([name] if self.stages == 1 else
                                                 [stage_graph_name(name, s) for s in range(self.stages)])]
         return names + ([graph_name("mtp_propose", self.k)] if self.k else [])

@@ -17,15 +17,19 @@ from .states import Rows, Snapshot, StateSet
 
 
 class Forward(dict):
-    """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M] array."""
+    """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M]
+    array, and ``positions`` [B, M], where the forward ran (a consumer of its hidden states,
+    the MTP head, feeds the same M rows)."""
 
     tokens: np.ndarray
+    positions: np.ndarray
 
 
-def _forward(graphs: GraphSet, out: dict) -> Forward:
+def _forward(graphs: GraphSet, out: dict, positions: np.ndarray) -> Forward:
     result = Forward(out)
     result.keep_alive = getattr(out, "keep_alive", None)
     result.tokens = graphs.arrays.download(out["tokens"])
+    result.positions = positions
     return result
 
 
@@ -68,7 +72,7 @@ class TargetModel:
             if stage + 1 < self.stages:
                 handed = self.hand_overs[stage](proxies(out), key)
                 feeds = {**{n: v for n, v in feeds.items() if not n.startswith("proxy.")}, **handed}
-        result = _forward(self.graphs, merged)
+        result = _forward(self.graphs, merged, positions)
         result.keep_alive = keep_alive
         return result
 
