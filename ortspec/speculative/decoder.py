@@ -41,7 +41,8 @@ class Decoder:
 
     On the CPU each step runs only the unfinished requests. On CUDA (``fixed_rows``) every
     step runs all rows, so the rows stay one contiguous range at fixed addresses; a finished
-    request's row keeps running at its last position and its results are dropped.
+    request's row keeps running, parked where the widest forward stays inside max_length, and
+    its results are dropped.
 
     commit: "select" or "readvance" (``commits.COMMITS``), chosen once here.
     """
@@ -74,6 +75,7 @@ class Decoder:
         if not active:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
+        batch.park_finished(self.max_length - self.forwards.positions_used(self.k))
         with self.graphs.device_lock:
             self.graphs.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
