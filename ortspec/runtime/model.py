@@ -48,7 +48,8 @@ class TargetModel:
     state kinds and the speculative step see one model.
 
     engine: the id CUDA-graph slots are keyed by (``graph_slots.SlotKey``): the captured graphs
-    of these buffers are this model's own. Default: a fresh id.
+    of these buffers are this model's own. Default: a fresh id. A forward over rows that start
+    past row 0 (exact mode's row groups) binds other addresses, so it gets an id of its own.
     """
 
     def __init__(self, graphs: GraphSet, batch: int, stages: int = 1, engine: int | None = None) -> None:
@@ -56,6 +57,15 @@ class TargetModel:
         self.engine = graphs.slots.new_engine_id() if engine is None else engine
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
         self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
+        self._slot_ids = {0: self.engine}  # first row of a bound row range -> the id its graph slots use
+
+    def slot_id(self, rows: Rows) -> int:
+        """The engine id of the slot keys of a forward over these rows: the model's own for rows
+        from 0; a fresh one, kept, for each other first row (its captured graphs bind other addresses)."""
+        first = int(rows.indices[0])
+        if first not in self._slot_ids:
+            self._slot_ids[first] = self.graphs.slots.new_engine_id()
+        return self._slot_ids[first]
 
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
@@ -65,7 +75,7 @@ class TargetModel:
         feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
         merged, keep_alive = {}, []
         for stage, graph in enumerate(self.graph_names(name)):
-            key = SlotKey.for_run(graph, ids, self.engine) if graphed else None
+            key = SlotKey.for_run(graph, ids, self.slot_id(rows)) if graphed else None
             out = self.graphs[graph].run(feeds, slot=key)
             keep_alive.append(getattr(out, "keep_alive", None))
             merged.update(out)

@@ -11,7 +11,8 @@ each row; the commit keeps row a's (KV rows 0..a, GDN window slot a). One forwar
 all k+1 rows), and where a row rejected a draft, restore and re-run its accepted tokens one
 at a time. Needs no windowed graph; costs up to k extra forwards per step.
 
-Both run their forwards through the Decoder's forward shapes (``runtime.forward_shapes``).
+Both run their forwards through the Decoder's forward shapes (``runtime.forward_shapes``), so
+in exact mode every forward, readvance's re-runs included, is the one fixed-shape forward.
 The MTP head's catch-up is the same for both and stays in the step.
 """
 
@@ -21,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from ..runtime.forward_shapes import ShapePerCall
+from ..runtime.forward_shapes import FixedShape, ShapePerCall
 from ..runtime.model import Forward
 from ..runtime.states import Snapshot
 from .requests import Batch
@@ -32,7 +33,8 @@ from .stats import Stats
 class Verified:
     """A verify forward, as its strategy needs it again at commit time."""
 
-    out: Forward  # tokens [B, k+1], hidden [B, k+1, H], positions [B, k+1]
+    out: Forward  # tokens [B, W] (W = k+1, or K_fix+1 in exact mode), hidden [B, W, H], positions [B, W];
+    #               valid until the next target forward (on CUDA its slot's static buffers)
     ids: np.ndarray  # int64 [B, k+1]: x_T, d1..dk
     positions: np.ndarray  # int64 [B, k+1]: T..T+k
     snapshot: Snapshot | None = None  # readvance: the GDN states before the verify
@@ -43,7 +45,7 @@ class SelectCommit:
 
     name, verify_graph = "select", "verify_select"
 
-    def __init__(self, forwards: ShapePerCall) -> None:
+    def __init__(self, forwards: ShapePerCall | FixedShape) -> None:
         self.forwards = forwards
 
     def verify(self, batch: Batch, ids: np.ndarray, positions: np.ndarray) -> Verified:
@@ -58,7 +60,7 @@ class ReadvanceCommit:
 
     name, verify_graph = "readvance", "verify"
 
-    def __init__(self, forwards: ShapePerCall) -> None:
+    def __init__(self, forwards: ShapePerCall | FixedShape) -> None:
         self.forwards, self.target = forwards, forwards.target
 
     def verify(self, batch: Batch, ids: np.ndarray, positions: np.ndarray) -> Verified:

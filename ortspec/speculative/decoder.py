@@ -12,8 +12,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import InputError
 from ..runtime.engines import Engine
-from ..runtime.forward_shapes import ShapePerCall
+from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
 from ..runtime.graphs import GraphSet
 from ..runtime.model import Forward, MTPHead
 from ..runtime.states import Rows
@@ -25,7 +26,7 @@ from .stats import Stats
 
 def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """a_j = max{ i <= k : d_{j,1..i} == g_{j,0..i-1} }: the longest prefix of drafts [B, k]
-    that matches the target argmaxes [B, k+1] (draft i is checked against g_{i-1})."""
+    that matches the target argmaxes [B, >= k+1] (draft i is checked against g_{i-1})."""
     k = drafts.shape[1]
     match = drafts == targets[:, :k]  # [B, k]
     return np.where(match.all(axis=1), k, np.argmin(match, axis=1)).astype(np.int64)
@@ -39,24 +40,29 @@ class Decoder:
     prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
     ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
 
-    On the CPU each step runs only the unfinished requests. On CUDA (``fixed_rows``) every
-    step runs all rows, so the rows stay one contiguous range at fixed addresses; a finished
-    request's row keeps running, parked where the widest forward stays inside max_length, and
-    its results are dropped.
+    On the CPU each step runs only the unfinished requests. On CUDA and in exact mode
+    (``fixed_rows``) every step runs all rows, so the rows stay one contiguous range at fixed
+    addresses; a finished request's row keeps running, parked where the widest forward stays
+    inside max_length, and its results are dropped.
 
-    commit: "select" or "readvance" (``commits.COMMITS``), chosen once here.
+    commit: "select" or "readvance" (``commits.COMMITS``). exact: run every target forward at
+    that one fixed shape (``runtime.forward_shapes.FixedShape``); batch_size must then be a
+    multiple of its batch_size (placeholder requests fill the rest).
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
-                 engine: Engine | None = None, stages: int = 1) -> None:
+                 engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
-        self.fixed_rows = graphs.arrays.device != "cpu" if fixed_rows is None else fixed_rows
+        if exact is not None and fixed_rows is False:
+            raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
+                             "of exact_batch_size; leave fixed_rows unset.")
+        self.fixed_rows = (graphs.arrays.device != "cpu" or exact is not None) if fixed_rows is None else fixed_rows
         self.max_length = graphs.manifest.max_length
         self.engine = engine or Engine.create(graphs, batch_size, k, stages)
         self.target, self.mtp = self.engine.target, self.engine.mtp
-        self.forwards = ShapePerCall(self.target)
+        self.forwards = FixedShape(self.target, exact) if exact else ShapePerCall(self.target)
         self.commit = COMMITS[commit](self.forwards)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
 
@@ -134,16 +140,17 @@ class Decoder:
         positions = T[:, None] + np.arange(k + 1)
         with self.stats.timed("verify"):
             verified = self.commit.verify(batch, ids, positions)
-        targets = verified.out.tokens  # g_0..g_k: the target's argmax after each row
+        targets = verified.out.tokens  # g_0..g_k: the target's argmax after each row (exact mode: pads follow)
         # 3. accept: a = longest prefix with d_i == g_{i-1}; emit d_1..d_a and the bonus g_a
         accepted = accept_lengths(drafts, targets)  # [B]
         bonus = targets[np.arange(len(batch)), accepted]  # [B]
-        # 4. commit every state to T + a + 1 tokens, as if decoded one by one
+        # 4. commit every state to T + a + 1 tokens, as if decoded one by one: the MTP head
+        #    first (it reads the verify's hiddens, which readvance's re-runs may overwrite)
         with self.stats.timed("commit"):
-            self.commit.commit(batch, verified, accepted, self.stats)
             next_ids = np.concatenate([drafts, bonus[:, None]], axis=1)  # x_{p+1} for p = T..T+k
             next_ids[np.arange(len(batch)), accepted] = bonus
             self._catch_up(rows, verified.out, next_ids, accepted, batch.requests)
+            self.commit.commit(batch, verified, accepted, self.stats)
         live = np.array([not r.done for r in batch.requests])
         self.stats.record_speculative_step(accepted[live], k)
         for j, req in enumerate(batch.requests):
@@ -154,8 +161,11 @@ class Decoder:
     # -- MTP catch-up and bookkeeping -------------------------------------------------------
     def _catch_up(self, rows: Rows, out: Forward, next_ids, last, requests, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target forward's hiddens and the tokens that
-        followed (next_ids [B, M]; rows past last[j] are padding and never written); the
-        head's output at last[j] is the next step's d1."""
+        followed (next_ids [B, m]; padded to the forward's width W, rows past last[j] are
+        padding and never written); the head's output at last[j] is the next step's d1."""
+        width = out.positions.shape[1]
+        if next_ids.shape[1] < width:  # exact mode: the forward ran K_fix+1 rows
+            next_ids = np.concatenate([next_ids, np.zeros((len(next_ids), width - next_ids.shape[1]), np.int64)], 1)
         drafts = self.mtp.catch_up(rows, out["hidden"], next_ids, out.positions, last, graphed=graphed)  # [B, k]
         for req, row in zip(requests, drafts):
             req.next_drafts = row.tolist()
