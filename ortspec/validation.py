@@ -110,8 +110,11 @@ def exact_shape(exact, batch_size, exact_k, k: int, manifest):
     if not exact:
         return None
     if converted < 1:
+        fix = ("its checkpoint has no mtp.* weights, and such conversions write no verify graphs: exact mode is not "
+               "available for this model" if not manifest.has_mtp else "reconvert with --num-speculative-tokens 1 "
+               "or more")
         raise ConfigurationError(f"exact=True runs every forward as a verify graph, and {manifest.dir} was converted "
-                                 "with K=0 (none); reconvert with --num-speculative-tokens 1 or more.")
+                                 f"with K=0 (no verify graphs); {fix}.")
     exact_k = converted if exact_k is None else exact_k
     if k > exact_k:
         raise ConfigurationError(f"num_speculative_tokens={k} exceeds exact_k={exact_k}: a verify of k+1 tokens must "

@@ -131,3 +131,12 @@ def test_exact_options(tokenized_model):
     assert session.exact == ExactShape(16, 2) and ortspec.Session(tokenized_model).exact is None
     with pytest.raises(ortspec.InputError, match="fixed_rows=False cannot run in exact mode"):
         session.generate([1, 2, 3], max_new_tokens=4, fixed_rows=False)
+
+
+def test_exact_mode_needs_verify_graphs(tmp_path):
+    from tools.make_tiny_checkpoint import make_checkpoint
+
+    make_checkpoint(tmp_path / "ck", seed=4, mtp=False)  # no MTP head: converted with K=0, no verify graphs
+    out = ortspec.convert(tmp_path / "ck", tmp_path / "out", max_length=32, progress=False)
+    with pytest.raises(ortspec.ConfigurationError, match=r"no mtp\.\* weights, .* exact mode is not available"):
+        ortspec.Session(out, exact=True)
