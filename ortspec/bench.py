@@ -7,6 +7,7 @@ median. Ratios are against greedy (k=0) at the same batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -47,9 +48,10 @@ def read_prompts(path) -> list[str]:
 
 def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, repeats=3, provider="cpu",
               commit="select", threads=None, progress=True, pipeline_stages=1, devices=None,
-              prompt_texts: list[str] | None = None) -> dict:
+              prompt_texts: list[str] | None = None, exact=False, exact_batch_size=16) -> dict:
     sessions = {k: Session(model_dir, provider=provider, num_speculative_tokens=k, commit=commit, threads=threads,
-                           pipeline_stages=pipeline_stages, devices=devices)
+                           pipeline_stages=pipeline_stages, devices=devices, exact=exact,
+                           exact_batch_size=exact_batch_size)
                 for k in ks}
     samples = {(k, b): [] for k in ks for b in batches}
     cpu = {key: [] for key in samples}  # process CPU time: with one intra-op thread, machine load barely moves it
@@ -89,9 +91,11 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
         r["speedup_vs_greedy"] = r["tokens_per_second"] / g["tokens_per_second"] if g else None
         r["cpu_speedup_vs_greedy"] = g["cpu_seconds"] / r["cpu_seconds"] if g else None  # same tokens, less CPU time
         r["dtype"] = dtype
+    exact_shape = sessions[ks[0]].exact
     return {"model": str(model_dir), "provider": provider, "commit": commit, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "threads": threads, "pipeline_stages": pipeline_stages, "prompts": prompt_texts or "bench",
-            "devices": sessions[ks[0]].devices, "rows": rows}
+            "devices": sessions[ks[0]].devices, "rows": rows,
+            "exact": dataclasses.asdict(exact_shape) if exact_shape else None}
 
 
 def converted_models(model, dtypes: list[str] | None, num_speculative_tokens: int, workdir: Path,

@@ -60,6 +60,12 @@ def _add_run_options(parser, max_new_tokens: int) -> None:
     parser.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
     parser.add_argument("--devices", type=_int_list, default=None,
                         help="GPU per pipeline stage, e.g. 0,1 (default: every stage on device 0)")
+    parser.add_argument("--exact", action="store_true",
+                        help="exact mode: every step's target forward at one fixed shape, so on a GPU in "
+                             "float16/bfloat16 too a token's bits depend on neither batch, row nor k "
+                             "(costs K+1 rows per request per step; reserves K positions of max length)")
+    parser.add_argument("--exact-batch-size", type=int, default=16,
+                        help="with --exact: rows of the fixed shape (batches run in groups of it)")
 
 
 def _command(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -193,7 +199,8 @@ def _generate(args) -> None:
 
     prompt = _parse_prompt(args.prompt, args.ids)  # before loading the model
     session = Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
-                      threads=args.threads, pipeline_stages=args.pipeline_stages, devices=args.devices)
+                      threads=args.threads, pipeline_stages=args.pipeline_stages, devices=args.devices,
+                      exact=args.exact, exact_batch_size=args.exact_batch_size)
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start
@@ -205,6 +212,8 @@ def _generate(args) -> None:
         line += (f"; k={session.k} {session.commit}: acceptance {st['acceptance_rate']:.2f}, "
                  f"{st['mean_tokens_per_step']:.2f} tokens/step, accept lengths (length: steps) "
                  f"{accept_counts(st['accept_histogram'])}")
+    if session.exact:
+        line += f"; exact mode: every forward {session.exact.batch_size} x {session.exact.k + 1} tokens"
     print(line + "]", file=sys.stderr)
 
 
@@ -222,7 +231,8 @@ def _bench(args) -> None:
         result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
-                                          devices=args.devices, prompt_texts=texts) for model in models])
+                                          devices=args.devices, prompt_texts=texts, exact=args.exact,
+                                          exact_batch_size=args.exact_batch_size) for model in models])
         if args.transformers:
             from .bench import transformers_greedy
             from .session import Session

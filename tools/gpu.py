@@ -26,7 +26,7 @@ from ortspec.cli import HelpFormatter  # noqa: E402  (after the path: the tree's
 
 SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scale": "scale",
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
-               "soak": "soak"}
+               "soak": "soak", "exact": "exact"}
 
 
 def subcommand_module(name: str):
