@@ -107,7 +107,7 @@ def _ms(op: str, inputs, outputs, **attrs) -> helper.NodeProto:
 
 def cases(seed: int = 0) -> list[Case]:
     rng = np.random.default_rng(seed)
-    H, L, hd, nv, dk, C = 384, 1024, 64, 8, 48, 768
+    H, L, hd, nk, nv, dk, C = 384, 1024, 64, 4, 8, 48, 768
     packed, scales = quantize_int4(_normal(rng, H, 1168, scale=0.05))
 
     def nbits(level: int) -> Case:
@@ -131,10 +131,10 @@ def cases(seed: int = 0) -> list[Case]:
              _ms("FusedMatMul", ["p", "v"], ["y"], alpha=2.0),
              lambda r, m: {"p": np.abs(_normal(r, BATCH, 2, m, L)) / L, "v": values}, ("p",), row_axis=2),
         nbits(4), nbits(0),
-        Case("LinearAttention gated_delta", "GDN recurrence", _ms(
-            "LinearAttention", ["q", "k", "v", "s", "g", "b"], ["o", "so"], q_num_heads=nv, kv_num_heads=nv,
+        Case("LinearAttention gated_delta, 4 q/k heads for 8 v heads", "GDN recurrence", _ms(
+            "LinearAttention", ["q", "k", "v", "s", "g", "b"], ["o", "so"], q_num_heads=nk, kv_num_heads=nv,
             update_rule="gated_delta", scale=float(dk ** -0.5)),
-            lambda r, m: {"q": _l2_rows(_normal(r, BATCH, m, nv * dk), nv), "k": _l2_rows(_normal(r, BATCH, m, nv * dk), nv),
+            lambda r, m: {"q": _l2_rows(_normal(r, BATCH, m, nk * dk), nk), "k": _l2_rows(_normal(r, BATCH, m, nk * dk), nk),
                           "v": _normal(r, BATCH, m, nv * dk), "s": _normal(r, BATCH, nv, dk, dk, scale=0.1),
                           "g": -np.abs(_normal(r, BATCH, m, nv)), "b": np.abs(_normal(r, BATCH, m, nv)) % 1},
             ("q", "k", "v", "g", "b"), state=("s", "so")),
@@ -146,6 +146,9 @@ def cases(seed: int = 0) -> list[Case]:
                                                           epsilon=1e-6),
              lambda r, m: {"x": _normal(r, BATCH, m, nv * dk), "z": _normal(r, BATCH, m, nv * dk)}, ("x", "z"),
              {"w": _normal(rng, dk)}),
+        Case("SimplifiedLayerNormalization, weight 1/sqrt(d)", "GDN q/k l2norm", helper.make_node(
+            "SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-6 / dk, stash_type=1),
+             lambda r, m: {"x": _normal(r, BATCH, m, nk, dk)}, ("x",), {"w": np.full(dk, dk ** -0.5, np.float32)}),
         Case("Softmax", "attention", helper.make_node("Softmax", ["x"], ["y"], axis=-1),
              lambda r, m: {"x": _normal(r, BATCH, 2, m, L)}, ("x",), row_axis=2),
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from onnx import TensorProto
 
 from ..model_spec import ModelSpec
@@ -131,19 +132,16 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
 
 
+L2NORM_EPS = 1e-6  # transformers' l2norm(x, eps=1e-6) on the GDN queries and keys
+
+
 def _l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:
-    """x / sqrt(sum(x^2) + 1e-6) per head, as transformers' l2norm (LinearAttention expects it)."""
+    """x / sqrt(sum(x^2) + eps) per head, as transformers' l2norm (LinearAttention expects it),
+    in one kernel: RMSNorm divides by sqrt(sum(x^2)/d + eps'), so with eps' = eps/d and the
+    weight 1/sqrt(d) it is the same quotient (up to rounding). [B, M, heads*d] -> [B, M, heads, d]."""
     xh = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])])
-    sumsq = g.op("ReduceSumSquare", [xh, g.const([-1])], keepdims=1)
-    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [sumsq, g.const(1e-6, "float32")])])])
-    return g.op("Mul", [xh, inv])  # [B, M, heads, head_dim]
-
-
-def _repeat_heads(g: GraphBuilder, xh: str, heads: int, repeats: int, head_dim: int) -> str:
-    """[B, M, heads, d] -> [B, M, heads*repeats*d], each head repeated `repeats` times in place."""
-    if repeats > 1:
-        xh = g.op("Tile", [g.op("Unsqueeze", [xh, g.const([3])]), g.const([1, 1, 1, repeats, 1])])
-    return g.op("Reshape", [xh, g.const([0, 0, heads * repeats * head_dim])])
+    weight = g.const([head_dim ** -0.5] * head_dim, dtype=np.float32, hint="l2norm_weight")
+    return g.op("SimplifiedLayerNormalization", [xh, weight], axis=-1, epsilon=L2NORM_EPS / head_dim, stash_type=1)
 
 
 def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
@@ -162,7 +160,8 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                  x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
                                               ├─ z ─────────────────────────────────────┐
                                               └─ b, a ─ LinearAttentionGate ─ decay,β   │
-        q,k ─ l2norm ─ repeat heads ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+        q,k ─ l2norm (one RMSNorm each) ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+                                           nk q/k heads, nv v heads
     """
     nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
@@ -173,11 +172,14 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
                            activation="silu", channels_last=1)  # [B, M, C], [B, K-1, C]
     q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
-    q = _repeat_heads(g, _l2_normalize(g, q, nk, dk), nk, nv // nk, dk)  # [B, M, nv*dk]
-    k = _repeat_heads(g, _l2_normalize(g, k, nk, dk), nk, nv // nk, dk)
+    # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
+    # transformers' repeat_interleave does: LinearAttention maps heads so itself (kv_num_heads
+    # a multiple of the key's heads, fewer query heads: "inverse GQA"), so no head is repeated
+    q = g.op("Reshape", [_l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
+    k = g.op("Reshape", [_l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
 
     def recurrence(state, q, k, v, decay, beta):
-        return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nv, kv_num_heads=nv,
+        return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nk, kv_num_heads=nv,
                     update_rule="gated_delta", scale=float(dk ** -0.5))
 
     if per_position == 0:
