@@ -52,11 +52,13 @@ class Case:
     state: tuple[str, str] | None = None  # (state input, state output) of a recurrent op
     row_axis: int = 1
     relied_on: bool = True  # False: a variant the converter avoids
+    int64_inputs: tuple[str, ...] = ()  # inputs that are int64 (positions), the rest float32
 
 
 def _session(case: Case, threads: int) -> ort.InferenceSession:
     names = [n for n in case.node.input if n and n not in case.constants]
-    graph = helper.make_graph([case.node], case.op, [helper.make_tensor_value_info(n, F32, None) for n in names],
+    types = {n: TensorProto.INT64 if n in case.int64_inputs else F32 for n in names}
+    graph = helper.make_graph([case.node], case.op, [helper.make_tensor_value_info(n, types[n], None) for n in names],
                               [helper.make_tensor_value_info(n, F32, None) for n in case.node.output],
                               [numpy_helper.from_array(v, n) for n, v in case.constants.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
@@ -118,6 +120,7 @@ def cases(seed: int = 0) -> list[Case]:
 
     # attention products: queries of one KV head as rows [B, kvh, R, hd] against the merged cache
     keys, values = _normal(rng, BATCH, 2, hd, L), _normal(rng, BATCH, 2, L, hd)
+    angles = (np.arange(L)[:, None] * 10000.0 ** (-np.arange(8) / 8)).astype(np.float32)  # RoPE tables [L, 16/2]
     return [
         Case("MatMul, constant weight", "projections, MLP, lm_head (fp32)", helper.make_node("MatMul", ["x", "w"], ["y"]),
              lambda r, m: {"x": _normal(r, BATCH, m, H)}, ("x",), {"w": _normal(rng, H, 1168, scale=0.05)}),
@@ -149,6 +152,10 @@ def cases(seed: int = 0) -> list[Case]:
         Case("SimplifiedLayerNormalization, weight 1/sqrt(d)", "GDN q/k l2norm", helper.make_node(
             "SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-6 / dk, stash_type=1),
              lambda r, m: {"x": _normal(r, BATCH, m, nk, dk)}, ("x",), {"w": np.full(dk, dk ** -0.5, np.float32)}),
+        Case("RotaryEmbedding, partial rotary", "attention q/k RoPE", _ms(
+            "RotaryEmbedding", ["x", "p", "cos", "sin"], ["y"], num_heads=6, rotary_embedding_dim=16, interleaved=0),
+             lambda r, m: {"x": _normal(r, BATCH, m, 6 * hd), "p": r.integers(0, L, (BATCH, m))}, ("x", "p"),
+             {"cos": np.cos(angles), "sin": np.sin(angles)}, int64_inputs=("p",)),
         Case("Softmax", "attention", helper.make_node("Softmax", ["x"], ["y"], axis=-1),
              lambda r, m: {"x": _normal(r, BATCH, 2, m, L)}, ("x",), row_axis=2),
     ]

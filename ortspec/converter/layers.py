@@ -23,11 +23,9 @@ CONTEXT_ALPHA = 2.0  # attention context product: any alpha != 1 keeps the CPU G
 
 @dataclasses.dataclass
 class StepInputs:
-    """Per-graph values every layer reads: positions, RoPE rows and the attention bias."""
+    """Per-graph values every layer reads: positions and the attention bias."""
 
-    positions: str  # int64 [B, M]
-    cos: str  # float [B, M, 1, rotary_dim/2]
-    sin: str  # float [B, M, 1, rotary_dim/2]
+    positions: str  # int64 [B, M]: also the rows of the RoPE tables (make_rope)
     attn_bias: str  # float [B, 1, M*groups, W]: 0 where slot <= position, -inf elsewhere (query rows of make_attention)
 
 
@@ -37,8 +35,6 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
     may pass the first W slots of the cache, any W past every position of the call: masked
     slots add exact zeros, so a row's bits do not depend on W (tools/row_invariance.py).
     None: all max_length slots."""
-    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.cos"), positions]), g.const([2])], hint="cos")
-    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.sin"), positions]), g.const([2])], hint="sin")
     if window is None:
         slots = g.const(range(max_length), hint="slots")  # [L]
     else:
@@ -50,7 +46,7 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
     groups = spec.num_attention_heads // spec.num_key_value_heads
     bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
     rows_shape = g.op("Concat", [g.op("Shape", [bias], end=1), g.const([1, -1]), g.op("Shape", [bias], start=3)], axis=0)
-    return StepInputs(positions, cos, sin, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
+    return StepInputs(positions, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -73,15 +69,14 @@ def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
     return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out")
 
 
-def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, step: StepInputs) -> str:
-    """Rotate-half RoPE on the first rotary_dim channels of each head; x is [B, M, heads, hd]."""
-    half, rest = spec.rotary_dim // 2, spec.head_dim - spec.rotary_dim
-    sizes = [half, half] + ([rest] if rest else [])
-    parts = g.op("Split", [x, g.const(sizes)], num_outputs=len(sizes), axis=-1)
-    x1, x2 = parts[0], parts[1]
-    out1 = g.op("Sub", [g.op("Mul", [x1, step.cos]), g.op("Mul", [x2, step.sin])])
-    out2 = g.op("Add", [g.op("Mul", [x2, step.cos]), g.op("Mul", [x1, step.sin])])
-    return g.op("Concat", [out1, out2] + list(parts[2:]), axis=-1)
+def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, heads: int, step: StepInputs) -> str:
+    """Rotate-half RoPE on the first rotary_dim channels of each head, the rest passed through,
+    in one kernel (com.microsoft RotaryEmbedding reads the cos/sin rows at the positions itself).
+    x and the result are [B, M, heads, hd]; the op takes them packed [B, M, heads*hd]."""
+    packed = g.op("Reshape", [x, g.const([0, 0, heads * spec.head_dim])])
+    rotated = g.ms("RotaryEmbedding", [packed, step.positions, g.weight("rope.cos"), g.weight("rope.sin")],
+                   num_heads=heads, rotary_embedding_dim=spec.rotary_dim, interleaved=0)
+    return g.op("Reshape", [rotated, g.const([0, 0, heads, spec.head_dim])])
 
 
 def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
@@ -102,9 +97,9 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv"), g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])],
                          num_outputs=4, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
-    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), step)  # [B, M, nh, hd]
+    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), nh, step)  # [B, M, nh, hd]
     k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])])
-    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), step)  # [B, M, kvh, hd]
+    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), kvh, step)  # [B, M, kvh, hd]
     v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])])
 
     new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
