@@ -156,6 +156,8 @@ def cases(seed: int = 0) -> list[Case]:
             "RotaryEmbedding", ["x", "p", "cos", "sin"], ["y"], num_heads=6, rotary_embedding_dim=16, interleaved=0),
              lambda r, m: {"x": _normal(r, BATCH, m, 6 * hd), "p": r.integers(0, L, (BATCH, m))}, ("x", "p"),
              {"cos": np.cos(angles), "sin": np.sin(angles)}, int64_inputs=("p",)),
+        Case("ScaledSiLU alpha=1", "MLP activation", _ms("ScaledSiLU", ["x"], ["y"], alpha=1.0),
+             lambda r, m: {"x": _normal(r, BATCH, m, 1024)}, ("x",)),
         Case("Softmax", "attention", helper.make_node("Softmax", ["x"], ["y"], axis=-1),
              lambda r, m: {"x": _normal(r, BATCH, 2, m, L)}, ("x",), row_axis=2),
     ]

@@ -63,10 +63,17 @@ def make_add_rms_norm(g: GraphBuilder, x: str, residual: str, weight: str, eps: 
 
 
 def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
-    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up"), g.const([spec.intermediate_size] * 2)],
-                    num_outputs=2, axis=-1)
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])  # SiLU
-    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out")
+    """down(silu(gate) * up), [B, M, H] float32 in and out. The whole chain runs in the matmul
+    dtype (one Cast in, one out, with fp16/bf16 weights), as transformers runs it in that dtype:
+
+        x ─ Cast ─ MatMul(gate_up) ─ Split ─ gate ─ ScaledSiLU(alpha 1) ─ Mul ─ MatMul(down) ─ Cast
+                                           └─ up ─────────────────────────┘
+    """
+    low = g.matmul_dtype(f"{prefix}.gate_up")
+    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up", out_dtype=low), g.const([spec.intermediate_size] * 2)],
+                    num_outputs=2, axis=-1)  # [B, M, I] each, in low
+    act = g.ms("ScaledSiLU", [gate], alpha=1.0)  # gate * sigmoid(gate)
+    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out", x_dtype=low)
 
 
 def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, heads: int, step: StepInputs) -> str:
