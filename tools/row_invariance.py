@@ -52,11 +52,13 @@ class Case:
     state: tuple[str, str] | None = None  # (state input, state output) of a recurrent op
     row_axis: int = 1
     relied_on: bool = True  # False: a variant the converter avoids
+    int64_inputs: tuple[str, ...] = ()  # inputs that are int64 (positions), the rest float32
 
 
 def _session(case: Case, threads: int) -> ort.InferenceSession:
     names = [n for n in case.node.input if n and n not in case.constants]
-    graph = helper.make_graph([case.node], case.op, [helper.make_tensor_value_info(n, F32, None) for n in names],
+    types = {n: TensorProto.INT64 if n in case.int64_inputs else F32 for n in names}
+    graph = helper.make_graph([case.node], case.op, [helper.make_tensor_value_info(n, types[n], None) for n in names],
                               [helper.make_tensor_value_info(n, F32, None) for n in case.node.output],
                               [numpy_helper.from_array(v, n) for n, v in case.constants.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
@@ -107,7 +109,7 @@ def _ms(op: str, inputs, outputs, **attrs) -> helper.NodeProto:
 
 def cases(seed: int = 0) -> list[Case]:
     rng = np.random.default_rng(seed)
-    H, L, hd, nv, dk, C = 384, 1024, 64, 8, 48, 768
+    H, L, hd, nk, nv, dk, C = 384, 1024, 64, 4, 8, 48, 768
     packed, scales = quantize_int4(_normal(rng, H, 1168, scale=0.05))
 
     def nbits(level: int) -> Case:
@@ -118,6 +120,7 @@ def cases(seed: int = 0) -> list[Case]:
 
     # attention products: queries of one KV head as rows [B, kvh, R, hd] against the merged cache
     keys, values = _normal(rng, BATCH, 2, hd, L), _normal(rng, BATCH, 2, L, hd)
+    angles = (np.arange(L)[:, None] * 10000.0 ** (-np.arange(8) / 8)).astype(np.float32)  # RoPE tables [L, 16/2]
     return [
         Case("MatMul, constant weight", "projections, MLP, lm_head (fp32)", helper.make_node("MatMul", ["x", "w"], ["y"]),
              lambda r, m: {"x": _normal(r, BATCH, m, H)}, ("x",), {"w": _normal(rng, H, 1168, scale=0.05)}),
@@ -131,10 +134,10 @@ def cases(seed: int = 0) -> list[Case]:
              _ms("FusedMatMul", ["p", "v"], ["y"], alpha=2.0),
              lambda r, m: {"p": np.abs(_normal(r, BATCH, 2, m, L)) / L, "v": values}, ("p",), row_axis=2),
         nbits(4), nbits(0),
-        Case("LinearAttention gated_delta", "GDN recurrence", _ms(
-            "LinearAttention", ["q", "k", "v", "s", "g", "b"], ["o", "so"], q_num_heads=nv, kv_num_heads=nv,
+        Case("LinearAttention gated_delta, 4 q/k heads for 8 v heads", "GDN recurrence", _ms(
+            "LinearAttention", ["q", "k", "v", "s", "g", "b"], ["o", "so"], q_num_heads=nk, kv_num_heads=nv,
             update_rule="gated_delta", scale=float(dk ** -0.5)),
-            lambda r, m: {"q": _l2_rows(_normal(r, BATCH, m, nv * dk), nv), "k": _l2_rows(_normal(r, BATCH, m, nv * dk), nv),
+            lambda r, m: {"q": _l2_rows(_normal(r, BATCH, m, nk * dk), nk), "k": _l2_rows(_normal(r, BATCH, m, nk * dk), nk),
                           "v": _normal(r, BATCH, m, nv * dk), "s": _normal(r, BATCH, nv, dk, dk, scale=0.1),
                           "g": -np.abs(_normal(r, BATCH, m, nv)), "b": np.abs(_normal(r, BATCH, m, nv)) % 1},
             ("q", "k", "v", "g", "b"), state=("s", "so")),
@@ -146,6 +149,15 @@ def cases(seed: int = 0) -> list[Case]:
                                                           epsilon=1e-6),
              lambda r, m: {"x": _normal(r, BATCH, m, nv * dk), "z": _normal(r, BATCH, m, nv * dk)}, ("x", "z"),
              {"w": _normal(rng, dk)}),
+        Case("SimplifiedLayerNormalization, weight 1/sqrt(d)", "GDN q/k l2norm", helper.make_node(
+            "SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-6 / dk, stash_type=1),
+             lambda r, m: {"x": _normal(r, BATCH, m, nk, dk)}, ("x",), {"w": np.full(dk, dk ** -0.5, np.float32)}),
+        Case("RotaryEmbedding, partial rotary", "attention q/k RoPE", _ms(
+            "RotaryEmbedding", ["x", "p", "cos", "sin"], ["y"], num_heads=6, rotary_embedding_dim=16, interleaved=0),
+             lambda r, m: {"x": _normal(r, BATCH, m, 6 * hd), "p": r.integers(0, L, (BATCH, m))}, ("x", "p"),
+             {"cos": np.cos(angles), "sin": np.sin(angles)}, int64_inputs=("p",)),
+        Case("ScaledSiLU alpha=1", "MLP activation", _ms("ScaledSiLU", ["x"], ["y"], alpha=1.0),
+             lambda r, m: {"x": _normal(r, BATCH, m, 1024)}, ("x",)),
         Case("Softmax", "attention", helper.make_node("Softmax", ["x"], ["y"], axis=-1),
              lambda r, m: {"x": _normal(r, BATCH, 2, m, L)}, ("x",), row_axis=2),
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from onnx import TensorProto
 
 from ..model_spec import ModelSpec
@@ -22,11 +23,9 @@ CONTEXT_ALPHA = 2.0  # attention context product: any alpha != 1 keeps the CPU G
 
 @dataclasses.dataclass
 class StepInputs:
-    """Per-graph values every layer reads: positions, RoPE rows and the attention bias."""
+    """Per-graph values every layer reads: positions and the attention bias."""
 
-    positions: str  # int64 [B, M]
-    cos: str  # float [B, M, 1, rotary_dim/2]
-    sin: str  # float [B, M, 1, rotary_dim/2]
+    positions: str  # int64 [B, M]: also the rows of the RoPE tables (make_rope)
     attn_bias: str  # float [B, 1, M*groups, W]: 0 where slot <= position, -inf elsewhere (query rows of make_attention)
 
 
@@ -36,8 +35,6 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
     may pass the first W slots of the cache, any W past every position of the call: masked
     slots add exact zeros, so a row's bits do not depend on W (tools/row_invariance.py).
     None: all max_length slots."""
-    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.cos"), positions]), g.const([2])], hint="cos")
-    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.sin"), positions]), g.const([2])], hint="sin")
     if window is None:
         slots = g.const(range(max_length), hint="slots")  # [L]
     else:
@@ -49,7 +46,7 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
     groups = spec.num_attention_heads // spec.num_key_value_heads
     bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
     rows_shape = g.op("Concat", [g.op("Shape", [bias], end=1), g.const([1, -1]), g.op("Shape", [bias], start=3)], axis=0)
-    return StepInputs(positions, cos, sin, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
+    return StepInputs(positions, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -66,21 +63,27 @@ def make_add_rms_norm(g: GraphBuilder, x: str, residual: str, weight: str, eps: 
 
 
 def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
-    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up"), g.const([spec.intermediate_size] * 2)],
-                    num_outputs=2, axis=-1)
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])  # SiLU
-    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out")
+    """down(silu(gate) * up), [B, M, H] float32 in and out. The whole chain runs in the matmul
+    dtype (one Cast in, one out, with fp16/bf16 weights), as transformers runs it in that dtype:
+
+        x ─ Cast ─ MatMul(gate_up) ─ Split ─ gate ─ ScaledSiLU(alpha 1) ─ Mul ─ MatMul(down) ─ Cast
+                                           └─ up ─────────────────────────┘
+    """
+    low = g.matmul_dtype(f"{prefix}.gate_up")
+    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up", out_dtype=low), g.const([spec.intermediate_size] * 2)],
+                    num_outputs=2, axis=-1)  # [B, M, I] each, in low
+    act = g.ms("ScaledSiLU", [gate], alpha=1.0)  # gate * sigmoid(gate)
+    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out", x_dtype=low)
 
 
-def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, step: StepInputs) -> str:
-    """Rotate-half RoPE on the first rotary_dim channels of each head; x is [B, M, heads, hd]."""
-    half, rest = spec.rotary_dim // 2, spec.head_dim - spec.rotary_dim
-    sizes = [half, half] + ([rest] if rest else [])
-    parts = g.op("Split", [x, g.const(sizes)], num_outputs=len(sizes), axis=-1)
-    x1, x2 = parts[0], parts[1]
-    out1 = g.op("Sub", [g.op("Mul", [x1, step.cos]), g.op("Mul", [x2, step.sin])])
-    out2 = g.op("Add", [g.op("Mul", [x2, step.cos]), g.op("Mul", [x1, step.sin])])
-    return g.op("Concat", [out1, out2] + list(parts[2:]), axis=-1)
+def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, heads: int, step: StepInputs) -> str:
+    """Rotate-half RoPE on the first rotary_dim channels of each head, the rest passed through,
+    in one kernel (com.microsoft RotaryEmbedding reads the cos/sin rows at the positions itself).
+    x and the result are [B, M, heads, hd]; the op takes them packed [B, M, heads*hd]."""
+    packed = g.op("Reshape", [x, g.const([0, 0, heads * spec.head_dim])])
+    rotated = g.ms("RotaryEmbedding", [packed, step.positions, g.weight("rope.cos"), g.weight("rope.sin")],
+                   num_heads=heads, rotary_embedding_dim=spec.rotary_dim, interleaved=0)
+    return g.op("Reshape", [rotated, g.const([0, 0, heads, spec.head_dim])])
 
 
 def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
@@ -101,9 +104,9 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv"), g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])],
                          num_outputs=4, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
-    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), step)  # [B, M, nh, hd]
+    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), nh, step)  # [B, M, nh, hd]
     k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])])
-    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), step)  # [B, M, kvh, hd]
+    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), kvh, step)  # [B, M, kvh, hd]
     v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])])
 
     new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
@@ -131,19 +134,16 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
 
 
+L2NORM_EPS = 1e-6  # transformers' l2norm(x, eps=1e-6) on the GDN queries and keys
+
+
 def _l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:
-    """x / sqrt(sum(x^2) + 1e-6) per head, as transformers' l2norm (LinearAttention expects it)."""
+    """x / sqrt(sum(x^2) + eps) per head, as transformers' l2norm (LinearAttention expects it),
+    in one kernel: RMSNorm divides by sqrt(sum(x^2)/d + eps'), so with eps' = eps/d and the
+    weight 1/sqrt(d) it is the same quotient (up to rounding). [B, M, heads*d] -> [B, M, heads, d]."""
     xh = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])])
-    sumsq = g.op("ReduceSumSquare", [xh, g.const([-1])], keepdims=1)
-    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [sumsq, g.const(1e-6, "float32")])])])
-    return g.op("Mul", [xh, inv])  # [B, M, heads, head_dim]
-
-
-def _repeat_heads(g: GraphBuilder, xh: str, heads: int, repeats: int, head_dim: int) -> str:
-    """[B, M, heads, d] -> [B, M, heads*repeats*d], each head repeated `repeats` times in place."""
-    if repeats > 1:
-        xh = g.op("Tile", [g.op("Unsqueeze", [xh, g.const([3])]), g.const([1, 1, 1, repeats, 1])])
-    return g.op("Reshape", [xh, g.const([0, 0, heads * repeats * head_dim])])
+    weight = g.const([head_dim ** -0.5] * head_dim, dtype=np.float32, hint="l2norm_weight")
+    return g.op("SimplifiedLayerNormalization", [xh, weight], axis=-1, epsilon=L2NORM_EPS / head_dim, stash_type=1)
 
 
 def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
@@ -162,7 +162,8 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                  x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
                                               ├─ z ─────────────────────────────────────┐
                                               └─ b, a ─ LinearAttentionGate ─ decay,β   │
-        q,k ─ l2norm ─ repeat heads ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+        q,k ─ l2norm (one RMSNorm each) ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+                                           nk q/k heads, nv v heads
     """
     nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
@@ -173,11 +174,14 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
                            activation="silu", channels_last=1)  # [B, M, C], [B, K-1, C]
     q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
-    q = _repeat_heads(g, _l2_normalize(g, q, nk, dk), nk, nv // nk, dk)  # [B, M, nv*dk]
-    k = _repeat_heads(g, _l2_normalize(g, k, nk, dk), nk, nv // nk, dk)
+    # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
+    # transformers' repeat_interleave does: LinearAttention maps heads so itself (kv_num_heads
+    # a multiple of the key's heads, fewer query heads: "inverse GQA"), so no head is repeated
+    q = g.op("Reshape", [_l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
+    k = g.op("Reshape", [_l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
 
     def recurrence(state, q, k, v, decay, beta):
-        return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nv, kv_num_heads=nv,
+        return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nk, kv_num_heads=nv,
                     update_rule="gated_delta", scale=float(dk ** -0.5))
 
     if per_position == 0:
