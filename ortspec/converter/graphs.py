@@ -213,7 +213,11 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
         return g.op("ArgMax", [g.linear(out, mtp_lm_head(store))], axis=-1, keepdims=0)
 
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
-    last_slot = g.op("Sub", [g.op("Shape", [states["key.mtp"]], start=3, end=4), g.const([1])])  # [1]: W-1
+    # A draft's position stays below max_length; it needs no clamp to the window W: the runtime
+    # passes W >= (last position + k) unless W = max_length (runtime/model.py attention_window).
+    # (A clamp computed from the window's shape would be shape math that ONNX Runtime places on
+    # the CPU, and a CUDA graph may not hold CPU compute nodes: seen on the H200.)
+    last_slot = g.const([max_length - 1])
     draft = draft_from(out)
     drafts = [draft]
     for j in range(1, k):
