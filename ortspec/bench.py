@@ -7,6 +7,7 @@ median. Ratios are against greedy (k=0) at the same batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -21,32 +22,51 @@ PROMPT_TEXTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:
                 "while True:\n    line = f.readline()", "with open(path) as f:"]
 
 
-def _prompts(session: Session, batch: int) -> list[list[int]]:
+def _prompts(session: Session, batch: int, texts: list[str] | None = None) -> list[list[int]]:
+    """batch prompts, cycling through texts (default PROMPT_TEXTS)."""
+    texts = texts or PROMPT_TEXTS
     vocab = session.manifest.spec.vocab_size
     if session.manifest.tokenizer_path is not None:
-        ids = [session.tokenizer.encode(t).ids for t in PROMPT_TEXTS]
+        ids = [session.tokenizer.encode(t).ids for t in texts]
     else:
-        ids = [[(7 * i + 3 * j) % vocab for j in range(8 + i)] for i in range(len(PROMPT_TEXTS))]
+        ids = [[(7 * i + 3 * j) % vocab for j in range(8 + i)] for i in range(len(texts))]
     return [ids[i % len(ids)] for i in range(batch)]
 
 
+def read_prompts(path) -> list[str]:
+    """A JSON list of prompt texts (e.g. benchmarks/heldout_prompts.json)."""
+    from .errors import InputError
+
+    try:
+        texts = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--prompts {path}: cannot read a JSON list of prompt texts ({exc}).") from exc
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise InputError(f"--prompts {path} must hold a non-empty JSON list of non-empty strings.")
+    return texts
+
+
 def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, repeats=3, provider="cpu",
-              commit="select", threads=None, progress=True, pipeline_stages=1, devices=None) -> dict:
+              commit="select", threads=None, progress=True, pipeline_stages=1, devices=None,
+              prompt_texts: list[str] | None = None, exact=False, exact_batch_size=16) -> dict:
     sessions = {k: Session(model_dir, provider=provider, num_speculative_tokens=k, commit=commit, threads=threads,
-                           pipeline_stages=pipeline_stages, devices=devices)
+                           pipeline_stages=pipeline_stages, devices=devices, exact=exact,
+                           exact_batch_size=exact_batch_size)
                 for k in ks}
     samples = {(k, b): [] for k in ks for b in batches}
+    cpu = {key: [] for key in samples}  # process CPU time: with one intra-op thread, machine load barely moves it
     stats = {}
     for k, b in samples:  # warm-up: first runs allocate and initialise
-        sessions[k].generate(_prompts(sessions[k], b), max_new_tokens=8)
+        sessions[k].generate(_prompts(sessions[k], b, prompt_texts), max_new_tokens=8)
     bar = tqdm(total=repeats * len(samples), desc="ortspec bench", disable=not progress)
     for _ in range(repeats):
         for (k, b), times in samples.items():
             session = sessions[k]
             session.reset_stats()
-            start = time.perf_counter()
-            session.generate(_prompts(session, b), max_new_tokens=max_new_tokens)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            session.generate(_prompts(session, b, prompt_texts), max_new_tokens=max_new_tokens)
             times.append(time.perf_counter() - start)
+            cpu[(k, b)].append(time.process_time() - cpu_start)
             stats[(k, b)] = session.stats
             bar.update()
     bar.close()
@@ -57,20 +77,25 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
         rows.append({
             "k": k, "batch": b, "tokens_per_second": b * max_new_tokens / seconds, "seconds": seconds,
             "repeat_seconds": list(times),
+            "cpu_seconds": statistics.median(cpu[(k, b)]),
             "mean_tokens_per_step": st["mean_tokens_per_step"], "acceptance_rate": st["acceptance_rate"],
             "accept_histogram": st["accept_histogram"],
             "phase_ms": {p: 1000 * v for p, v in st["seconds"].items()},
             "steps": st["steps"], "decode_steps": st["decode_steps"], "speculative_steps": st["speculative_steps"],
             "graphs": st.get("graphs", {}),
         })
-    greedy = {r["batch"]: r["tokens_per_second"] for r in rows if r["k"] == 0}
+    greedy = {r["batch"]: r for r in rows if r["k"] == 0}
     dtype = sessions[ks[0]].manifest.dtype
     for r in rows:
-        r["speedup_vs_greedy"] = r["tokens_per_second"] / greedy[r["batch"]] if r["batch"] in greedy else None
+        g = greedy.get(r["batch"])
+        r["speedup_vs_greedy"] = r["tokens_per_second"] / g["tokens_per_second"] if g else None
+        r["cpu_speedup_vs_greedy"] = g["cpu_seconds"] / r["cpu_seconds"] if g else None  # same tokens, less CPU time
         r["dtype"] = dtype
+    exact_shape = sessions[ks[0]].exact
     return {"model": str(model_dir), "provider": provider, "commit": commit, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "threads": threads, "pipeline_stages": pipeline_stages,
-            "devices": sessions[ks[0]].devices, "rows": rows}
+            "repeats": repeats, "threads": threads, "pipeline_stages": pipeline_stages, "prompts": prompt_texts or "bench",
+            "devices": sessions[ks[0]].devices, "rows": rows,
+            "exact": dataclasses.asdict(exact_shape) if exact_shape else None}
 
 
 def converted_models(model, dtypes: list[str] | None, num_speculative_tokens: int, workdir: Path,
@@ -104,7 +129,7 @@ def merge_results(results: list[dict]) -> dict:
 
 
 def transformers_greedy(checkpoint, batches=(1,), max_new_tokens=64, repeats=3, device="cpu", dtype="float32",
-                        prompts_from=None) -> list[dict]:
+                        prompts_from=None, prompt_texts: list[str] | None = None) -> list[dict]:
     """transformers' own greedy generate on the same weights, for a side-by-side row (k = "hf").
     Prompts of a batch are left-padded to one length; tokens/s counts the new tokens."""
     import torch
@@ -113,7 +138,7 @@ def transformers_greedy(checkpoint, batches=(1,), max_new_tokens=64, repeats=3, 
     model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).to(device).eval()
     rows = []
     for b in batches:
-        prompts = _prompts(prompts_from, b)
+        prompts = _prompts(prompts_from, b, prompt_texts)
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)

@@ -61,6 +61,12 @@ def _add_run_options(parser, max_new_tokens: int) -> None:
     parser.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
     parser.add_argument("--devices", type=_int_list, default=None,
                         help="GPU per pipeline stage, e.g. 0,1 (default: every stage on device 0)")
+    parser.add_argument("--exact", action="store_true",
+                        help="exact mode: every step's target forward at one fixed shape, so on a GPU in "
+                             "float16/bfloat16 too a token's bits depend on neither batch, row nor k "
+                             "(costs K+1 rows per request per step; reserves K positions of max length)")
+    parser.add_argument("--exact-batch-size", type=int, default=16,
+                        help="with --exact: rows of the fixed shape (batches run in groups of it)")
 
 
 def _command(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -82,6 +88,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None,
                    help="int4 projection weights (MatMulNBits, blocks of 32; default: none)")
+    c.add_argument("--mtp-quant", choices=["int4"], default=None,
+                   help="int4 weights for the MTP draft head only (cheaper drafts; the output is the target's; "
+                        "default: none)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -118,6 +127,8 @@ def _add_bench(sub) -> None:
     _add_k(b, "comma-separated k values to bench (0 = greedy)", _int_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
            metavar="K,K,...")
     b.add_argument("--batch", type=_int_list, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
+    b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
+                                                     "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
     _add_run_options(b, max_new_tokens=64)
     b.add_argument("--transformers", metavar="CHECKPOINT",
@@ -181,7 +192,7 @@ def _convert(args) -> None:
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
-                  overwrite=args.overwrite)
+                  mtp_quant=args.mtp_quant, overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 
@@ -213,7 +224,8 @@ def _generate(args) -> None:
 
     prompt = _parse_prompt(args.prompt, args.ids)  # before loading the model
     session = Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
-                      threads=args.threads, pipeline_stages=args.pipeline_stages, devices=args.devices)
+                      threads=args.threads, pipeline_stages=args.pipeline_stages, devices=args.devices,
+                      exact=args.exact, exact_batch_size=args.exact_batch_size)
     start = time.perf_counter()
     out = session.generate(prompt, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - start
@@ -225,6 +237,8 @@ def _generate(args) -> None:
         line += (f"; k={session.k} {session.commit}: acceptance {st['acceptance_rate']:.2f}, "
                  f"{st['mean_tokens_per_step']:.2f} tokens/step, accept lengths (length: steps) "
                  f"{accept_counts(st['accept_histogram'])}")
+    if session.exact:
+        line += f"; exact mode: every forward {session.exact.batch_size} x {session.exact.k + 1} tokens"
     print(line + "]", file=sys.stderr)
 
 
@@ -232,23 +246,26 @@ def _bench(args) -> None:
     import tempfile
     from pathlib import Path
 
-    from .bench import check_outputs, converted_models, format_table, merge_results, run_bench, write_outputs
+    from .bench import check_outputs, converted_models, format_table, merge_results, read_prompts, run_bench, write_outputs
 
     json_path, plot_path = (Path(p) if p else None for p in (args.json, args.plot))
     check_outputs(json_path, plot_path)  # before minutes of benchmarking, not after
+    texts = read_prompts(args.prompts) if args.prompts else None
     with tempfile.TemporaryDirectory(prefix="ortspec-bench-") as workdir:
         models = converted_models(args.model, args.dtype, max(args.k), Path(workdir), args.pipeline_stages)
         result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
-                                          devices=args.devices) for model in models])
+                                          devices=args.devices, prompt_texts=texts, exact=args.exact,
+                                          exact_batch_size=args.exact_batch_size) for model in models])
         if args.transformers:
             from .bench import transformers_greedy
             from .session import Session
 
             result["transformers"] = transformers_greedy(
                 args.transformers, args.batch, args.max_new_tokens, args.repeats,
-                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]))
+                device="cuda" if args.provider == "cuda" else "cpu", prompts_from=Session(models[0]),
+                prompt_texts=texts)
     print(format_table(result))
     write_outputs(result, json_path, plot_path)
 

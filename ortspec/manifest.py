@@ -79,6 +79,8 @@ class Manifest:
     stage_layers: list = dataclasses.field(default_factory=list)  # pipeline boundaries, [0, ..., L]
     quant: str | None = None  # "int4": MatMulNBits weights
     files: dict = dataclasses.field(default_factory=dict)  # file name -> {"size", "sha256"}
+    mtp_quant: str | None = None  # "int4": the MTP draft head's weights are (also when quant is)
+    attention_window: bool = False  # the graphs attend over the first W KV slots they are given
 
     @property
     def num_stages(self) -> int:
@@ -98,10 +100,11 @@ class Manifest:
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
-               source, model_type, stage_layers, quant=None, files=None) -> "Manifest":
+               source, model_type, stage_layers, quant=None, files=None, mtp_quant=None) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
-                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant, dict(files or {}))
+                   {"checkpoint": source, "model_type": model_type}, stage_layers, quant, dict(files or {}),
+                   mtp_quant, attention_window=True)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -112,6 +115,8 @@ class Manifest:
             "num_speculative_tokens": self.num_speculative_tokens,
             "dtype": self.dtype,
             "quant": self.quant,
+            "mtp_quant": self.mtp_quant,
+            "attention_window": self.attention_window,
             "weights": {"file": WEIGHTS_FILE, "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -135,7 +140,7 @@ class Manifest:
         return cls(model_dir, spec, doc["max_length"], doc["num_speculative_tokens"], doc["dtype"],
                    doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
                    doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
-                   doc["files"])
+                   doc["files"], doc.get("mtp_quant"), bool(doc.get("attention_window", False)))
 
     def verify(self) -> dict[str, int]:
         """Re-hashes every file against its recorded checksum (reads every byte); raises

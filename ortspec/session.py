@@ -15,7 +15,8 @@ from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.engines import Engine, EnginePool, Lease
 from .runtime.graph_slots import batch_bucket
 from .runtime.graphs import GraphSet, check_provider
-from .speculative.decoder import COMMITS, Decoder
+from .speculative.commits import COMMITS
+from .speculative.decoder import Decoder
 from .speculative.requests import Request
 from .speculative.sampling import GREEDY, SamplingParams, random_stream
 from .speculative.stats import Stats, StatsTotals
@@ -42,10 +43,15 @@ class Session:
     per step. commit: "select" (keep the verify's state after the accepted row) or
     "readvance" (restore the pre-verify state and re-run the accepted tokens). Output is
     token-identical to greedy either way (bitwise on the CPU; on a GPU in float32 - see the
-    README for float16/bfloat16). threads: intra-op threads per graph session, None
-    (or 0) for ONNX Runtime's default; more than the cores this process may use
-    (os.sched_getaffinity) is refused with a ConfigurationError, not clamped. Every option is
-    checked (ortspec.validation) before any graph session is built.
+    README for float16/bfloat16). exact=True runs every step's target forward at one fixed
+    shape, exact_batch_size rows x (exact_k + 1) tokens (exact_k: default the conversion's K),
+    so that on a GPU in float16/bfloat16 too a token's bits depend on neither the batch, nor
+    its row, nor k (``runtime.forward_shapes``); it reserves exact_k positions of max_length
+    and runs exact_k + 1 rows per request per step (on the CPU the default is exact already).
+    threads: intra-op threads per graph session, None (or 0) for ONNX Runtime's default; more
+    than the cores this process may use (os.sched_getaffinity) is refused with a
+    ConfigurationError, not clamped. Every option is checked (ortspec.validation) before any
+    graph session is built.
 
     Threads: every running generate call and every open batcher holds its own state buffers
     (an engine, leased per batch size from a pool: ``runtime.engines``), so a Session may be
@@ -59,14 +65,16 @@ class Session:
     def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None,
-                 max_engines_per_batch_size: int = 4) -> None:
+                 max_engines_per_batch_size: int = 4, exact: bool = False, exact_batch_size: int = 16,
+                 exact_k: int | None = None) -> None:
         self.manifest = Manifest.load(validation.model_dir(model_dir))
         check_provider(validation.provider(provider))
         self.stages = validation.pipeline_stages(pipeline_stages, self.manifest)
         cuda_count = load_native().build_info()["cuda_device_count"] if provider == "cuda" and devices is not None else None
         self.devices = validation.devices(devices, self.stages, cuda_count)
         self.k = validation.num_speculative_tokens(num_speculative_tokens, self.manifest)
-        self.commit = validation.commit(commit, COMMITS)
+        self.commit = validation.commit(commit, tuple(COMMITS))
+        self.exact = validation.exact_shape(exact, exact_batch_size, exact_k, self.k, self.manifest)
         validation.model_dtype(self.manifest, provider)
         threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
         max_engines_per_batch_size = validation.max_engines_per_batch_size(max_engines_per_batch_size)
@@ -79,9 +87,12 @@ class Session:
         self._tokenizer_lock = threading.Lock()
 
     def _graph_names(self) -> list[str]:
-        names = ["prefill", "decode"]
-        if self.k:
-            names += [graph_name("verify_select" if self.commit == "select" else "verify", self.k)]
+        """The graphs this Session's calls run: prefill, then exact mode's one fixed graph, or
+        decode and the commit's verify graph; and the MTP head's."""
+        if self.exact:
+            names = ["prefill", self.exact.graph]
+        else:
+            names = ["prefill", "decode"] + ([graph_name(COMMITS[self.commit].verify_graph, self.k)] if self.k else [])
         names = [g for name in names for g in ([name] if self.stages == 1 else
                                                 [stage_graph_name(name, s) for s in range(self.stages)])]
         return names + ([graph_name("mtp_propose", self.k)] if self.k else [])
@@ -184,7 +195,7 @@ class Session:
         max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=min_new_tokens)
         stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
         prompts, single, text = self._token_prompts(prompt)
-        validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length)
+        validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length, self.exact.k if self.exact else 0)
         requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops, sampling=sampling,
                             random=random_stream(sampling, i)) for i, p in enumerate(prompts)]
         return NewRequests(requests, single, text)
@@ -228,22 +239,28 @@ class Session:
             yield rest
 
     def _decode(self, requests: list[Request], decoder_options):
-        """Leases an engine for the requests (padded to a CUDA batch bucket with placeholders),
+        """Leases an engine for the requests (padded with placeholders to ``_engine_rows``),
         prefills and steps them, yielding after the prefill and after each step. The engine and
         the call's counters go back when the generator ends, fails or is closed."""
         self._check_open()
-        validation.batch_fits_memory(len(requests), self.manifest.states, self.graphs.arrays.device)
-        rows = len(requests)
-        if self.graphs.arrays.device != "cpu":  # CUDA graphs per batch bucket: pad with placeholders
-            rows = batch_bucket(rows)
-            requests = requests + [Request.filler(i) for i in range(len(requests), rows)]
+        rows = self._engine_rows(len(requests))
+        validation.batch_fits_memory(rows, self.manifest.states, self.graphs.arrays.device)
+        requests = requests + [Request.filler(i) for i in range(len(requests), rows)]  # placeholders: padding rows
         stats = Stats()
         with self.lease_engine(rows) as engine:
-            decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, **decoder_options)
+            decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, exact=self.exact,
+                              **decoder_options)
             try:
                 yield from decoder.steps(requests)
             finally:
                 self.record_stats(stats)
+
+    def _engine_rows(self, requests: int) -> int:
+        """The rows a generate call of this many requests runs: whole groups of exact_batch_size in
+        exact mode; the CUDA-graph batch bucket on CUDA; else one per request."""
+        if self.exact:
+            return self.exact.rows_for(requests)
+        return batch_bucket(requests) if self.graphs.arrays.device != "cpu" else requests
 
     def _check_open(self) -> None:
         if self.closed:

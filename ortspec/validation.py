@@ -28,7 +28,7 @@ PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer arra
                 "(or a 2-D numpy integer array), or text (str or list[str])")
 TOKEN_SEQUENCES = (list, tuple, np.ndarray)  # what a prompt of token ids may be
 SESSION_OPTIONS = ("provider", "num_speculative_tokens", "commit", "threads", "cuda_graphs", "pipeline_stages",
-                   "devices")
+                   "devices", "exact", "exact_batch_size", "exact_k")
 SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "seed")
 CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stream"),
                   "batcher": ("max_batch_size",)}
@@ -96,6 +96,35 @@ def commit(value, choices: tuple[str, ...]) -> str:
     return value
 
 
+def exact_shape(exact, batch_size, exact_k, k: int, manifest):
+    """exact=True -> the ExactShape every post-prefill forward runs at (runtime.forward_shapes):
+    exact_batch_size rows x (exact_k + 1) tokens, exact_k defaulting to the conversion's K;
+    exact=False -> None. Both sizes are checked either way."""
+    from .runtime.forward_shapes import ExactShape
+
+    exact = flag("exact", exact, ConfigurationError)
+    batch_size = integer("exact_batch_size", batch_size, ConfigurationError, 1)
+    converted = manifest.num_speculative_tokens
+    if exact_k is not None:
+        exact_k = integer("exact_k", exact_k, ConfigurationError, 1, " (the fixed verify width of exact mode)")
+        if exact_k > converted:
+            raise ConfigurationError(f"exact_k={exact_k} exceeds K={converted} chosen at conversion (exact mode runs "
+                                     f"verify_select_k{{exact_k}}); use exact_k <= {converted}.")
+    if not exact:
+        return None
+    if converted < 1:
+        fix = ("its checkpoint has no mtp.* weights, and such conversions write no verify graphs: exact mode is not "
+               "available for this model" if not manifest.has_mtp else "reconvert with --num-speculative-tokens 1 "
+               "or more")
+        raise ConfigurationError(f"exact=True runs every forward as a verify graph, and {manifest.dir} was converted "
+                                 f"with K=0 (no verify graphs); {fix}.")
+    exact_k = converted if exact_k is None else exact_k
+    if k > exact_k:
+        raise ConfigurationError(f"num_speculative_tokens={k} exceeds exact_k={exact_k}: a verify of k+1 tokens must "
+                                 f"fit exact mode's fixed width; use k <= {exact_k} or exact_k >= {k}.")
+    return ExactShape(batch_size, exact_k)
+
+
 def usable_cores() -> int:
     """Cores this process may run on: its affinity mask where the OS has one (taskset, containers),
     else os.cpu_count()."""
@@ -118,10 +147,14 @@ def threads(value, cores: int | None = None) -> int | None:
     return count or None
 
 
-def cuda_graphs(value) -> bool:
+def flag(name: str, value, error: type[OrtspecError] = InputError) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ConfigurationError(f"cuda_graphs={value!r} must be True or False.")
+        raise error(f"{name}={_short(value)} must be True or False.")
     return bool(value)
+
+
+def cuda_graphs(value) -> bool:
+    return flag("cuda_graphs", value, ConfigurationError)
 
 
 def pipeline_stages(value, manifest) -> int:
@@ -247,20 +280,19 @@ def single_prompt(prompts: list[list[int]], single: bool, caller: str = "add_req
     return prompts[0]
 
 
-def flag(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{name}={_short(value)} must be True or False.")
-    return bool(value)
-
-
-def prompts_fit(prompts: list[list[int]], max_new: int, max_length: int) -> None:
-    """Prompt + generated tokens must fit the state buffers sized at conversion."""
+def prompts_fit(prompts: list[list[int]], max_new: int, max_length: int, reserved: int = 0) -> None:
+    """Prompt + generated tokens must fit the state buffers sized at conversion, less the
+    ``reserved`` last positions (exact mode's pads: its every forward spans exact_k + 1 positions)."""
+    usable = max_length - reserved
     for n, p in enumerate(prompts):
-        if len(p) + max_new > max_length:
+        if len(p) + max_new > usable:
+            limit = (f"max_length={max_length} of this conversion less the {reserved} positions exact mode reserves "
+                     f"for its fixed-shape forwards (exact_k={reserved}) = {usable}" if reserved else
+                     f"max_length={max_length} of this conversion")
             raise InputError(
                 f"{_prompt_name(n, len(prompts))} has {len(p)} tokens; with max_new_tokens={max_new} that is "
-                f"{len(p) + max_new} > max_length={max_length} of this conversion. Shorten the prompt, "
-                f"lower max_new_tokens, or reconvert with --max-length {len(p) + max_new}."
+                f"{len(p) + max_new} > {limit}. Shorten the prompt, lower max_new_tokens, or reconvert with "
+                f"--max-length {len(p) + max_new + reserved}."
             )
 
 

@@ -24,6 +24,7 @@ def test_bench_cli_writes_table_and_json(models, tmp_path, capsys):
     assert rows[(2, 1)]["steps"] > 0 and rows[(2, 1)]["phase_ms"]["verify"] > 0
     assert rows[(2, 1)]["steps"] == rows[(2, 1)]["speculative_steps"] and rows[(0, 1)]["speculative_steps"] == 0
     assert len(rows[(2, 2)]["repeat_seconds"]) == 1  # one per repeat: the plot's error bars
+    assert rows[(0, 2)]["cpu_speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["cpu_seconds"] > 0
 
 
 def test_bench_converts_a_checkpoint_per_dtype(models, tmp_path, capsys):
@@ -69,3 +70,15 @@ def test_plot_y_axis_starts_at_zero(tmp_path):
     assert axes.get_ylim()[0] == 0 and axes.get_title() == bench_plot.title(BENCH)
     bench_plot.write_plot(BENCH, tmp_path / "b.png")
     assert [p.name for p in tmp_path.iterdir()] == ["b.png"]
+
+
+def test_bench_reads_held_out_prompts(models, tmp_path, capsys):
+    """--prompts FILE: the texts of a JSON list instead of the bench's own; a bad file is refused."""
+    (tmp_path / "p.json").write_text(json.dumps(["def f(x):\n    return", "class A:"]))
+    code = main(["bench", str(models.converted("base")), "--k", "0,1", "--max-new-tokens", "4", "--repeats", "1",
+                 "--prompts", str(tmp_path / "p.json"), "--json", str(tmp_path / "b.json")])
+    assert code == 0
+    assert json.loads((tmp_path / "b.json").read_text())["prompts"] == ["def f(x):\n    return", "class A:"]
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["bench", str(models.converted("base")), "--k", "0", "--prompts", str(tmp_path / "bad.json")]) == 2
+    assert "must hold a non-empty JSON list" in capsys.readouterr().err

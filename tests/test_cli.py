@@ -104,3 +104,13 @@ def test_generate_labels_accept_lengths(models, capsys):
 def test_generate_with_bad_ids_is_a_typed_error(models, capsys):
     code = main(["generate", str(models.converted("base")), "--ids", "--prompt", "3 one 4"])
     assert code == 2 and "--ids expects whitespace- or comma-separated integers" in capsys.readouterr().err
+
+
+def test_generate_exact_gives_the_default_tokens(models, capsys):
+    argv = ["generate", str(models.converted("base")), "--ids", "--prompt", "5 17 99", "--max-new-tokens", "10",
+            "-k", "2", "--threads", "1"]
+    assert main(argv) == 0
+    default = capsys.readouterr().out
+    assert main(argv + ["--exact", "--exact-batch-size", "2"]) == 0
+    out = capsys.readouterr()
+    assert out.out == default and "exact mode: every forward 2 x 5 tokens" in out.err

@@ -324,3 +324,14 @@ def test_the_device_lock_is_granted_in_arrival_order():
     assert order == [0, 1, 2, "again"]
     with pytest.raises(RuntimeError, match="does not hold it"):
         lock.release()
+
+
+def test_every_cuda_graph_set_shares_one_lock():
+    """ONNX Runtime captures CUDA graphs in the global capture mode: no other CUDA work of the
+    process may run meanwhile, so two CUDA Sessions must serialize on one lock (on the H200 a
+    per-Session lock let one Session's prefill fail while another captured). CPU GraphSets keep
+    locks of their own."""
+    from ortspec.runtime.graphs import CUDA_LOCK, lock_for
+
+    assert lock_for("cuda") is lock_for("cuda") is CUDA_LOCK
+    assert lock_for("cpu") is not lock_for("cpu")

@@ -107,6 +107,32 @@ def test_int4_weights(plain, tmp_path):
     assert len(ortspec.Session(tmp_path / "q4h", num_speculative_tokens=2).generate(PROMPTS[0], max_new_tokens=6)) == 6
 
 
+def test_int4_draft_head_only(plain, tmp_path):
+    """--mtp-quant int4: the MTP head (with its own lm_head copy) runs MatMulNBits, the target
+    keeps float32; speculative output is still the target's greedy and states stay exact."""
+    import onnx
+
+    from ortspec.runtime.graphs import GraphSet
+    from ortspec.speculative.exactness import check_speculative
+
+    root, _ = plain
+    convert(root / "ck", tmp_path / "mq", mtp_quant="int4")
+    m = Manifest.load(tmp_path / "mq")
+    assert (m.quant, m.mtp_quant) == (None, "int4")
+
+    def ops(graph):
+        return [n.op_type for n in onnx.load(str(tmp_path / "mq" / f"{graph}.onnx"), load_external_data=False).graph.node]
+
+    assert "MatMulNBits" not in ops("decode") + ops("verify_select_k2")
+    assert "MatMul" not in ops("mtp_propose_k2") and ops("mtp_propose_k2").count("MatMulNBits") >= 7
+    assert "mtp.lm_head" in m.graphs["mtp_propose_k2"]["weights"] and "lm_head" not in m.graphs["mtp_propose_k2"]["weights"]
+    greedy = ortspec.Session(root / "out").generate(PROMPTS, max_new_tokens=16)
+    assert ortspec.Session(tmp_path / "mq", num_speculative_tokens=2).generate(PROMPTS, max_new_tokens=16) == greedy
+    check_speculative(GraphSet(m), PROMPTS, 24, 2, "select", p=0.6)
+    with pytest.raises(ortspec.CheckpointError, match="mtp_quant='int8' is not supported"):
+        convert(root / "ck", tmp_path / "bad", mtp_quant="int8")
+
+
 def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")
@@ -151,8 +177,8 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 feeds[i.name] = np.array([rows - 1, 0])
             elif i.name in SAMPLING_FEEDS:  # mtp_sample: row 0 samples, row 1 is greedy
                 feeds[i.name] = SAMPLING_FEEDS[i.name](int(name[-1]))
-            else:
-                feeds[i.name] = np.zeros([2] + list(i.shape[1:]), np.float32)
+            else:  # a state: the runtime's buffer (the graph's KV inputs take any window W of it)
+                feeds[i.name] = np.zeros([2] + list(m.states[i.name]["shape"][1:]), np.float32)
         out = runner.run(feeds)
         if name.startswith(("mtp_propose", "mtp_sample")):  # drafts d1..dk, and the catch-up's KV rows
             assert out["drafts"].shape == (2, int(name[-1])) and np.isfinite(out["new_key.mtp"]).all()

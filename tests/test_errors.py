@@ -61,6 +61,12 @@ def assert_usable(session, expected):
     (dict(cuda_graphs="no"), ortspec.ConfigurationError, r"cuda_graphs='no' must be True or False"),
     (dict(commit=None), ortspec.ConfigurationError, r"commit=None is unknown; use one of 'select', 'readvance'"),
     (dict(provider=["cpu"]), ortspec.ProviderError, r"provider=\['cpu'\] must be a string"),
+    (dict(exact="yes"), ortspec.ConfigurationError, r"exact='yes' must be True or False"),
+    (dict(exact=True, exact_batch_size=0), ortspec.ConfigurationError, r"exact_batch_size=0 must be an integer >= 1"),
+    (dict(exact=True, exact_batch_size=2.0), ortspec.ConfigurationError, r"exact_batch_size=2.0 .* got float"),
+    (dict(exact=True, exact_k=4), ortspec.ConfigurationError, r"exact_k=4 exceeds K=3 .* use exact_k <= 3"),
+    (dict(exact=True, exact_k=1, num_speculative_tokens=2), ortspec.ConfigurationError,
+     r"num_speculative_tokens=2 exceeds exact_k=1: .* use k <= 1 or exact_k >= 2"),
 ])
 def test_bad_session_options(model, session, expected, options, error, match):
     raises_before_work(session, error, match, lambda: ortspec.Session(model, **options))

@@ -13,8 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ortspec
+import ortspec.runtime.forward_shapes
+
 from tools import gpu
-from tools.gpu_suite import ab, batch, common, pipeline, scale, trained
+from tools.gpu_suite import ab, batch, common, exact, exact_prompts, pipeline, scale, trained
 
 HOST_SCRIPT = Path(gpu.ROOT) / "tools" / "gpu_host.sh"
 
@@ -135,3 +138,60 @@ def test_pack_splits_the_checkpoint_into_parts_that_reassemble(tmp_path, monkeyp
     joined.write_bytes(b"".join(p.read_bytes() for p in parts))
     with tarfile.open(joined) as tar:
         assert tar.extractfile("trained/model.safetensors").read() == weights
+
+
+EXACT_CPU = ["exact", "--provider", "cpu", "--checkpoint", str(common.TINY), "--dtypes", "float32", "--prompts", "3",
+             "--new-tokens", "8", "--batches", "1,2", "--ks", "2", "--exact-batch-size", "2"]
+
+
+def test_exact_tool_runs_on_the_cpu(tmp_path, capsys):
+    """Every configuration of both modes against greedy at batch 1: nothing differs on the CPU; the
+    cost rows pair the modes; the table comes last."""
+    out = tmp_path / "exact.json"
+    assert gpu.main(EXACT_CPU + ["--out", str(tmp_path / "models"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.rstrip().splitlines()[-1].startswith("| float32 | default | 2 | readvance | batcher 2 | 3 | 0 |")
+    result = json.loads(out.read_text())
+    runs = {(r["mode"], r["k"], r["commit"], r["batch"]): r for r in result["runs"]}
+    assert len(runs) == 2 * (2 + 2 * 3) and all(r["requests"] == 3 and r["differ"] == 0 for r in runs.values())
+    assert result["exact_failures"] == 0 and result["stopped"] is None and result["exact_vs_default_greedy"] == {
+        "float32": 0}
+    assert [(c["batch"], c["run"]) for c in result["cost"]] == [(1, "greedy"), (1, "best k")]
+
+
+def test_exact_tool_counts_differing_requests_and_stops_on_budget(tmp_path, capsys, monkeypatch):
+    """A planted difference (exact mode's calls of 2 prompts change a token) fails the run: greedy
+    and k=2 at batch 2, one request each. A budget spent at once stops the runs cleanly."""
+    original = ortspec.Session.generate
+
+    def planted(self, prompt, max_new_tokens=32, **options):
+        out = original(self, prompt, max_new_tokens=max_new_tokens, **options)
+        if self.exact and max_new_tokens == 8 and len(out) == 2 and isinstance(out[0], list):  # not the warm-up
+            return [out[0], out[1][:-1] + [out[1][-1] + 1]]
+        return out
+
+    models = ["--out", str(tmp_path / "models"), "--commits", "select"]
+    with monkeypatch.context() as patch:
+        patch.setattr(ortspec.Session, "generate", planted)
+        assert gpu.main(EXACT_CPU + models) == 1
+    assert "exact mode: 2 failures" in capsys.readouterr().out
+    out = tmp_path / "budget.json"
+    assert gpu.main(EXACT_CPU + models + ["--budget-s", "0.001", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["stopped"] == "budget" and all(r["requests"] == 0 for r in result["runs"])
+
+
+def test_held_out_prompts_are_deterministic_distinct_and_not_benchmark_prompts():
+    texts = exact_prompts.held_out_texts(300)
+    assert texts == exact_prompts.held_out_texts(300) and len(set(texts)) == 300
+    bench = exact_prompts.bench_prompt_texts()
+    assert not any(b in t or t in b for b in bench for t in texts)
+
+
+def test_exact_tool_names_slots_at_another_shape():
+    class FakeSession:
+        exact = ortspec.runtime.forward_shapes.ExactShape(16, 4)
+        stats = {"graphs": {"verify_select_k4/M5/B16/engine0": {}, "mtp_propose_k2/M5/B16/engine0": {},
+                            "decode/M1/B16/engine0": {}, "verify_select_k4/M5/B4/engine1": {}}}
+
+    assert exact.shape_violations(FakeSession()) == ["decode/M1/B16/engine0", "verify_select_k4/M5/B4/engine1"]

@@ -157,11 +157,13 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
 
 
-@pytest.mark.parametrize("commit,fixed_rows", [("select", False), ("readvance", False), ("select", True)])
-def test_sampled_states_equal_a_plain_decode_after_every_commit(model, commit, fixed_rows):
+@pytest.mark.parametrize("commit,fixed_rows,exact", [("select", False, False), ("readvance", False, False),
+                                                    ("select", True, False), ("readvance", None, True)])
+def test_sampled_states_equal_a_plain_decode_after_every_commit(model, commit, fixed_rows, exact):
     """Sampling changes which tokens are committed, never how: after every commit each request's
-    states are bitwise those of a plain decode over the tokens it got."""
-    session = ortspec.Session(model, num_speculative_tokens=3, commit=commit)
+    states are bitwise those of a plain decode over the tokens it got (in exact mode too: 3
+    requests in two groups of 2 rows, every forward 2 x 5 tokens)."""
+    session = ortspec.Session(model, num_speculative_tokens=3, commit=commit, exact=exact, exact_batch_size=2)
     seen = {}
 
     def record(decoder, batch):

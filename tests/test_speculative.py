@@ -9,6 +9,7 @@ import pytest
 import ortspec
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.decoder import Decoder, accept_lengths
+from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.speculative.exactness import ExactnessError, make_requests, check_speculative, plain_decode_states
 from ortspec.speculative.stats import Stats
 
@@ -72,6 +73,28 @@ def test_fixed_rows_batching_is_exact(models):
         for k in (2, 4):
             stats = check_speculative(graphs, PROMPTS, 60, k, commit, p=0.7, seed=k, fixed_rows=True)
             assert stats.speculative_row_steps > 40
+
+
+def test_a_row_finished_at_max_length_keeps_running_inside_the_buffers(tmp_path, models):
+    """Fixed rows (CUDA's batching): a request whose prompt + max_new_tokens is max_length,
+    finished by a fully accepted verify at T = L-1-k, stands at T = L; its row runs on while
+    another request decodes, and must not write at position L (it crashed: index out of bounds)."""
+    out = ortspec.convert(models.checkpoint("base"), tmp_path / "short", num_speculative_tokens=4, max_length=32,
+                          progress=False)
+    graphs = GraphSet(ortspec.Session(out).manifest)
+    prompts, lengths = [list(range(1, 23)), [5, 6]], (10, 25)  # 22 + 10 = 32; steps at T = 22, 27 -> 32
+    greedy = make_requests(prompts, 0)
+    for req, n in zip(greedy, (11, 25)):
+        req.max_new_tokens = n
+    Decoder(graphs, 2, 0, "select", Stats()).generate(greedy)
+    truth = {r.row: r.tokens + [0] * 4 for r in greedy}
+    requests = make_requests(prompts, 0)
+    for req, n in zip(requests, lengths):
+        req.max_new_tokens = n
+    decoder = Decoder(graphs, 2, 4, "select", Stats(), fixed_rows=True, make_drafts=lambda mtp: ScriptedDrafts(
+        MTPDrafts(mtp), lambda r: truth[r.row], graphs.manifest.spec.vocab_size, p=1.0))
+    outputs = decoder.generate(requests)
+    assert requests[0].processed == 32 and outputs == [r.tokens[len(r.prompt):][:n] for r, n in zip(greedy, lengths)]
 
 
 def test_readvance_skips_full_acceptance(models):

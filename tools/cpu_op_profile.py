@@ -1,11 +1,19 @@
-"""Where a CPU forward spends its time, by op type: decode against verify_select graphs.
+"""Where a CPU forward spends its time: wall time per graph, and op time by op type.
 
-    python tools/cpu_op_profile.py MODEL_DIR [--graphs decode,verify_select_k1,verify_select_k3] [--runs 30]
+    python tools/cpu_op_profile.py MODEL_DIR [--graphs decode,verify_select_k1,verify_select_k3]
+                                   [--batch 1] [--threads 1] [--runs 30] [--position 100]
 
-Each graph gets its own ONNX Runtime session (one thread, the shared weights as in a Session)
-with ONNX Runtime's profiler on; it runs --runs times on one request at positions 40.. and the
-kernel times are summed by op type. Prints a table of microseconds per run (the profiler itself
-adds overhead, the same for every graph, so compare columns, not absolute numbers).
+Each graph gets its own ONNX Runtime session (the shared weights, as in a Session) and runs on
+--batch requests at positions --position.. (the step shape of the graph: M=1 for decode, k+1
+for verify_*_k{k} and the catch-up of mtp_propose_k{k}), with random states and the KV window
+the CPU runtime would pass (all max_length slots for a model converted without windows).
+
+Two tables:
+- wall ms per Run without the profiler, graphs interleaved round by round (so machine noise
+  hits them alike): median and minimum, and the median's ratio to the first graph;
+- op time by op type from ONNX Runtime's profiler: per node the median over the runs (one
+  slow run does not move it), summed by op type, with the number of nodes. The profiler adds
+  a fixed cost per node, so compare columns, not the sum with the wall table.
 """
 
 from __future__ import annotations
@@ -13,7 +21,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
+import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,48 +37,128 @@ import onnxruntime as ort  # noqa: E402
 from ortspec.manifest import Manifest  # noqa: E402
 from ortspec.runtime.arrays import HostArrays  # noqa: E402
 from ortspec.runtime.graphs import SharedWeights  # noqa: E402
+from ortspec.runtime.model import window_slots  # noqa: E402
 
 
-def op_times(manifest: Manifest, weights: SharedWeights, name: str, runs: int) -> dict[str, float]:
-    options = weights.session_options(manifest.graphs[name]["weights"], 1)
-    options.enable_profiling = True
-    options.profile_file_prefix = f"/tmp/ortspec_profile_{name}"
-    session = ort.InferenceSession(str(manifest.graph_path(name)), options, providers=["CPUExecutionProvider"])
-    rows = session.get_inputs()[[i.name for i in session.get_inputs()].index("positions")].shape[1]
-    rows = rows if isinstance(rows, int) else 1
+def step_rows(session: ort.InferenceSession, name: str) -> int:
+    """Token rows per request of the graph's step: static M, else k+1 for *_k{k}, else 1."""
+    positions = next(i for i in session.get_inputs() if i.name == "positions")
+    if isinstance(positions.shape[1], int):
+        return positions.shape[1]
+    k = re.search(r"_k(\d+)$", name)
+    return int(k.group(1)) + 1 if k else 1
+
+
+def make_feeds(session: ort.InferenceSession, manifest: Manifest, name: str, rows: int, batch: int, position: int,
+               seed: int = 0) -> dict:
+    """Inputs of one step: token 5 everywhere, positions position.., random finite states, the
+    KV caches cut to the window the CPU runtime would pass."""
+    rng = np.random.default_rng(seed)
+    reach = rows - 1 if name.startswith("mtp_propose") else 1  # the drafts reach k-1 slots past row a
+    window = window_slots(manifest.max_length, position + rows - 1, reach) if manifest.attention_window else None
     feeds = {}
     for i in session.get_inputs():
         if i.name == "input_ids":
-            feeds[i.name] = np.full((1, rows), 5, np.int64)
+            feeds[i.name] = np.full((batch, rows), 5, np.int64)
         elif i.name == "positions":
-            feeds[i.name] = np.arange(40, 40 + rows)[None]
-        else:
-            feeds[i.name] = np.zeros([1] + list(i.shape[1:]), np.float32)
+            feeds[i.name] = np.tile(np.arange(position, position + rows), (batch, 1))
+        elif i.name == "last":
+            feeds[i.name] = np.zeros(batch, np.int64)
+        elif i.name in manifest.states:
+            state = (0.1 * rng.standard_normal([batch] + manifest.states[i.name]["shape"][1:])).astype(np.float32)
+            if window is not None and manifest.states[i.name]["kind"].endswith("kv_key"):
+                state = state[..., :window]
+            elif window is not None and manifest.states[i.name]["kind"].endswith("kv_value"):
+                state = state[:, :, :window]
+            feeds[i.name] = np.ascontiguousarray(state)
+        else:  # the MTP head's hidden input [B, M, H]
+            shape = [batch] + [d if isinstance(d, int) else rows for d in i.shape[1:]]
+            feeds[i.name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    return feeds
+
+
+class GraphProbe:
+    """One graph's session and feeds, with and without ONNX Runtime's profiler."""
+
+    def __init__(self, manifest: Manifest, weights: SharedWeights, name: str, args, profile: bool) -> None:
+        options = weights.session_options(manifest.graphs[name]["weights"], args.threads)
+        if profile:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"ortspec_profile_{name}")
+        self.name = name
+        self.session = ort.InferenceSession(str(manifest.graph_path(name)), options,
+                                            providers=["CPUExecutionProvider"])
+        self.feeds = make_feeds(self.session, manifest, name, step_rows(self.session, name), args.batch, args.position)
+        for _ in range(3):  # warm-up: first runs allocate
+            self.run()
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        self.session.run(None, self.feeds)
+        return time.perf_counter() - start
+
+    def op_times(self) -> dict[str, tuple[float, int]]:
+        """op type -> (sum over its nodes of the median kernel us per run, number of nodes)."""
+        per_node: dict = collections.defaultdict(list)
+        for event in json.loads(Path(self.session.end_profiling()).read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                per_node[(event["args"]["op_name"], event["name"])].append(event["dur"])
+        by_op: dict = collections.defaultdict(lambda: [0.0, 0])
+        for (op, _), durations in per_node.items():
+            by_op[op][0] += statistics.median(durations)
+            by_op[op][1] += 1
+        return {op: (us, n) for op, (us, n) in by_op.items()}
+
+
+def wall_table(probes: list[GraphProbe], runs: int) -> str:
+    times = {p.name: [] for p in probes}
+    for _ in range(runs):  # interleaved: every round runs every graph once
+        for p in probes:
+            times[p.name].append(p.run())
+    base = statistics.median(times[probes[0].name])
+    lines = ["| graph | median ms | min ms | median / first |", "|---|---|---|---|"]
+    for p in probes:
+        t = times[p.name]
+        lines.append(f"| {p.name} | {1e3 * statistics.median(t):.2f} | {1e3 * min(t):.2f} | "
+                     f"{statistics.median(t) / base:.2f} |")
+    return "\n".join(lines)
+
+
+def op_table(probes: list[GraphProbe], runs: int, top: int) -> str:
     for _ in range(runs):
-        session.run(None, feeds)
-    by_op: collections.Counter = collections.Counter()
-    for event in json.loads(Path(session.end_profiling()).read_text()):
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            by_op[event["args"]["op_name"]] += event["dur"] / runs
-    return dict(by_op)
+        for p in probes:
+            p.run()
+    times = {p.name: p.op_times() for p in probes}
+    names = [p.name for p in probes]
+    ops = sorted({op for t in times.values() for op in t}, key=lambda op: -max(t.get(op, (0, 0))[0] for t in times.values()))
+    lines = ["| op | " + " | ".join(f"{n} us (nodes)" for n in names) + " |", "|---|" + "---|" * len(names),
+             "| all | " + " | ".join(f"{sum(us for us, _ in times[n].values()):,.0f} "
+                                     f"({sum(c for _, c in times[n].values())})" for n in names) + " |"]
+    for op in ops[:top]:
+        cells = [f"{times[n][op][0]:,.0f} ({times[n][op][1]})" if op in times[n] else "-" for n in names]
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
     parser.add_argument("--graphs", default="decode,verify_select_k1,verify_select_k3")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--position", type=int, default=100, help="first position of the step (KV slots in use)")
+    parser.add_argument("--top", type=int, default=14, help="op types listed")
+    parser.add_argument("--no-ops", action="store_true", help="wall times only")
     args = parser.parse_args(argv)
     manifest = Manifest.load(args.model)
     weights = SharedWeights(manifest, HostArrays())
     names = args.graphs.split(",")
-    times = {name: op_times(manifest, weights, name, args.runs) for name in names}
-    ops = sorted({op for t in times.values() for op in t}, key=lambda op: -times[names[-1]].get(op, 0))
-    print("| op | " + " | ".join(f"{n} us" for n in names) + " |")
-    print("|---|" + "---|" * len(names))
-    print("| all | " + " | ".join(f"{sum(times[n].values()):,.0f}" for n in names) + " |")
-    for op in ops[:12]:
-        print(f"| {op} | " + " | ".join(f"{times[n].get(op, 0):,.0f}" for n in names) + " |")
+    print(f"{args.model}: batch {args.batch}, {args.threads} thread(s), {args.runs} runs, positions {args.position}..\n")
+    print(wall_table([GraphProbe(manifest, weights, n, args, profile=False) for n in names], args.runs))
+    if not args.no_ops:
+        print()
+        print(op_table([GraphProbe(manifest, weights, n, args, profile=True) for n in names], args.runs, args.top))
     return 0
 
 

@@ -21,14 +21,15 @@ from .checkpoint import CheckpointReader
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
-from .quantize import quantize_store
+from .quantize import quantize_draft_head, quantize_store
 from .staging import StagingDir
 from .weights import WeightPreparer, cast_matrices
 
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
-            quant: str | None = None, overwrite: bool = False, progress: bool = True) -> Path:
+            quant: str | None = None, mtp_quant: str | None = None, overwrite: bool = False,
+            progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -40,13 +41,15 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
     lm_head and the MTP fc as 4-bit blocks of 32 (MatMulNBits); the embedding keeps dtype.
+    mtp_quant="int4" does that for the MTP draft head alone (with its own int4 copy of the
+    lm_head): drafts get cheaper, the output stays exactly the target's.
 
     out_dir is written whole or not at all (see converter/output_dir.py for what may be
     replaced): an existing model there is refused unless overwrite=True, which replaces it.
     """
     options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
                              pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
-                             overwrite=overwrite, progress=progress)
+                             mtp_quant=mtp_quant, overwrite=overwrite, progress=progress)
     checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     check_output_dir(out_dir, checkpoint_dir, options.overwrite)
     hf_config = read_hf_config(checkpoint_dir)
@@ -76,7 +79,9 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
         manifest = Manifest.create(spec, max_length=options.max_length, num_speculative_tokens=K, dtype=options.dtype,
                                    weights=layout, graphs=graphs, tokenizer_files=tokenizer_files,
                                    source=str(checkpoint_dir), model_type=hf_config.get("model_type"),
-                                   stage_layers=boundaries, quant=options.quant, files=staging.files)
+                                   stage_layers=boundaries, quant=options.quant, files=staging.files,
+                                   mtp_quant="int4" if with_mtp and "int4" in (options.quant, options.mtp_quant)
+                                   else None)
         staging.write_bytes(MANIFEST_FILE, manifest.to_json().encode(), record=False)
         staging.publish()
     return out_dir
@@ -93,6 +98,8 @@ def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: Convert
     WeightPreparer(spec, reader, store).prepare_all(options.max_length, with_mtp)
     if options.quant == "int4":
         quantize_store(store)
+    elif options.mtp_quant == "int4" and with_mtp:
+        quantize_draft_head(store)
     cast_matrices(store, options.dtype)
     return store
 

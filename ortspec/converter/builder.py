@@ -123,19 +123,29 @@ class GraphBuilder:
             self.used_weights.append(name)
         return name
 
-    def linear(self, x: str, weight: str, hint: str | None = None) -> str:
-        """x [.., in] @ W [in, out]. With W stored in fp16/bf16 the product runs in that dtype:
-        x is cast down, the result back to float32 (norms, GDN ops and states stay fp32).
-        An int4 weight runs as MatMulNBits (see converter/quantize.py)."""
+    def matmul_dtype(self, weight: str) -> int:
+        """The dtype a product with `weight` runs in: the weight's (float32, float16, bfloat16);
+        float32 for an int4 weight (MatMulNBits takes and gives float32 here)."""
+        if weight in self.weights.quantized:
+            return TensorProto.FLOAT
+        return _ONNX_TYPE[self.weights.arrays[weight].dtype]
+
+    def linear(self, x: str, weight: str, hint: str | None = None, x_dtype: int = TensorProto.FLOAT,
+               out_dtype: int = TensorProto.FLOAT) -> str:
+        """x [.., in] @ W [in, out], x arriving in x_dtype, the result wanted in out_dtype. With W
+        stored in fp16/bf16 the product runs in that dtype: x is cast down and the result back
+        unless the caller keeps the chain in that dtype (make_mlp); norms, GDN ops and states
+        stay float32. An int4 weight runs as MatMulNBits (see converter/quantize.py)."""
+        low = self.matmul_dtype(weight)
+        if x_dtype != low:
+            x = self.op("Cast", [x], to=low)
         if weight in self.weights.quantized:
             K, N = self.weights.quantized[weight]
-            return self.ms("MatMulNBits", [x, self.weight(weight), self.weight(f"{weight}.scales")], hint=hint,
-                           K=K, N=N, bits=4, block_size=32, accuracy_level=4)
-        dtype = _ONNX_TYPE[self.weights.arrays[weight].dtype]
-        if dtype == TensorProto.FLOAT:
-            return self.op("MatMul", [x, self.weight(weight)], hint=hint)
-        low = self.op("MatMul", [self.op("Cast", [x], to=dtype), self.weight(weight)])
-        return self.op("Cast", [low], to=TensorProto.FLOAT, hint=hint)
+            y = self.ms("MatMulNBits", [x, self.weight(weight), self.weight(f"{weight}.scales")], hint=hint,
+                        K=K, N=N, bits=4, block_size=32, accuracy_level=4)
+        else:
+            y = self.op("MatMul", [x, self.weight(weight)], hint=hint)
+        return y if out_dtype == low else self.op("Cast", [y], to=out_dtype, hint=hint)
 
     def embedding(self, ids: str, weight: str = "embed") -> str:
         rows = self.op("Gather", [self.weight(weight), ids], hint="embed")

@@ -2,7 +2,9 @@
 
 Target graph I/O (B requests, M rows each, L = max_length):
   in   input_ids int64 [B, M]   positions int64 [B, M]
-       key.{i} [B, kvh, hd, L], value.{i} [B, kvh, L, hd]            full-attention layer i
+       key.{i} [B, kvh, hd, W], value.{i} [B, kvh, W, hd]            full-attention layer i: the
+                         cache's first W <= L slots, W past every position of the call (any such
+                         W gives the same bits; the CPU runtime passes a window, CUDA all L)
        conv.{i} [B, K-1, C], recurrent.{i} [B, nv, dk, dv] (fp32)     GDN layer i
   out  tokens int64 [B, M] (argmax)  logits [B, M, V]  hidden [B, M, H] (final-normed)
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
@@ -35,13 +37,16 @@ from .sampling_graph import make_draft_choice
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]:
-    """Input name -> shape of every per-layer state of the target model."""
+WINDOW = "W"  # the KV slots a graph attends over: the first W of the cache's max_length
+
+
+def state_shapes(spec: ModelSpec, batch="B") -> dict[str, list]:
+    """Graph input name -> shape of every per-layer state of the target model."""
     shapes = {}
     for i, kind in enumerate(spec.layer_types):
         if kind == FULL:
-            shapes[f"key.{i}"] = [batch, spec.num_key_value_heads, spec.head_dim, max_length]
-            shapes[f"value.{i}"] = [batch, spec.num_key_value_heads, max_length, spec.head_dim]
+            shapes[f"key.{i}"] = [batch, spec.num_key_value_heads, spec.head_dim, WINDOW]
+            shapes[f"value.{i}"] = [batch, spec.num_key_value_heads, WINDOW, spec.head_dim]
         else:
             shapes[f"conv.{i}"] = [batch, spec.linear_conv_kernel_dim - 1, spec.conv_dim]
             shapes[f"recurrent.{i}"] = [batch, spec.linear_num_value_heads, spec.linear_key_head_dim,
@@ -49,10 +54,10 @@ def state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]
     return shapes
 
 
-def mtp_state_shapes(spec: ModelSpec, max_length: int, batch="B") -> dict[str, list]:
+def mtp_state_shapes(spec: ModelSpec, batch="B") -> dict[str, list]:
     return {
-        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, max_length],
-        "value.mtp": [batch, spec.num_key_value_heads, max_length, spec.head_dim],
+        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, WINDOW],
+        "value.mtp": [batch, spec.num_key_value_heads, WINDOW, spec.head_dim],
     }
 
 
@@ -95,9 +100,9 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     else:
         x = g.input("proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
         residual = g.input("proxy.residual", F32, ["B", dim_m, spec.hidden_size]) if layers.start > 0 else None
-    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec, max_length).items()
-              if int(n.split(".")[1]) in layers}
-    step = make_step_inputs(g, spec, positions, max_length)
+    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
+    window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
+    step = make_step_inputs(g, spec, positions, max_length, window=window)
     state_outputs = []
     for i in layers:
         prefix = f"L{i}"
@@ -127,10 +132,15 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     return g
 
 
+def mtp_lm_head(store: WeightStore) -> str:
+    """The MTP head's own lm_head when it has one (an int4 draft head), else the shared one."""
+    return "mtp.lm_head" if "mtp.lm_head" in store.arrays else "lm_head"
+
+
 def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, past_key: str, past_value: str):
     """One pass of the MTP head over M rows: fc(concat(norm_e(embed(x_{p+1})), norm_h(h_p))) ->
-    attention layer (own KV) -> mtp.norm. Returns (hidden_out, logits, new_key, new_value,
-    merged key view, merged value view)."""
+    attention layer (own KV) -> mtp.norm. Returns (hidden_out, new_key, new_value, merged key
+    view, merged value view); the caller applies the lm_head to the rows it needs."""
     eps = spec.rms_norm_eps
     embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
     normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
@@ -144,7 +154,7 @@ def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, pas
 
     x, residual = _decoder_layer(g, spec, x, None, "mtp.L0", mixer)
     hidden_out, _ = make_add_rms_norm(g, x, residual, "mtp.norm", eps)
-    return (hidden_out, g.linear(hidden_out, "lm_head"), *cache)
+    return (hidden_out, *cache)
 
 
 def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> GraphBuilder:
@@ -158,10 +168,10 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
-    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
-    step = make_step_inputs(g, spec, positions, max_length)
-    hidden_out, logits, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"],
-                                                             states["value.mtp"])
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
+    step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
+    hidden_out, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
+    logits = g.linear(hidden_out, mtp_lm_head(store))
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", "M"])
     g.output(logits, "logits", F32, ["B", "M", spec.vocab_size])
     g.output(hidden_out, "hidden_out", F32, ["B", "M", spec.hidden_size])
@@ -188,18 +198,19 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
 
     Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
     past a are padding: their slots lie after every draft's position, so the mask hides them.
-    Draft positions are clamped to L-1 (near the end of max_length their drafts go unused).
+    Draft positions are clamped to the constant L-1 (the runtime passes a window past T+a+k-1,
+    or all L slots: near the end of max_length those drafts go unused). Every value feeding a
+    compute op is a constant or an input, never derived from a shape (CUDA-graph capture).
     """
     g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store)
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
     last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
-    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, max_length).items()}
-    choose = _draft_sampler(g, spec, k) if sample else (lambda logits, j: (g.op("ArgMax", [logits], axis=-1,
-                                                                                 keepdims=0), None))
-    step = make_step_inputs(g, spec, positions, max_length)
-    out, logits, new_key, new_value, key_view, value_view = _mtp_pass(
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
+    choose = _draft_sampler(g, spec, k) if sample else _draft_argmax(g)
+    step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
+    out, new_key, new_value, key_view, value_view = _mtp_pass(
         g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
     g.output(new_key, "new_key.mtp", F32, None)
     g.output(new_value, "new_value.mtp", F32, None)
@@ -207,14 +218,22 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
-    draft, probs = choose(at_last(logits), 0)  # [B, 1], [B, 1, V] or None
-    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]
+    def draft_from(out, j):  # the lm_head on one row per request: [B, 1, H] -> [B, 1], [B, 1, V] or None
+        return choose(g.linear(out, mtp_lm_head(store)), j)
+
+    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
+    # A draft's position stays below max_length; it needs no clamp to the window W: the runtime
+    # passes W >= (last position + k) unless W = max_length (runtime/model.py attention_window).
+    # (A clamp computed from the window's shape would be shape math that ONNX Runtime places on
+    # the CPU, and a CUDA graph may not hold CPU compute nodes: seen on the H200.)
+    last_slot = g.const([max_length - 1])
+    draft, probs = draft_from(out, 0)
     drafts, draft_probs = [draft], [probs]
     for j in range(1, k):
-        position = g.op("Min", [g.op("Add", [base, g.const([j])]), g.const([max_length - 1])])
-        out, logits, _, _, key_view, value_view = _mtp_pass(
-            g, spec, draft, out, make_step_inputs(g, spec, position, max_length), key_view, value_view)
-        draft, probs = choose(logits, j)  # [B, 1]
+        position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
+        out, _, _, key_view, value_view = _mtp_pass(
+            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view), key_view, value_view)
+        draft, probs = draft_from(out, j)
         drafts.append(draft)
         draft_probs.append(probs)
     g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
@@ -222,6 +241,11 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
         g.output(g.op("Concat", draft_probs, axis=1) if k > 1 else probs, "draft_probs", F32,
                  ["B", k, spec.vocab_size])
     return g
+
+
+def _draft_argmax(g: GraphBuilder):
+    """(logits [B, 1, V], pass j) -> (the argmax draft [B, 1], None): mtp_propose_k{k}'s choice."""
+    return lambda logits, j: (g.op("ArgMax", [logits], axis=-1, keepdims=0), None)
 
 
 def _draft_sampler(g: GraphBuilder, spec: ModelSpec, k: int):

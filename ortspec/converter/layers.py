@@ -1,41 +1,52 @@
 """One ``make_*`` function per subgraph of a Qwen3.5 decoder layer.
 
 Activations are [B, M, H] float32 (B requests, M token rows each). Every op here is
-row-wise or a MatMul over rows, so a token's result does not depend on how many other
-rows share the call: the M=1 decode and the M=k+1 verify compute the same bits per token
-(the exactness tests depend on this; ONNX Runtime's CPU MatMul was checked to be M-invariant).
+row-wise or a product over rows that computes each row the same way whatever rows share
+the call, so the M=1 decode and the M=k+1 verify compute the same bits per token (the
+exactness tests depend on this; tools/row_invariance.py measures it op kind by op kind on
+ONNX Runtime's CPU EP).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from onnx import TensorProto
 
 from ..model_spec import ModelSpec
 from .builder import GraphBuilder
 
 F32 = TensorProto.FLOAT
+CONTEXT_ALPHA = 2.0  # attention context product: any alpha != 1 keeps the CPU GEMM off its one-row kernel
 
 
 @dataclasses.dataclass
 class StepInputs:
-    """Per-graph values every layer reads: positions, RoPE rows and the attention bias."""
+    """Per-graph values every layer reads: positions and the attention bias."""
 
-    positions: str  # int64 [B, M]
-    cos: str  # float [B, M, 1, rotary_dim/2]
-    sin: str  # float [B, M, 1, rotary_dim/2]
-    attn_bias: str  # float [B, 1, 1, M, 1, L]: 0 where slot <= position, -inf elsewhere
+    positions: str  # int64 [B, M]: also the rows of the RoPE tables (make_rope)
+    attn_bias: str  # float [B, 1, M*groups, W]: 0 where slot <= position, -inf elsewhere (query rows of make_attention)
 
 
-def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int) -> StepInputs:
-    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.cos"), positions]), g.const([2])], hint="cos")
-    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("rope.sin"), positions]), g.const([2])], hint="sin")
-    slots = g.const(range(max_length), hint="slots")  # [L]
-    visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, L]
+def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int,
+                     window: str | None = None) -> StepInputs:
+    """window: a key cache input [B, kvh, hd, W] whose W slots the rows attend over. The runtime
+    may pass the first W slots of the cache, any W past every position of the call: masked
+    slots add exact zeros, so a row's bits do not depend on W (tools/row_invariance.py).
+    None: all max_length slots."""
+    if window is None:
+        slots = g.const(range(max_length), hint="slots")  # [L]
+    else:
+        width = g.op("Squeeze", [g.op("Shape", [window], start=3, end=4)])  # W, a scalar
+        slots = g.op("Range", [g.const(0), width, g.const(1)], hint="slots")  # [W]
+    visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, W]
     bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
-    bias = g.op("Unsqueeze", [bias, g.const([1, 2, 4])], hint="attn_bias")  # [B, 1, 1, M, 1, L]
-    return StepInputs(positions, cos, sin, bias)
+    # one bias row per query row of make_attention (row m*groups + g attends like row m)
+    groups = spec.num_attention_heads // spec.num_key_value_heads
+    bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
+    rows_shape = g.op("Concat", [g.op("Shape", [bias], end=1), g.const([1, -1]), g.op("Shape", [bias], start=3)], axis=0)
+    return StepInputs(positions, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -52,21 +63,27 @@ def make_add_rms_norm(g: GraphBuilder, x: str, residual: str, weight: str, eps: 
 
 
 def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
-    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up"), g.const([spec.intermediate_size] * 2)],
-                    num_outputs=2, axis=-1)
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])  # SiLU
-    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out")
+    """down(silu(gate) * up), [B, M, H] float32 in and out. The whole chain runs in the matmul
+    dtype (one Cast in, one out, with fp16/bf16 weights), as transformers runs it in that dtype:
+
+        x ─ Cast ─ MatMul(gate_up) ─ Split ─ gate ─ ScaledSiLU(alpha 1) ─ Mul ─ MatMul(down) ─ Cast
+                                           └─ up ─────────────────────────┘
+    """
+    low = g.matmul_dtype(f"{prefix}.gate_up")
+    gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up", out_dtype=low), g.const([spec.intermediate_size] * 2)],
+                    num_outputs=2, axis=-1)  # [B, M, I] each, in low
+    act = g.ms("ScaledSiLU", [gate], alpha=1.0)  # gate * sigmoid(gate)
+    return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out", x_dtype=low)
 
 
-def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, step: StepInputs) -> str:
-    """Rotate-half RoPE on the first rotary_dim channels of each head; x is [B, M, heads, hd]."""
-    half, rest = spec.rotary_dim // 2, spec.head_dim - spec.rotary_dim
-    sizes = [half, half] + ([rest] if rest else [])
-    parts = g.op("Split", [x, g.const(sizes)], num_outputs=len(sizes), axis=-1)
-    x1, x2 = parts[0], parts[1]
-    out1 = g.op("Sub", [g.op("Mul", [x1, step.cos]), g.op("Mul", [x2, step.sin])])
-    out2 = g.op("Add", [g.op("Mul", [x2, step.cos]), g.op("Mul", [x1, step.sin])])
-    return g.op("Concat", [out1, out2] + list(parts[2:]), axis=-1)
+def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, heads: int, step: StepInputs) -> str:
+    """Rotate-half RoPE on the first rotary_dim channels of each head, the rest passed through,
+    in one kernel (com.microsoft RotaryEmbedding reads the cos/sin rows at the positions itself).
+    x and the result are [B, M, heads, hd]; the op takes them packed [B, M, heads*hd]."""
+    packed = g.op("Reshape", [x, g.const([0, 0, heads * spec.head_dim])])
+    rotated = g.ms("RotaryEmbedding", [packed, step.positions, g.weight("rope.cos"), g.weight("rope.sin")],
+                   num_heads=heads, rotary_embedding_dim=spec.rotary_dim, interleaved=0)
+    return g.op("Reshape", [rotated, g.const([0, 0, heads, spec.head_dim])])
 
 
 def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
@@ -75,58 +92,58 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     merged=True also the merged key and value views (the cache with this call's rows in place,
     for a later pass in the same graph to attend over).
 
-    Cache layout: key transposed [B, kvh, hd, L], value [B, kvh, L, hd]. The graph scatters
-    this call's rows into a merged view at their positions and attends over all L slots
+    Cache layout: key transposed [B, kvh, hd, W], value [B, kvh, W, hd] (W: the cache's L slots,
+    or the window of the first W the runtime passes, see make_step_inputs). The graph scatters
+    this call's rows into a merged view at their positions and attends over all W slots
     with a positional mask, so a token sees its keys in the same slots (same summation
     order) whether it arrives in a decode or a verify call. The runtime writes the new
     rows (new_key [B,kvh,hd,M], new_value [B,kvh,M,hd]) into the cache buffers in place.
     """
     nh, kvh, hd, eps = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.rms_norm_eps
     groups = nh // kvh
-    q, gate = g.op("Split", [g.linear(x, f"{prefix}.q_gate"), g.const([nh * hd, nh * hd])],
-                   num_outputs=2, axis=-1)
+    q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv"), g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])],
+                         num_outputs=4, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
-    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), step)  # [B, M, nh, hd]
-    k = g.op("Reshape", [g.linear(x, f"{prefix}.k"), g.const([0, 0, kvh, hd])])
-    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), step)  # [B, M, kvh, hd]
-    v = g.op("Reshape", [g.linear(x, f"{prefix}.v"), g.const([0, 0, kvh, hd])])
+    q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), nh, step)  # [B, M, nh, hd]
+    k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])])
+    k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), kvh, step)  # [B, M, kvh, hd]
+    v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])])
 
     new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
     new_value = g.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, kvh, M, hd]
     key_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 2])]), g.op("Shape", [new_key])])
     value_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 3])]), g.op("Shape", [new_value])])
-    keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, L]
-    values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, L, hd]
+    keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, W]
+    values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, W, hd]
 
-    # Query head h uses kv head h // groups: view queries as [B, kvh, groups, M, 1, hd]. Each
-    # query row is its own 1-row MatMul (the batch axes broadcast over the cache), because ONNX
-    # Runtime's CPU GEMM takes a different kernel for one row than for several when the right
-    # operand is not a constant: a 1-row product is then the same bits in decode and verify.
-    qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 3, 1, 4])
-    qg = g.op("Unsqueeze", [qg, g.const([4])])
-    scores = g.op("MatMul", [qg, g.op("Unsqueeze", [keys, g.const([2, 3])])])  # [B, kvh, groups, M, 1, L]
-    scores = g.op("Add", [g.op("Mul", [scores, g.const(hd ** -0.5, "float32")]), step.attn_bias])
-    probs = g.op("Softmax", [scores], axis=-1)
-    ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2, 3])])])  # [B, kvh, groups, M, 1, hd]
-    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4, 5]), g.const([0, 0, nh * hd])])
+    # Query head h uses kv head h // groups: the queries of one kv head, all rows and groups,
+    # are the rows of one product with the cache [B, kvh, M*groups, hd]. ONNX Runtime's CPU
+    # GEMM computes a row the same way for any number of rows except through its one-row
+    # kernel, which it takes only for alpha == 1 (tools/row_invariance.py): the scores carry
+    # alpha = hd^-1/2 and the context alpha = 2 (the o_proj weight is stored halved; powers
+    # of two cancel exactly), so a token's bits do not depend on the rows beside it.
+    qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 1, 3, 4])
+    qg = g.op("Reshape", [qg, g.const([0, 0, -1, hd])])  # [B, kvh, M*groups, hd]
+    scores = g.ms("FusedMatMul", [qg, keys], alpha=hd ** -0.5)  # [B, kvh, M*groups, W]
+    probs = g.op("Softmax", [g.op("Add", [scores, step.attn_bias])], axis=-1)
+    ctx = g.ms("FusedMatMul", [probs, values], alpha=CONTEXT_ALPHA)  # [B, kvh, M*groups, hd]
+    ctx = g.op("Transpose", [g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])])], perm=[0, 2, 1, 3, 4])
+    ctx = g.op("Reshape", [ctx, g.const([0, 0, nh * hd])])  # [B, M, nh*hd], head h = kv head * groups + group
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
     out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out")
     return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
 
 
+L2NORM_EPS = 1e-6  # transformers' l2norm(x, eps=1e-6) on the GDN queries and keys
+
+
 def _l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:
-    """x / sqrt(sum(x^2) + 1e-6) per head, as transformers' l2norm (LinearAttention expects it)."""
+    """x / sqrt(sum(x^2) + eps) per head, as transformers' l2norm (LinearAttention expects it),
+    in one kernel: RMSNorm divides by sqrt(sum(x^2)/d + eps'), so with eps' = eps/d and the
+    weight 1/sqrt(d) it is the same quotient (up to rounding). [B, M, heads*d] -> [B, M, heads, d]."""
     xh = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])])
-    sumsq = g.op("ReduceSumSquare", [xh, g.const([-1])], keepdims=1)
-    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [sumsq, g.const(1e-6, "float32")])])])
-    return g.op("Mul", [xh, inv])  # [B, M, heads, head_dim]
-
-
-def _repeat_heads(g: GraphBuilder, xh: str, heads: int, repeats: int, head_dim: int) -> str:
-    """[B, M, heads, d] -> [B, M, heads*repeats*d], each head repeated `repeats` times in place."""
-    if repeats > 1:
-        xh = g.op("Tile", [g.op("Unsqueeze", [xh, g.const([3])]), g.const([1, 1, 1, repeats, 1])])
-    return g.op("Reshape", [xh, g.const([0, 0, heads * repeats * head_dim])])
+    weight = g.const([head_dim ** -0.5] * head_dim, dtype=np.float32, hint="l2norm_weight")
+    return g.op("SimplifiedLayerNormalization", [xh, weight], axis=-1, epsilon=L2NORM_EPS / head_dim, stash_type=1)
 
 
 def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
@@ -134,16 +151,19 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out).
 
     conv_state [B, K-1, C] (channels-last tail of the pre-conv q,k,v inputs) and
-    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the fused ops run over all M
-    rows at once and the outputs are the states after the last row. With per_position=M
-    (a static row count) the two stateful ops run once per row and the outputs are windows:
-    conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv], slot j = state after row j. The CPU
-    kernels refuse the ops' own ``state_window``, so this is how a CPU verify emits them.
+    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the outputs are the states
+    after the last row. With per_position=M (a static row count) they are windows, slot j =
+    state after row j: conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv]. The CPU kernels
+    refuse the ops' own ``state_window``, so a CPU verify builds the windows itself: the conv
+    window by data movement (``_conv_window``), the recurrent one by running LinearAttention
+    once per row (``_recurrence_per_row``). Either way every op runs on the same rows with the
+    same bits (M rows in one call equal M one-row calls: tools/row_invariance.py).
 
                  x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
                                               ├─ z ─────────────────────────────────────┐
                                               └─ b, a ─ LinearAttentionGate ─ decay,β   │
-        q,k ─ l2norm ─ repeat heads ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+        q,k ─ l2norm (one RMSNorm each) ─ LinearAttention(gated_delta) ─ GatedRMSNorm(·, z) ─ MatMul(out)
+                                           nk q/k heads, nv v heads
     """
     nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
@@ -151,42 +171,50 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
+    mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
+                           activation="silu", channels_last=1)  # [B, M, C], [B, K-1, C]
+    q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
+    # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
+    # transformers' repeat_interleave does: LinearAttention maps heads so itself (kv_num_heads
+    # a multiple of the key's heads, fewer query heads: "inverse GQA"), so no head is repeated
+    q = g.op("Reshape", [_l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
+    k = g.op("Reshape", [_l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
 
-    def conv(rows, state):
-        return g.ms("CausalConvWithState", [rows, g.weight(f"{prefix}.conv"), "", state], num_outputs=2,
-                    activation="silu", channels_last=1)
-
-    def recurrence(q, k, v, state, dec, bet):
-        return g.ms("LinearAttention", [q, k, v, state, dec, bet], num_outputs=2, q_num_heads=nv, kv_num_heads=nv,
+    def recurrence(state, q, k, v, decay, beta):
+        return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nk, kv_num_heads=nv,
                     update_rule="gated_delta", scale=float(dk ** -0.5))
 
-    def mix(mixed):
-        q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
-        q = _repeat_heads(g, _l2_normalize(g, q, nk, dk), nk, nv // nk, dk)
-        k = _repeat_heads(g, _l2_normalize(g, k, nk, dk), nk, nv // nk, dk)
-        return q, k, v
-
     if per_position == 0:
-        mixed, conv_out = conv(qkv, conv_state)
-        q, k, v = mix(mixed)
-        core, recurrent_out = recurrence(q, k, v, recurrent_state, decay, beta)
+        core, recurrent_out = recurrence(recurrent_state, q, k, v, decay, beta)
     else:
-        rows = g.op("Split", [qkv, g.const([1] * per_position)], num_outputs=per_position, axis=1) if per_position > 1 else [qkv]
-        mixed_rows, conv_window, state = [], [], conv_state
-        for row in rows:
-            out, state = conv(row, state)
-            mixed_rows.append(out)
-            conv_window.append(g.op("Unsqueeze", [state, g.const([0])]))
-        q, k, v = mix(g.op("Concat", mixed_rows, axis=1) if per_position > 1 else mixed_rows[0])
-        split = (lambda t: g.op("Split", [t, g.const([1] * per_position)], num_outputs=per_position, axis=1)) if per_position > 1 else (lambda t: [t])
-        core_rows, rec_window, state = [], [], recurrent_state
-        for qj, kj, vj, dj, bj in zip(split(q), split(k), split(v), split(decay), split(beta)):
-            out, state = recurrence(qj, kj, vj, state, dj, bj)
-            core_rows.append(out)
-            rec_window.append(g.op("Unsqueeze", [state, g.const([0])]))
-        core = g.op("Concat", core_rows, axis=1) if per_position > 1 else core_rows[0]
-        conv_out = g.op("Concat", conv_window, axis=0)
-        recurrent_out = g.op("Concat", rec_window, axis=0)
+        conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
+        core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
+                                                  per_position)
     normed = g.ms("GatedRMSNorm", [core, g.weight(f"{prefix}.gdn_norm"), z], activation="silu", epsilon=spec.rms_norm_eps)
     out = g.linear(normed, f"{prefix}.out", hint=f"{prefix}.gdn_out")
     return out, conv_out, recurrent_out
+
+
+def _conv_window(g: GraphBuilder, conv_state: str, qkv: str, rows: int, kernel: int) -> str:
+    """The conv state after each row, [rows, B, K-1, C], by data movement alone: the state after
+    row j is the last K-1 pre-conv inputs up to row j (what CausalConvWithState keeps, bit for
+    bit), so the conv itself runs once over all rows."""
+    tail = kernel - 1
+    inputs = g.op("Concat", [conv_state, qkv], axis=1)  # [B, K-1+M, C]: the tail, then this call's rows
+    index = g.const([[j + 1 + i for i in range(tail)] for j in range(rows)])  # [M, K-1]: rows j+1 .. j+K-1
+    return g.op("Transpose", [g.op("Gather", [inputs, index], axis=1)], perm=[1, 0, 2, 3])  # [M, B, K-1, C]
+
+
+def _recurrence_per_row(g: GraphBuilder, recurrence, state: str, inputs: list[str], rows: int) -> tuple[str, str]:
+    """The recurrence once per row, to emit the state after each: inputs [B, M, ...] each.
+    Returns (output [B, M, nv*dv], window [M, B, nv, dk, dv])."""
+    per_row = [g.op("Split", [t, g.const([1] * rows)], num_outputs=rows, axis=1) if rows > 1 else [t] for t in inputs]
+    outputs, states = [], []
+    for row_inputs in zip(*per_row):
+        out, state = recurrence(state, *row_inputs)
+        outputs.append(out)
+        states.append(state)
+    output = g.op("Concat", outputs, axis=1) if rows > 1 else outputs[0]
+    # Unsqueeze aliases its input; the Concat then writes straight into the graph output
+    window = g.op("Concat", [g.op("Unsqueeze", [s, g.const([0])]) for s in states], axis=0)  # [M, B, nv, dk, dv]
+    return output, window

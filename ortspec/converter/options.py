@@ -35,6 +35,7 @@ class ConvertOptions:
     pipeline_stages: int = 1
     stage_layers: tuple[int, ...] | None = None
     quant: str | None = None
+    mtp_quant: str | None = None
     overwrite: bool = False
     progress: bool = True
 
@@ -52,8 +53,9 @@ class ConvertOptions:
         self._check_ranges()
 
     def _check_ranges(self) -> None:
-        if self.quant not in QUANTS:
-            raise ConvertOptionError(f"quant={self.quant!r} is not supported; use 'int4' or leave it out.")
+        for name in ("quant", "mtp_quant"):
+            if getattr(self, name) not in QUANTS:
+                raise ConvertOptionError(f"{name}={getattr(self, name)!r} is not supported; use 'int4' or leave it out.")
         if self.dtype not in DTYPES:
             raise ConvertOptionError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 BLOCK = 32
-QUANTIZED_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down")
-QUANTIZED_NAMES = ("lm_head", "mtp.fc")  # the embedding stays a gather table
+QUANTIZED_SUFFIXES = (".qkv", ".o", ".in_proj", ".out", ".gate_up", ".down")
+QUANTIZED_NAMES = ("lm_head", "mtp.fc", "mtp.lm_head")  # the embedding stays a gather table
+DRAFT_HEAD_PREFIX = "mtp."
 
 
 def quantize_int4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -44,12 +45,22 @@ def dequantize_int4(packed: np.ndarray, scales: np.ndarray, K: int) -> np.ndarra
     return w.reshape(N, blocks * BLOCK)[:, :K].T
 
 
-def quantize_store(store) -> None:
-    """Replaces every projection matrix of the store by its int4 form (store.quantized[name] = (K, N))."""
+def quantize_store(store, prefix: str = "") -> None:
+    """Replaces every projection matrix of the store (whose name starts with ``prefix``) by its
+    int4 form (store.quantized[name] = (K, N))."""
     for name in list(store.arrays):
-        if name in QUANTIZED_NAMES or name.endswith(QUANTIZED_SUFFIXES):
+        if name.startswith(prefix) and (name in QUANTIZED_NAMES or name.endswith(QUANTIZED_SUFFIXES)):
             weight = store.arrays[name].astype(np.float32)
             packed, scales = quantize_int4(weight)
             store.arrays[name] = packed
             store.arrays[f"{name}.scales"] = scales
             store.quantized[name] = weight.shape
+
+
+def quantize_draft_head(store) -> None:
+    """int4 for the MTP head alone: its matrices and its own copy of the lm_head (``mtp.lm_head``;
+    the target keeps its own). Drafts are proposals the target verifies, so this changes how
+    often they are accepted, never the output; on the CPU a draft pass gets ~3x cheaper
+    (BENCHMARKS.md, "the MTP head's cost per draft")."""
+    store.add("mtp.lm_head", store.arrays["lm_head"])
+    quantize_store(store, prefix=DRAFT_HEAD_PREFIX)

@@ -9,8 +9,8 @@ concatenated column-wise (a column concat leaves every output element's dot prod
 Store names (i = layer index, "mtp.L0" for the MTP layer):
   embed [V,H]  lm_head [H,V]  final_norm [H]  rope.cos/rope.sin [L, rotary_dim/2]
   {p}.in_norm, {p}.post_norm [H]            (1 + w)
-  {p}.q_gate [H, 2*nh*hd]  columns: all query heads, then all output-gate heads
-  {p}.k, {p}.v [H, kvh*hd]  {p}.o [nh*hd, H]  {p}.q_norm, {p}.k_norm [hd]  (1 + w)
+  {p}.qkv [H, 2*nh*hd + 2*kvh*hd]  columns: all query heads | all output-gate heads | k | v
+  {p}.o [nh*hd, H] (o_proj / CONTEXT_ALPHA)  {p}.q_norm, {p}.k_norm [hd]  (1 + w)
   {p}.in_proj [H, C + vd + 2*nv]  columns: qkv | z | b | a     {p}.conv [C, 1, K]
   {p}.dt_bias, {p}.decay_scale [nv]  {p}.gdn_norm [dv] (plain w)  {p}.out [vd, H]
   {p}.gate_up [H, 2*I]  {p}.down [I, H]
@@ -25,8 +25,9 @@ import numpy as np
 from ..model_spec import FULL, LINEAR, ModelSpec
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
+from .layers import CONTEXT_ALPHA
 
-_MATRIX_SUFFIXES = (".q_gate", ".k", ".v", ".o", ".in_proj", ".out", ".gate_up", ".down")
+_MATRIX_SUFFIXES = (".qkv", ".o", ".in_proj", ".out", ".gate_up", ".down")
 _MATRICES = ("embed", "lm_head", "mtp.fc")
 
 
@@ -85,13 +86,15 @@ class WeightPreparer:
         s = self.spec
         H, nh, kvh, hd = s.hidden_size, s.num_attention_heads, s.num_key_value_heads, s.head_dim
         # HF's q_proj rows are [q_h0, gate_h0, q_h1, gate_h1, ...] (each hd wide); regroup the
-        # columns of the transposed weight to [all q | all gate] so one Split separates them.
+        # columns of the transposed weight to [all q | all gate], then k and v: one MatMul and
+        # one Split give all four.
         q_proj = self.linear(f"{src}.q_proj.weight", 2 * nh * hd, H).reshape(H, nh, 2, hd)
-        q_gate = np.concatenate([q_proj[:, :, 0].reshape(H, nh * hd), q_proj[:, :, 1].reshape(H, nh * hd)], axis=1)
-        self.store.add(f"{dst}.q_gate", q_gate)
-        self.store.add(f"{dst}.k", self.linear(f"{src}.k_proj.weight", kvh * hd, H))
-        self.store.add(f"{dst}.v", self.linear(f"{src}.v_proj.weight", kvh * hd, H))
-        self.store.add(f"{dst}.o", self.linear(f"{src}.o_proj.weight", H, nh * hd))
+        qkv = [q_proj[:, :, 0].reshape(H, nh * hd), q_proj[:, :, 1].reshape(H, nh * hd),
+               self.linear(f"{src}.k_proj.weight", kvh * hd, H), self.linear(f"{src}.v_proj.weight", kvh * hd, H)]
+        self.store.add(f"{dst}.qkv", np.concatenate(qkv, axis=1))
+        # the context product runs with alpha = CONTEXT_ALPHA (layers.make_attention): halving
+        # o_proj by a power of two cancels it exactly
+        self.store.add(f"{dst}.o", self.linear(f"{src}.o_proj.weight", H, nh * hd) / np.float32(CONTEXT_ALPHA))
         self.store.add(f"{dst}.q_norm", _offset_norm(self.reader.get(f"{src}.q_norm.weight", (hd,))))
         self.store.add(f"{dst}.k_norm", _offset_norm(self.reader.get(f"{src}.k_norm.weight", (hd,))))
 

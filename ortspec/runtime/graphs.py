@@ -160,6 +160,20 @@ class GraphRunner:
         return out
 
 
+CUDA_LOCK = FairLock()
+"""The one lock of every CUDA GraphSet in the process. ONNX Runtime captures a CUDA graph in the
+global capture mode, during which no thread may synchronize, allocate or free on the device: a
+second Session's prefill in another thread failed on the H200 with "operation not permitted when
+stream is capturing" while the first captured. So CUDA work of different Sessions must not overlap
+either, not only the steps of one Session's engines."""
+
+
+def lock_for(provider: str):
+    """CUDA: the process-wide CUDA_LOCK; CPU: a lock of the GraphSet's own, guarding only the lazy
+    creation of its sessions and weights (re-entered: __getitem__ -> _place)."""
+    return CUDA_LOCK if provider == "cuda" else threading.RLock()
+
+
 class GraphSet:
     """Lazily created GraphRunners keyed by graph name, each on its device with that device's
     weights and arrays.
@@ -169,10 +183,11 @@ class GraphSet:
     final hidden state it reads, live with the last stage. ``arrays`` is that last device's.
 
     Threads: ``device_lock`` is held for a step, a prefill or an allocation. On CUDA it is a real
-    lock, granted in arrival order (``FairLock``), because every engine shares the device's
-    scratch arena (reset by ``begin_step``), the one stream our kernels and the uploads run on,
-    the buffer pool, and ONNX Runtime's graph capture (no other CUDA work may run meanwhile); so
-    steps of different callers take turns one by one and never overlap. On the CPU it is a
+    lock, granted in arrival order (``FairLock``), and the same for every CUDA GraphSet of the
+    process (``CUDA_LOCK``), because every engine shares the device's scratch arena (reset by
+    ``begin_step``), the one stream our kernels and the uploads run on, the buffer pool, and ONNX
+    Runtime's graph capture (no other CUDA work of the process may run meanwhile); so steps of
+    different callers, of one Session or of several, take turns one by one and never overlap. On the CPU it is a
     no-op: calls on different engines run in parallel (ONNX Runtime's Run is thread-safe,
     HostArrays keeps no shared state), and only the lazy creation of sessions and per-device
     weights is guarded.
@@ -184,7 +199,7 @@ class GraphSet:
         self.manifest, self.provider, self.threads = manifest, provider, threads
         self.cuda_graphs = cuda_graphs and provider == "cuda"
         self.devices = list(devices) if devices else [0]
-        self._lock = FairLock() if provider == "cuda" else threading.RLock()  # re-entered: __getitem__ -> _place
+        self._lock = lock_for(provider)
         self.device_lock = self._lock if provider == "cuda" else contextlib.nullcontext()
         self._closed = False
         self._placed: dict[int, tuple] = {}  # device -> (arrays, SharedWeights)

@@ -13,19 +13,46 @@ import numpy as np
 from ..manifest import graph_name, stage_graph_name
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
-from .states import LayerState, Rows, Snapshot, StateSet
+from .states import Rows, Snapshot, StateSet
+
+
+WINDOW_STEP = 64  # KV window sizes are multiples of this, so a run sees few distinct shapes
+
+
+def window_slots(max_length: int, last_position: int, reach: int) -> int:
+    """The first multiple of WINDOW_STEP at or past last_position + reach, at most max_length."""
+    return min(max_length, -(-(last_position + reach) // WINDOW_STEP) * WINDOW_STEP)
+
+
+def attention_window(graphs: GraphSet, positions: np.ndarray, reach: int) -> int | None:
+    """The first W KV slots a forward attends over: on the CPU, ``window_slots`` past its last
+    position (the slots past it are masked: they cost time, not bits); None, all max_length
+    slots, on CUDA (a captured graph keeps its shapes) or for graphs converted without windows."""
+    manifest = graphs.manifest
+    if graphs.arrays.device != "cpu" or not manifest.attention_window:
+        return None
+    return window_slots(manifest.max_length, int(positions.max()), reach)
 
 
 class Forward(dict):
-    """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M] array.
-    The logits stay where the graph left them until a sampled request asks (``logits``)."""
+    """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M]
+    array, and ``positions`` [B, M], where the forward ran (a consumer of its hidden states,
+    the MTP head, feeds the same M rows). The logits stay where the graph left them until a
+    sampled request asks (``logits``). ``parts``: the forwards of exact mode's row groups that
+    this one joins (``forward_shapes.FixedShape``), which keep the logits of their rows."""
 
     tokens: np.ndarray
+    positions: np.ndarray
     arrays: object  # the backend the outputs live in
+    parts: list["Forward"] | None = None
 
     def logits(self, at: np.ndarray | None = None) -> np.ndarray:
         """Host float32 logits: every row [B, M, V], or with at [B] row at[j] of request j [B, V]
         (on CUDA gathered on the device first, so a prefill downloads one row, not the prompt's)."""
+        if "logits" not in self and self.parts:  # exact mode's groups, B_fix rows each, in row order
+            bounds = np.cumsum([0] + [len(part.tokens) for part in self.parts])
+            return np.concatenate([part.logits(None if at is None else at[start:end])
+                                   for part, start, end in zip(self.parts, bounds[:-1], bounds[1:])])
         logits = self["logits"]
         if at is None:
             return self.arrays.download(logits)
@@ -36,10 +63,11 @@ class Forward(dict):
         return self.arrays.download(rows)
 
 
-def _forward(graphs: GraphSet, out: dict) -> Forward:
+def _forward(graphs: GraphSet, out: dict, positions: np.ndarray) -> Forward:
     result = Forward(out)
     result.keep_alive = getattr(out, "keep_alive", None)
     result.tokens = graphs.arrays.download(out["tokens"])
+    result.positions = positions
     result.arrays = graphs.arrays
     return result
 
@@ -59,7 +87,8 @@ class TargetModel:
     state kinds and the speculative step see one model.
 
     engine: the id CUDA-graph slots are keyed by (``graph_slots.SlotKey``): the captured graphs
-    of these buffers are this model's own. Default: a fresh id.
+    of these buffers are this model's own. Default: a fresh id. A forward over rows that start
+    past row 0 (exact mode's row groups) binds other addresses, so it gets an id of its own.
     """
 
     def __init__(self, graphs: GraphSet, batch: int, stages: int = 1, engine: int | None = None) -> None:
@@ -67,31 +96,39 @@ class TargetModel:
         self.engine = graphs.slots.new_engine_id() if engine is None else engine
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
         self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
+        self._slot_ids = {0: self.engine}  # first row of a bound row range -> the id its graph slots use
+
+    def slot_id(self, rows: Rows) -> int:
+        """The engine id of the slot keys of a forward over these rows: the model's own for rows
+        from 0; a fresh one, kept, for each other first row (its captured graphs bind other addresses)."""
+        first = int(rows.indices[0])
+        if first not in self._slot_ids:
+            self._slot_ids[first] = self.graphs.slots.new_engine_id()
+        return self._slot_ids[first]
 
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False) -> Forward:
         """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them."""
-        feeds = {"input_ids": ids, "positions": positions, **self.states.feeds(rows)}
+        feeds = {"input_ids": ids, "positions": positions,
+                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1))}
         merged, keep_alive = {}, []
         for stage, graph in enumerate(self.graph_names(name)):
-            key = SlotKey.for_run(graph, ids, self.engine) if graphed else None
+            key = SlotKey.for_run(graph, ids, self.slot_id(rows)) if graphed else None
             out = self.graphs[graph].run(feeds, slot=key)
             keep_alive.append(getattr(out, "keep_alive", None))
             merged.update(out)
             if stage + 1 < self.stages:
                 handed = self.hand_overs[stage](proxies(out), key)
                 feeds = {**{n: v for n, v in feeds.items() if not n.startswith("proxy.")}, **handed}
-        result = _forward(self.graphs, merged)
+        result = _forward(self.graphs, merged, positions)
         result.keep_alive = keep_alive
         return result
 
     def reset(self, rows: Rows) -> None:
         """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
-        for kind in self.states.kinds:
-            if isinstance(kind, LayerState):
-                kind.arrays.zero(rows.take(kind.arrays, kind.buffer))
+        self.states.reset(rows)
 
     def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         out = self._run("prefill", rows, ids, positions)
@@ -167,12 +204,12 @@ class MTPHead:
         return self.arrays.download(out["drafts"]), self.arrays.download(out["draft_probs"])
 
     def _catch_up(self, graph: str, extra: dict, rows: Rows, hidden, next_ids, positions, last, graphed: bool):
+        window = attention_window(self.graphs, positions, reach=self.k)  # drafts d2..dk: k-1 slots past row a
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
-                 "last": np.ascontiguousarray(last, np.int64), **extra, **self.states.feeds(rows)}
+                 "last": np.ascontiguousarray(last, np.int64), **extra, **self.states.feeds(rows, window)}
         key = SlotKey.for_run(graph, next_ids, self.engine) if graphed else None
         out = self.graphs[graph].run(feeds, slot=key)
-        for kind in self.states.kinds:
-            kind.write(out, rows, positions, counts=last + 1)
+        self.states.write(out, rows, positions, counts=last + 1)
         return out
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:

@@ -1,16 +1,29 @@
-"""The state kinds of a hybrid model, each answering the same verbs.
+"""The state kinds of a hybrid model, grouped by what they answer.
 
-    feeds(rows)                              graph inputs for these batch rows
-    advance(outputs, rows, positions)        keep what a forward left: the state after its last row
-    select(outputs, rows, positions, accepted)
-                                             keep the state after row accepted[j] of a verify
-    snapshot(rows) / restore(data, rows)     save and put back (StateSet checks the lengths)
+Two kinds, two ways a state follows the tokens:
 
-Kinds: ``KVCache`` (target full-attention layers and the MTP head's own cache) and
-``LayerState`` (a GDN layer's conv tail or its fp32 recurrent state S). Buffers live where
-the ``arrays`` backend keeps them (numpy on the CPU, native device memory on CUDA), are
-allocated once and zeroed (stale but finite KV slots are harmless: the attention mask gives
-them probability exactly 0, and 0 * finite = 0).
+``PositionalState`` (``KVCache``: the target's full-attention layers and the MTP head's own
+cache) is written row by row at the tokens' positions. Rolling it back needs nothing: rows
+past the accepted prefix are dead (the attention mask hides them, the next write overwrites
+them), so it has no snapshot and no restore.
+
+    feeds(rows)                               graph inputs for these batch rows
+    write(outputs, rows, positions, counts)   write the first counts[j] new rows at their positions
+
+``ReplacedState`` (``LayerState``: a GDN layer's conv tail or its fp32 recurrent state S) is
+replaced whole by each forward, so it is what a rollback saves and puts back.
+
+    feeds(rows)
+    advance(outputs, rows)                    keep the state after a forward's last row
+    select_window(window, rows, index)        keep window[index[j], j]: the state after row index[j]
+    capture(rows) / put(data, rows)           copy out and put back (StateSet checks the lengths)
+    zero(rows)                                a fresh sequence
+
+``StateSet`` drives all of one model's states together, each kind with its own verbs; it
+checks that a snapshot is restored at the length it was taken (rollback fails loudly).
+Buffers live where the ``arrays`` backend keeps them (numpy on the CPU, native device memory
+on CUDA), are allocated once and zeroed (stale but finite KV slots are harmless: the
+attention mask gives them probability exactly 0, and 0 * finite = 0).
 """
 
 from __future__ import annotations
@@ -58,28 +71,49 @@ class Rows:
 
 @dataclasses.dataclass
 class Snapshot:
+    """The replaced-whole states of some rows at some lengths (positional states need none)."""
+
     rows: np.ndarray  # int64 [B] batch rows it was taken of
     lengths: np.ndarray  # int64 [B] tokens processed per row when taken
     data: dict  # buffer name -> copy of those rows
 
 
+class PositionalState(Protocol):
+    """Written at the tokens' positions; dead rows past the accepted prefix cost no rollback."""
 
-class StateKind(Protocol):
     names: tuple[str, ...]
+    arrays: object
 
-    def feeds(self, rows: Rows) -> dict: ...
-    def advance(self, outputs: dict, rows: Rows, positions: np.ndarray) -> None: ...
-    def select(self, outputs: dict, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None: ...
-    def snapshot(self, rows: Rows) -> dict: ...
-    def restore(self, data: dict, rows: Rows) -> None: ...
+    def feeds(self, rows: Rows, window: int | None = None) -> dict: ...
+    def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None: ...
+    def row_view(self, row: int, length: int) -> dict[str, np.ndarray]: ...
+
+
+class ReplacedState(Protocol):
+    """Replaced whole by each forward: ``out_name`` holds the state after a forward's last row,
+    ``window_name`` [M, B, ...] the state after each row of a windowed forward."""
+
+    names: tuple[str, ...]
+    arrays: object
+    buffer: object
+    out_name: str
+    window_name: str
+
+    def feeds(self, rows: Rows, window: int | None = None) -> dict: ...
+    def advance(self, outputs: dict, rows: Rows) -> None: ...
+    def select_window(self, window, rows: Rows, index: np.ndarray) -> None: ...
+    def capture(self, rows: Rows) -> dict: ...
+    def put(self, data: dict, rows: Rows) -> None: ...
+    def zero(self, rows: Rows) -> None: ...
+    def row_view(self, row: int, length: int) -> dict[str, np.ndarray]: ...
 
 
 class KVCache:
     """Static [B, kvh, hd, L] key (transposed) and [B, kvh, L, hd] value buffers, written in place.
 
-    A forward returns its new rows; they are written at their positions. Rows past the
-    accepted prefix are dead: the mask hides them and the next write overwrites them, so
-    snapshot/restore carry nothing and ``select`` writes just the accepted rows.
+    A forward returns its new rows (``new_key.*`` [B, kvh, hd, M], ``new_value.*`` [B, kvh, M, hd]);
+    ``write`` puts them at their positions. Rows past the accepted prefix are dead: the mask
+    hides them and the next write overwrites them, so a commit writes just the accepted rows.
     """
 
     def __init__(self, arrays, key_name: str, value_name: str, key_shape, value_shape) -> None:
@@ -89,8 +123,11 @@ class KVCache:
         self.value = arrays.zeros(value_shape)
         self._new = ("new_" + key_name, "new_" + value_name)
 
-    def feeds(self, rows: Rows) -> dict:
-        return {self.names[0]: rows.take(self.arrays, self.key), self.names[1]: rows.take(self.arrays, self.value)}
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
+        key, value = rows.take(self.arrays, self.key), rows.take(self.arrays, self.value)
+        if window is not None:  # host views; ONNX Runtime copies the first `window` slots
+            key, value = key[..., :window], value[:, :, :window]
+        return {self.names[0]: key, self.names[1]: value}
 
     def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Writes the first counts[j] new rows of batch row j (all rows when counts is None)."""
@@ -106,18 +143,6 @@ class KVCache:
         self.arrays.write_rows(rows.take(self.arrays, self.key), new_key, positions, counts, axis=3)
         self.arrays.write_rows(rows.take(self.arrays, self.value), new_value, positions, counts, axis=2)
 
-    def advance(self, outputs, rows, positions) -> None:
-        self.write(outputs, rows, positions)
-
-    def select(self, outputs, rows, positions, accepted) -> None:
-        self.write(outputs, rows, positions, counts=accepted + 1)
-
-    def snapshot(self, rows) -> dict:
-        return {}
-
-    def restore(self, data, rows) -> None:
-        pass
-
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
         """The live entries of one row (positions < length), as host copies."""
         key = self.arrays.download(self.arrays.rows(self.key, row, row + 1))[0]
@@ -129,8 +154,8 @@ class LayerState:
     """A GDN state a forward replaces whole: the conv tail [B, K-1, C] or recurrent S [B, nv, dk, dv].
 
     The plain graphs return ``{kind}_out.{i}`` (state after the last row); the select verify
-    graphs return ``{kind}_window.{i}`` [M, B, ...] (state after each row) and ``select``
-    copies slot accepted[j] of row j into the live buffer.
+    graphs return ``{kind}_window.{i}`` [M, B, ...] (state after each row) and ``select_window``
+    copies slot index[j] of row j into the live buffer.
     """
 
     def __init__(self, arrays, name: str, shape) -> None:
@@ -140,14 +165,11 @@ class LayerState:
         self.buffer = arrays.zeros(shape)
         self.out_name, self.window_name = f"{kind}_out.{layer}", f"{kind}_window.{layer}"
 
-    def feeds(self, rows: Rows) -> dict:
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
         return {self.names[0]: rows.take(self.arrays, self.buffer)}
 
-    def advance(self, outputs, rows, positions) -> None:
+    def advance(self, outputs, rows: Rows) -> None:
         rows.put(self.arrays, self.buffer, outputs[self.out_name])
-
-    def select(self, outputs, rows, positions, accepted) -> None:
-        self.select_window(outputs[self.window_name], rows, accepted)
 
     def select_window(self, window, rows: Rows, index: np.ndarray) -> None:
         """Row j of the live state takes window[index[j], j]; window is [W, B, ...]."""
@@ -156,64 +178,85 @@ class LayerState:
         else:
             self.buffer[rows.indices] = window[index, np.arange(len(rows))]
 
-    def snapshot(self, rows) -> dict:
+    def capture(self, rows: Rows) -> dict:
         return {self.names[0]: self.arrays.clone(rows.take(self.arrays, self.buffer))}
 
-    def restore(self, data, rows) -> None:
+    def put(self, data: dict, rows: Rows) -> None:
         rows.put(self.arrays, self.buffer, data[self.names[0]])
+
+    def zero(self, rows: Rows) -> None:
+        """(rows: contiguous) A new sequence starts from zero states."""
+        self.arrays.zero(rows.take(self.arrays, self.buffer))
 
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
         return {self.names[0]: self.arrays.download(self.arrays.rows(self.buffer, row, row + 1))[0]}
 
 
 class StateSet:
-    """All states of one model (target or MTP), driven together."""
+    """All states of one model (target or MTP), driven together: ``caches`` (positional) and
+    ``layers`` (replaced whole), each list answering its own verbs."""
 
     def __init__(self, arrays_for, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
-        """arrays_for(state name) -> the arrays backend of the device that holds it."""
-        self.kinds: list[StateKind] = []
+        """arrays_for(state name) -> the arrays backend of the device that holds it; kinds: the
+        manifest state kinds this model owns."""
+        self.caches: list[PositionalState] = []
+        self.layers: list[ReplacedState] = []
         for name, entry in table.items():
             if entry["kind"] not in kinds:
                 continue
             shape = [batch] + entry["shape"][1:]
             if entry["kind"] in ("kv_key", "mtp_kv_key"):
                 value_name = "value." + name.split(".", 1)[1]
-                self.kinds.append(KVCache(arrays_for(name), name, value_name, shape,
-                                          [batch] + table[value_name]["shape"][1:]))
+                self.caches.append(KVCache(arrays_for(name), name, value_name, shape,
+                                           [batch] + table[value_name]["shape"][1:]))
             elif entry["kind"] in ("conv", "recurrent"):
-                self.kinds.append(LayerState(arrays_for(name), name, shape))
+                self.layers.append(LayerState(arrays_for(name), name, shape))
         groups: dict = {}
-        for kind in self.kinds:
-            if isinstance(kind, LayerState):
-                groups.setdefault(id(kind.arrays), (kind.arrays, []))[1].append(kind)
-        self._layer_groups = list(groups.values())
+        for layer in self.layers:
+            groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
+        self._layers_by_device = list(groups.values())
 
-    def feeds(self, rows: Rows) -> dict:
+    @property
+    def kinds(self) -> list:
+        """Every state of the set (caches, then layers)."""
+        return [*self.caches, *self.layers]
+
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
         feeds = {}
         for kind in self.kinds:
-            feeds.update(kind.feeds(rows))
+            feeds.update(kind.feeds(rows, window))
         return feeds
 
-    def advance(self, outputs, rows, positions) -> None:
-        for kind in self._one_by_one(rows):
-            kind.advance(outputs, rows, positions)
-        for arrays, kinds in self._together(rows):
-            arrays.copy_many([rows.take(arrays, k.buffer) for k in kinds], [outputs[k.out_name] for k in kinds])
+    def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
+        """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
+        self.write(outputs, rows, positions)
+        if rows.slice is None:
+            for layer in self.layers:
+                layer.advance(outputs, rows)
+            return
+        for arrays, layers in self._layers_by_device:
+            arrays.copy_many([rows.take(arrays, s.buffer) for s in layers], [outputs[s.out_name] for s in layers])
 
-    def select(self, outputs, rows, positions, accepted) -> None:
-        for kind in self._one_by_one(rows):
-            kind.select(outputs, rows, positions, accepted)
-        for arrays, kinds in self._together(rows):
-            arrays.select_many([outputs[k.window_name] for k in kinds], accepted,
-                               [rows.take(arrays, k.buffer) for k in kinds])
+    def select(self, outputs, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
+        """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a."""
+        self.write(outputs, rows, positions, counts=accepted + 1)
+        if rows.slice is None:
+            for layer in self.layers:
+                layer.select_window(outputs[layer.window_name], rows, accepted)
+            return
+        for arrays, layers in self._layers_by_device:  # contiguous rows: one call per device, not per layer
+            arrays.select_many([outputs[s.window_name] for s in layers], accepted,
+                               [rows.take(arrays, s.buffer) for s in layers])
 
-    def _together(self, rows: Rows) -> list:
-        """(arrays, GDN states on it): on contiguous rows a device's GDN states are committed
-        in one call (one call per layer was a measured share of a step's host time)."""
-        return self._layer_groups if rows.slice is not None else []
+    def write(self, outputs, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """The KV rows only (the MTP head's catch-up: its cache is all it keeps)."""
+        for cache in self.caches:
+            cache.write(outputs, rows, positions, counts)
 
-    def _one_by_one(self, rows: Rows) -> list:
-        return self.kinds if rows.slice is None else [k for k in self.kinds if not isinstance(k, LayerState)]
+    def reset(self, rows: Rows) -> None:
+        """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
+        for layer in self.layers:
+            layer.zero(rows)
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
         return Snapshot(rows.indices.copy(), np.array(lengths, np.int64), self.capture(rows))
@@ -226,26 +269,25 @@ class StateSet:
                 f"snapshot taken at lengths {snap.lengths.tolist()} restored at lengths {np.asarray(lengths).tolist()}; "
                 "a snapshot may only be restored at the length it was taken."
             )
-        for kind in self.kinds:
-            kind.restore(snap.data, rows)
+        for layer in self.layers:
+            layer.put(snap.data, rows)
 
     def capture(self, rows: Rows) -> dict:
         """Copies of the replaced-whole states (GDN) of these rows; KV needs none (positions)."""
         data = {}
-        for kind in self.kinds:
-            data.update(kind.snapshot(rows))
+        for layer in self.layers:
+            data.update(layer.capture(rows))
         return data
 
     def select_captured(self, captures: list[dict], index: np.ndarray, rows: Rows) -> None:
-        """Row j takes its state from captures[index[j]]."""
-        for kind in self.kinds:
-            if isinstance(kind, LayerState):
-                name = kind.names[0]
-                kind.select_window(kind.arrays.stack([c[name] for c in captures]), rows, index)
+        """Row j takes its GDN states from captures[index[j]]."""
+        for layer in self.layers:
+            name = layer.names[0]
+            layer.select_window(layer.arrays.stack([c[name] for c in captures]), rows, index)
 
     def release(self) -> None:
         """Drops every buffer (Session.close): memory goes even if a stale holder keeps this set."""
-        self.kinds, self._layer_groups = [], []
+        self.caches, self.layers, self._layers_by_device = [], [], []
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""

@@ -14,13 +14,14 @@ arrival. step() reports every token exactly once, the first included, so the tok
 collects from step() are result(). Every request's tokens equal what it gets decoded alone
 (with the same seed when it samples). On CUDA every row always runs (rows stay one contiguous range at
 fixed addresses, so the captured graphs keep replaying): a free row holds a finished
-placeholder whose results are dropped.
+placeholder whose results are dropped. In exact mode too, and its engine has whole groups of
+exact_batch_size rows: rows past max_batch_size hold placeholders for good.
 
 A batcher holds one engine (state buffers for max_batch_size rows) from its creation until
 ``close()`` (or the end of its with block; or, unclosed, when it is garbage-collected), so a
 generate call or another batcher of the same size never touches its states. It uses the
 Session's public API only: ``lease_engine``, ``new_requests``, ``record_stats``, ``graphs``,
-``k`` and ``commit``.
+``k``, ``commit`` and ``exact``.
 """
 
 from __future__ import annotations
@@ -39,22 +40,23 @@ class Batcher:
     def __init__(self, session, max_batch_size: int = 8, **decoder_options) -> None:
         max_batch_size = validation.max_batch_size(max_batch_size)
         decoder_options = validation.decoder_options(decoder_options, "batcher")
-        validation.batch_fits_memory(max_batch_size, session.manifest.states, session.graphs.arrays.device)
-        self.session = session
-        self.rows: list[Request | None] = [None] * max_batch_size
+        rows = session.exact.rows_for(max_batch_size) if session.exact else max_batch_size
+        validation.batch_fits_memory(rows, session.manifest.states, session.graphs.arrays.device)
+        self.session, self.max_batch_size = session, max_batch_size
+        self.rows: list[Request | None] = [None] * rows  # the engine's rows; requests take the first max_batch_size
         self.requests: dict[int, Request] = {}
         self._reported: dict[int, int] = {}  # request id -> output tokens step() has returned
         self._next_id = 0
         self.decoder: Decoder | None = None
-        lease = session.lease_engine(max_batch_size)
+        lease = session.lease_engine(rows)
         self._give_back = weakref.finalize(self, lease.release)  # at close(), or when dropped unclosed
         self._lease = lease
         try:
             with self._call() as engine:
-                self.decoder = Decoder(session.graphs, max_batch_size, session.k, session.commit, Stats(),
-                                       engine=engine, **decoder_options)
+                self.decoder = Decoder(session.graphs, rows, session.k, session.commit, Stats(), engine=engine,
+                                       exact=session.exact, **decoder_options)
                 if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
-                    for row in range(max_batch_size):
+                    for row in range(rows):
                         self._place(Request.filler(row))
         except BaseException:
             self.close()
@@ -118,9 +120,10 @@ class Batcher:
             new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params)
             validation.single_prompt([r.prompt for r in new.requests], new.single)
             [req] = new.requests
-            row = next((i for i, r in enumerate(self.rows) if r is None or r.done), None)  # finished rows are free
+            row = next((i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done),
+                       None)  # finished rows are free
             if row is None:
-                raise InputError(f"all {len(self.rows)} rows are busy; call step() until a request finishes, "
+                raise InputError(f"all {self.max_batch_size} rows are busy; call step() until a request finishes, "
                                  "or open a batcher with a larger max_batch_size.")
             req.row = row
             self._place(req)
@@ -174,7 +177,7 @@ def run_arrivals(batcher: Batcher, requests: list[tuple[list[int], int]], every:
     A staggered-arrival driver for tests and benchmarks."""
     queue, ids, step = list(requests), [], 0
     while queue or batcher.pending:
-        if queue and step % every == 0 and len(batcher.running) < len(batcher.rows):
+        if queue and step % every == 0 and len(batcher.running) < batcher.max_batch_size:
             prompt, n = queue.pop(0)
             ids.append(batcher.add_request(prompt, max_new_tokens=n))
         if batcher.pending:

@@ -1,7 +1,9 @@
 """Greedy and MTP-speculative decoding of a batch of requests.
 
 The speculative step (``speculative_step``) is the heart of ortspec and reads top to
-bottom: propose, verify, accept, commit. State mechanics live in runtime.states.
+bottom: propose, verify, accept, commit. How to verify and commit is the commit strategy's
+(``commits``); at which shape the target runs is the forward shapes' (``runtime.forward_shapes``);
+state mechanics live in ``runtime.states``.
 """
 
 from __future__ import annotations
@@ -10,17 +12,19 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import InputError
 from ..runtime.engines import Engine
+from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
 from ..runtime.graphs import GraphSet
-from ..runtime.model import MTPHead
+from ..runtime.model import Forward, MTPHead
 from ..runtime.states import Rows
 from . import sampler
+from .commits import COMMITS
 from .drafts import DraftSource, MTPDrafts
 from .requests import Batch, Request
 from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
 from .stats import Stats
 
-COMMITS = ("select", "readvance")
 PREFILL_GROUP_TOKENS = 4096  # prompt tokens per grouped prefill forward (bounds its [B, n, V] logits)
 
 
@@ -32,9 +36,14 @@ class Decoder:
     prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
     ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
 
-    On the CPU each step runs only the unfinished requests. On CUDA (``fixed_rows``) every
-    step runs all rows, so the rows stay one contiguous range at fixed addresses; a finished
-    request's row keeps running at its last position and its results are dropped.
+    On the CPU each step runs only the unfinished requests. On CUDA and in exact mode
+    (``fixed_rows``) every step runs all rows, so the rows stay one contiguous range at fixed
+    addresses; a finished request's row keeps running, parked where the widest forward stays
+    inside max_length, and its results are dropped.
+
+    commit: "select" or "readvance" (``commits.COMMITS``). exact: run every target forward at
+    that one fixed shape (``runtime.forward_shapes.FixedShape``); batch_size must then be a
+    multiple of its batch_size (placeholder requests fill the rest).
 
     Tokens are chosen by ``sampler``: the argmax for greedy requests, draws for sampled ones.
     """
@@ -42,12 +51,17 @@ class Decoder:
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
-                 engine: Engine | None = None, stages: int = 1) -> None:
-        self.graphs, self.k, self.commit, self.stats, self.on_commit = graphs, k, commit, stats, on_commit
-        self.fixed_rows = graphs.arrays.device != "cpu" if fixed_rows is None else fixed_rows
+                 engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None) -> None:
+        self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
+        if exact is not None and fixed_rows is False:
+            raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
+                             "of exact_batch_size; leave fixed_rows unset.")
+        self.fixed_rows = (graphs.arrays.device != "cpu" or exact is not None) if fixed_rows is None else fixed_rows
         self.max_length = graphs.manifest.max_length
         self.engine = engine or Engine.create(graphs, batch_size, k, stages)
         self.target, self.mtp = self.engine.target, self.engine.mtp
+        self.forwards = FixedShape(self.target, exact) if exact else ShapePerCall(self.target)
+        self.commit = COMMITS[commit](self.forwards)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
 
     # -- driver ----------------------------------------------------------------------------
@@ -89,6 +103,7 @@ class Decoder:
         if not active:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
+        batch.park_finished(self.max_length - self.forwards.positions_used(self.k))
         with self.graphs.device_lock:
             self.graphs.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
@@ -123,7 +138,7 @@ class Decoder:
             first = sampler.pick(requests, out, last)  # [B]
             if self.mtp is not None:
                 next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p
-                self._catch_up(rows, out["hidden"], next_ids, positions, last, requests, graphed=False)
+                self._catch_up(rows, out, next_ids, last, requests, graphed=False)
         for req, token in zip(requests, first):
             req.extend([token])
             if not req.placeholder:
@@ -133,14 +148,12 @@ class Decoder:
 
     # -- one step --------------------------------------------------------------------------
     def greedy_step(self, batch: Batch) -> None:
-        """Plain decode: one target forward at M=1 (and one MTP entry, when speculating)."""
-        positions = batch.processed[:, None]  # [B, 1]
+        """Plain decode: one target forward of x_T per row (and its MTP entry, when speculating)."""
         with self.stats.timed("decode"):
-            out = self.target.decode(batch.rows, batch.pending[:, None], positions)
+            out = self.forwards.advance(batch.rows, batch.pending[:, None], batch.processed[:, None])
             tokens = sampler.pick(batch.requests, out, np.zeros(len(batch), np.int64))  # [B]
             if self.mtp is not None:
-                self._catch_up(batch.rows, out["hidden"], tokens[:, None], positions,
-                               np.zeros(len(batch), np.int64), batch.requests)
+                self._catch_up(batch.rows, out, tokens[:, None], np.zeros(len(batch), np.int64), batch.requests)
         self.stats.record_decode_step()
         for req, t in zip(batch.requests, tokens):
             if not req.done:
@@ -156,25 +169,19 @@ class Decoder:
         ids = np.concatenate([batch.pending[:, None], drafts], axis=1)
         positions = T[:, None] + np.arange(k + 1)
         with self.stats.timed("verify"):
-            if self.commit == "select":
-                out = self.target.verify_windows(rows, ids, positions)
-            else:
-                snapshot = self.target.snapshot(rows, T)
-                out = self.target.verify(rows, ids, positions)
+            verified = self.commit.verify(batch, ids, positions)
         # 3. accept: greedy rows: a = longest prefix with d_i == g_{i-1} (g: the target's argmaxes),
         #    bonus g_a. Sampled rows: d_i kept with probability min(1, p_{i-1}(d_i) / q_i(d_i)),
         #    bonus drawn from norm(max(0, p_a - q_{a+1})), or from p_k when a = k (sampling.py).
-        #    Emit d_1..d_a and the bonus.
-        accepted, bonus = sampler.accept(batch.requests, drafts, out)  # [B], [B]
-        # 4. commit every state to T + a + 1 tokens, as if decoded one by one
+        #    Emit d_1..d_a and the bonus. Both read the verify's first k+1 rows (exact mode: pads follow).
+        accepted, bonus = sampler.accept(batch.requests, drafts, verified.out)  # [B], [B]
+        # 4. commit every state to T + a + 1 tokens, as if decoded one by one: the MTP head
+        #    first (it reads the verify's hiddens, which readvance's re-runs may overwrite)
         with self.stats.timed("commit"):
-            if self.commit == "select":
-                self.target.select(out, rows, positions, accepted)
-            else:
-                self._readvance(batch, snapshot, ids, positions, accepted)
             next_ids = np.concatenate([drafts, bonus[:, None]], axis=1)  # x_{p+1} for p = T..T+k
             next_ids[np.arange(len(batch)), accepted] = bonus
-            self._catch_up(rows, out["hidden"], next_ids, positions, accepted, batch.requests)
+            self._catch_up(rows, verified.out, next_ids, accepted, batch.requests)
+            self.commit.commit(batch, verified, accepted, self.stats)
         live = np.array([not r.done for r in batch.requests])
         self.stats.record_speculative_step(accepted[live], k)
         for j, req in enumerate(batch.requests):
@@ -182,36 +189,22 @@ class Decoder:
                 req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
                 self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
 
-    # -- commit mechanics ------------------------------------------------------------------
-    def _readvance(self, batch: Batch, snapshot, ids, positions, accepted) -> None:
-        """If a row rejected a draft: restore the pre-verify state and re-run the accepted
-        tokens one at a time with the M=1 graph, keeping each row's state after its own
-        a+1 tokens; rows that accepted everything keep the verify's state. All rows run
-        together (on CUDA the rows are fixed), so the states after each re-run step are
-        recorded and every row selects its own. Full acceptance of all rows re-runs nothing."""
-        partial = accepted < self.k
-        if not partial.any():
-            return
-        states, rows = self.target.states, batch.rows
-        last = int(accepted[partial].max())
-        recorded = [None] * (last + 1) + [states.capture(rows)]  # slot last+1: the verify's own state
-        self.target.restore(snapshot, rows, batch.processed)
-        for i in range(last + 1):
-            self.target.decode(rows, ids[:, i: i + 1], positions[:, i: i + 1])
-            recorded[i] = states.capture(rows)
-        self.stats.readvance_forwards += last + 1
-        states.select_captured(recorded, np.where(partial, accepted, last + 1), rows)
-
-    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, graphed=True) -> None:
-        """MTP entries T..T+last[j] from the target's hiddens (rows past last[j] are padding
-        and never written); the head's output at last[j] is the next step's d1. Sampled requests'
-        drafts are drawn, and the distributions they came from kept for the acceptance."""
+    # -- MTP catch-up and bookkeeping -------------------------------------------------------
+    def _catch_up(self, rows: Rows, out: Forward, next_ids, last, requests, graphed=True) -> None:
+        """MTP entries T..T+last[j] from the target forward's hiddens and the tokens that
+        followed (next_ids [B, m]; padded to the forward's width W, rows past last[j] are
+        padding and never written); the head's output at last[j] is the next step's d1.
+        Sampled requests' drafts are drawn, and the distributions they came from kept for the
+        acceptance."""
+        width = out.positions.shape[1]
+        if next_ids.shape[1] < width:  # exact mode: the forward ran K_fix+1 rows
+            next_ids = np.concatenate([next_ids, np.zeros((len(next_ids), width - next_ids.shape[1]), np.int64)], 1)
         sampling = sampler.draft_inputs(requests, self.k)
         if sampling is None:
-            drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, graphed=graphed)  # [B, k]
+            drafts = self.mtp.catch_up(rows, out["hidden"], next_ids, out.positions, last, graphed=graphed)  # [B, k]
             probs = [None] * len(requests)
         else:
-            drafts, probs = self.mtp.catch_up_sampled(rows, hidden, next_ids, positions, last, sampling,
+            drafts, probs = self.mtp.catch_up_sampled(rows, out["hidden"], next_ids, out.positions, last, sampling,
                                                       graphed=graphed)  # [B, k], [B, k, V]
         for req, row, q in zip(requests, drafts, probs):
             req.next_drafts, req.draft_probs = row.tolist(), q if req.samples else None

@@ -6,6 +6,9 @@ runs the speculative loop with scripted drafts that force chosen accept lengths,
 every commit compares each request's states bitwise with the plain decode's at the same
 length: target KV (live positions), GDN conv and recurrent states, the MTP head's KV, its
 next draft and hidden. Used by the tests and by tools/exactness_run.py for long runs.
+In exact mode (``exact=``) the speculative run pads its rows with placeholder requests to
+whole groups and runs every forward at the fixed shape, and is still compared with the
+plain (default-mode) decode: on the CPU both must give the same bits.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import dataclasses
 
 import numpy as np
 
+from ..runtime.forward_shapes import ExactShape
 from ..runtime.graphs import GraphSet
 from .decoder import Decoder
 from .drafts import MTPDrafts, ScriptedDrafts
@@ -51,8 +55,10 @@ def row_state(decoder: Decoder, req: Request) -> RowState:
                     decoder.mtp.row_state(req.row, T))
 
 
-def make_requests(prompts, max_new_tokens):
-    return [Request(row=i, prompt=list(p), max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
+def make_requests(prompts, max_new_tokens, rows: int | None = None):
+    """One request per prompt in rows 0..n-1, then placeholders up to ``rows``."""
+    requests = [Request(row=i, prompt=list(p), max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
+    return requests + [Request.filler(i) for i in range(len(prompts), rows or len(prompts))]
 
 
 def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, stages: int = 1):
@@ -72,20 +78,21 @@ def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, 
 
 def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, commit: str, *,
                       p: float | None = None, seed: int = 0, reference=None, fixed_rows: bool | None = None,
-                      atol: float = 0.0, stages: int = 1) -> Stats:
+                      atol: float = 0.0, stages: int = 1, exact: ExactShape | None = None) -> Stats:
     """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
 
     p=None draws each step's accept length uniformly from 0..k; else each draft is right with
     probability p. ``reference`` (from plain_decode_states with >= max_new_tokens + k + 1
     tokens) may be passed to reuse one plain decode for several runs. ``fixed_rows`` forces
-    the all-rows batching CUDA uses; ``atol`` > 0 compares states within a tolerance (GPU).
+    the all-rows batching CUDA uses; ``atol`` > 0 compares states within a tolerance (GPU);
+    ``exact`` runs the speculative side in exact mode at that fixed shape.
     """
     oracle, table = reference or plain_decode_states(graphs, prompts, max_new_tokens + k + 1, k)
     stats, finished = Stats(), set()
 
     def compare(decoder, batch):
         for req in batch.requests:
-            if req.row in finished:
+            if req.row in finished or req.placeholder:
                 continue  # a finished request's row that keeps running (fixed rows): no longer kept
             if req.done:
                 finished.add(req.row)
@@ -98,11 +105,11 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
                 raise ExactnessError(f"{where}: differs from the plain decode in {', '.join(diffs)}")
 
     vocab = graphs.manifest.spec.vocab_size
-    decoder = Decoder(graphs, len(prompts), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
-                      make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: oracle[r.row], vocab, p=p,
-                                                             seed=seed))
-    requests = make_requests(prompts, max_new_tokens)
-    for req, out in zip(requests, decoder.generate(requests)):
+    requests = make_requests(prompts, max_new_tokens, exact.rows_for(len(prompts)) if exact else None)
+    truth = lambda r: r.tokens if r.placeholder else oracle[r.row]  # noqa: E731  (placeholders: any tokens)
+    decoder = Decoder(graphs, len(requests), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
+                      exact=exact, make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
+    for req, out in zip(requests[: len(prompts)], decoder.generate(requests)):
         want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]
         if out != want:
             raise ExactnessError(f"{commit} k={k} row {req.row}: tokens differ from greedy")

@@ -95,3 +95,10 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    def park_finished(self, last_start: int) -> None:
+        """Runs finished requests' rows (fixed rows: they keep running, results dropped) from at
+        most ``last_start``: the step that finished one may have taken it to max_length, and its
+        next forward must still write inside the buffers. Live rows never move."""
+        done = np.array([r.done for r in self.requests])
+        self.processed = np.where(done, np.minimum(self.processed, last_start), self.processed)

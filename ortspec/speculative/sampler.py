@@ -52,7 +52,7 @@ def accept(requests: list[Request], drafts: np.ndarray, out: Forward) -> tuple[n
     """(a [B] drafts accepted, the token emitted after them [B]) from a verify over [x_T, d_1..d_k]:
     greedy rows by the argmax rule, sampled rows by exact speculative sampling over the drafts'
     distributions (request.draft_probs, from the head's catch-up that drew them)."""
-    targets = out.tokens  # [B, k+1]
+    targets = out.tokens  # [B, W]: W = k+1, or exact mode's K_fix+1 (pads after the step's k+1 rows)
     accepted = sampling.accept_lengths(drafts, targets)  # [B]
     bonus = targets[np.arange(len(requests)), accepted]  # [B]
     live = _sampled(requests)

@@ -55,7 +55,7 @@ def random_stream(params: SamplingParams, index: int) -> np.random.Generator | N
 
 def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Greedy rule: a_j = max{ i <= k : d_{j,1..i} == g_{j,0..i-1} }, the longest prefix of drafts
-    [B, k] that matches the target argmaxes [B, k+1] (draft i is checked against g_{i-1})."""
+    [B, k] that matches the target argmaxes [B, >= k+1] (draft i is checked against g_{i-1})."""
     k = drafts.shape[1]
     match = drafts == targets[:, :k]  # [B, k]
     return np.where(match.all(axis=1), k, np.argmin(match, axis=1)).astype(np.int64)

@@ -39,8 +39,9 @@ class Stats:
     steps: int = 0
     """Steps: decode_steps + speculative_steps (one target forward over new tokens each)."""
     decode_steps: int = 0
-    """Plain decode steps (M=1): every step of a greedy session; in a speculative session, the
-    steps taken when fewer than k positions are left before max_length."""
+    """Plain decode steps (M=1; in exact mode the fixed shape, one real token per row): every
+    step of a greedy session; in a speculative session, the steps taken when fewer than k
+    positions are left before max_length."""
     speculative_steps: int = 0
     """Speculative steps (propose, verify, accept, commit), each counted once for the batch."""
     speculative_row_steps: int = 0
@@ -56,8 +57,9 @@ class Stats:
     """Row-steps whose accept length derived from positions disagreed with the acceptance rule
     (always 0 unless there is a bug; positions win)."""
     readvance_forwards: int = 0
-    """M=1 target forwards the readvance commit re-ran: per speculative step, 1 + the longest
-    accepted prefix among the rows that rejected a draft; none when every row accepted all."""
+    """Target forwards the readvance commit re-ran (M=1; in exact mode the fixed shape): per
+    speculative step, 1 + the longest accepted prefix among the rows that rejected a draft;
+    none when every row accepted all."""
     seconds: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     """Wall seconds per phase, the phases disjoint. prefill: target and MTP head over prompts.
     decode: plain decode steps (with the MTP head's entry for the new token when speculating).

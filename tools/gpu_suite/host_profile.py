@@ -27,13 +27,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="requests in the running batch")
     parser.add_argument("--steps", type=int, default=60, help="steps timed, then steps profiled")
     parser.add_argument("--provider", default="cuda", choices=["cuda", "cpu"], help="execution provider")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
     parser.add_argument("--top", type=int, default=22, help="functions listed per k")
 
 
 def run(args) -> int:
     results = {}
     for k in (int(x) for x in args.k.split(",")):
-        wall, rows = profile_steps(args.model, k, args.batch, args.steps, args.provider, args.top)
+        wall, rows = profile_steps(args.model, k, args.batch, args.steps, args.provider, args.top,
+                                   threads=args.threads)
         results[f"k={k}"] = {"wall_us_per_step": 1e6 * wall, "top": rows}
         print(f"\n### k={k}, batch {args.batch}: {1e6 * wall:.0f} us per step unprofiled; own time per step "
               f"under cProfile (top {args.top})\n")
@@ -45,9 +47,9 @@ def run(args) -> int:
 
 
 def profile_steps(model: str, k: int, batch: int, steps: int, provider: str = "cuda",
-                  top: int = 22) -> tuple[float, list[dict]]:
+                  top: int = 22, threads: int | None = None) -> tuple[float, list[dict]]:
     """(wall seconds per unprofiled step, the `top` functions by own time per profiled step)."""
-    session = ortspec.Session(model, provider=provider, num_speculative_tokens=k)
+    session = ortspec.Session(model, provider=provider, num_speculative_tokens=k, threads=threads)
     batcher = session.batcher(max_batch_size=batch)
     for _ in range(batch):
         batcher.add_request(STEP_PROMPT, max_new_tokens=(k + 1) * (2 * steps + 10))

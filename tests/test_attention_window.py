@@ -1,0 +1,63 @@
+"""The CPU runtime passes the graphs a window of each KV cache (the first W slots past the
+positions of the call) instead of all max_length slots: same bits, less work."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ortspec
+from ortspec.runtime.graphs import GraphRunner
+from ortspec.runtime.model import window_slots
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+
+
+def test_window_covers_the_last_position_plus_reach():
+    assert window_slots(1024, 0, 1) == 64 and window_slots(1024, 62, 1) == 64 and window_slots(1024, 63, 1) == 64
+    assert window_slots(1024, 64, 1) == 128 and window_slots(1024, 60, 4) == 64 and window_slots(1024, 61, 4) == 128
+    assert window_slots(100, 99, 1) == 100 and window_slots(100, 90, 4) == 100  # never past max_length
+
+
+def test_windowed_and_full_caches_give_the_same_tokens(models, monkeypatch):
+    """Speculative k=3 with windows (recorded: every KV feed narrower than max_length whenever the
+    positions allow) equals greedy over all max_length slots (the manifest flag off)."""
+    out = models.converted("base")
+    full = ortspec.Session(out)
+    full.manifest.attention_window = False
+    greedy = full.generate(PROMPTS, max_new_tokens=40)
+    widths = []
+    original = GraphRunner.run
+
+    def recording(self, feeds, slot=None):
+        widths.extend(v.shape[-1] for n, v in feeds.items() if n.startswith("key."))
+        return original(self, feeds, slot)
+
+    monkeypatch.setattr(GraphRunner, "run", recording)
+    session = ortspec.Session(out, num_speculative_tokens=3)
+    assert session.generate(PROMPTS, max_new_tokens=40) == greedy
+    max_length = session.manifest.max_length
+    assert widths and all(w % 64 == 0 or w == max_length for w in widths)
+    assert min(widths) == 64 and max(widths) < max_length
+
+
+
+def test_every_window_covers_the_positions_its_graph_writes(models, monkeypatch):
+    """A target forward writes its rows at their positions; the MTP head's draft passes write k-1
+    slots past its last row. Every window must hold them (or be all max_length slots, where the
+    graph clamps the drafts as it always did)."""
+    out = models.converted("base")
+    k, short = 3, []
+    original = GraphRunner.run
+
+    def checking(self, feeds, slot=None):
+        width = feeds["key.mtp" if self.name.startswith("mtp") else "key.3"].shape[-1]
+        reach = k if self.name.startswith("mtp_propose") else 1
+        if width < min(int(feeds["positions"].max()) + reach, max_length):
+            short.append((self.name, width, int(feeds["positions"].max())))
+        return original(self, feeds, slot)
+
+    session = ortspec.Session(out, num_speculative_tokens=k)
+    max_length = session.manifest.max_length
+    monkeypatch.setattr(GraphRunner, "run", checking)
+    session.generate([p * 11 for p in PROMPTS], max_new_tokens=60)  # up to 187 + 60 tokens: windows 64..256
+    assert short == []

@@ -1,0 +1,46 @@
+"""Kernel-launching ops per graph (tools/op_count.py): every node a GPU step launches is ~2 us on
+the H200, so the count of the tiny model's fp16 decode is held under a bound; a change that
+re-adds casts, repeats heads or unfuses a norm or the RoPE fails here first."""
+
+from __future__ import annotations
+
+from onnx import TensorProto, helper
+
+from ortspec.converter import builder
+from tests.small_models import convert_small
+from tools.op_count import graph_kernel_ops, kernel_ops
+
+# tiny "base" checkpoint (3 GDN layers + 1 attention layer), fp16 decode: 173 kernel ops before
+# the slim graphs (Cast 35, Mul 23, Split 13, Add 9, ReduceSumSquare/Sqrt/Reciprocal/Tile 6
+# each, ...), 115 after
+FP16_DECODE_BOUND = 115
+
+
+def _decode_ops(checkpoint, out):
+    return graph_kernel_ops(convert_small(checkpoint, out, dtype="float16"), ["decode"])["decode"]
+
+
+def test_fp16_decode_stays_under_its_kernel_bound(models, tmp_path):
+    ops = _decode_ops(models.checkpoint("base"), tmp_path / "f16")
+    assert sum(ops.values()) <= FP16_DECODE_BOUND, ops.most_common()
+    assert ops["Cast"] == 2 * (3 * 4 + 1) + 1  # in and out: 2 projections + the MLP per layer, lm_head; embedding
+    assert not {"Tile", "ReduceSumSquare", "Sqrt", "Reciprocal"} & set(ops)  # l2norm is one RMSNorm
+    assert ops["Sigmoid"] == 1 and ops["RotaryEmbedding"] == 2  # the attention's output gate; q and k
+
+
+def test_the_bound_catches_a_re_added_cast(models, tmp_path, monkeypatch):
+    """Planted: every product casts back to float32 (the old MLP) -> over the bound."""
+    linear = builder.GraphBuilder.linear
+
+    def linear_cast_back(self, x, weight, hint=None, x_dtype=TensorProto.FLOAT, out_dtype=TensorProto.FLOAT):
+        return linear(self, x, weight, hint, x_dtype=TensorProto.FLOAT)  # out_dtype ignored: float32 out
+
+    monkeypatch.setattr(builder.GraphBuilder, "linear", linear_cast_back)
+    assert sum(_decode_ops(models.checkpoint("base"), tmp_path / "f16").values()) > FP16_DECODE_BOUND
+
+
+def test_views_launch_no_kernel():
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Unsqueeze", ["r", "a"], ["u"]),
+             helper.make_node("Sigmoid", ["u"], ["y"]), helper.make_node("Cast", ["y"], ["z"], to=10)]
+    graph = helper.make_graph(nodes, "g", [], [])
+    assert kernel_ops(helper.make_model(graph)) == {"Sigmoid": 1, "Cast": 1}

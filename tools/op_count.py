@@ -1,0 +1,84 @@
+"""Kernel-launching ops per graph of a converted model: what prices a GPU step.
+
+    python tools/op_count.py MODEL_DIR [MODEL_DIR ...]                # converted model directories
+    python tools/op_count.py --convert CHECKPOINT --dtype float32,float16 [-k 3]
+
+On the CUDA EP a decode of the 20M model is launch-bound: ~1.6-2 us per kernel, the GPU busy
+about half of the step (BENCHMARKS.md, "Floors, measured"), so every node removed from the
+decode / verify / mtp_propose graphs is time saved. Every node launches a kernel except the
+views ONNX Runtime aliases without a copy (``VIEW_OPS``); shape arithmetic that ORT places on
+the CPU still counts, so the count is an upper bound that moves one for one with the graph.
+The table lists the total and the op kinds, most frequent first; tests/test_op_count.py holds
+the fp16 decode of a tiny model under a bound so that a change re-adding casts fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import onnx  # noqa: E402
+
+VIEW_OPS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Shape", "Flatten"})
+GRAPHS = ("decode", "verify_k3", "verify_select_k3", "mtp_propose_k3", "prefill")
+
+
+def kernel_ops(model: onnx.ModelProto) -> collections.Counter:
+    """op type -> nodes of that type that launch a kernel (every node but a view)."""
+    return collections.Counter(n.op_type for n in model.graph.node if n.op_type not in VIEW_OPS)
+
+
+def graph_kernel_ops(model_dir: Path, graphs=GRAPHS) -> dict[str, collections.Counter]:
+    """graph name -> kernel_ops, for the graphs of ``graphs`` the model directory has."""
+    counts = {}
+    for name in graphs:
+        path = Path(model_dir) / f"{name}.onnx"
+        if path.is_file():
+            counts[name] = kernel_ops(onnx.load(str(path), load_external_data=False))
+    return counts
+
+
+def table(label: str, counts: dict[str, collections.Counter], top: int = 12) -> str:
+    """A markdown table: one row per graph, its total and its most frequent op kinds."""
+    rows = [f"#### {label}", "", "| graph | kernel ops | most frequent |", "|---|---|---|"]
+    for name, ops in counts.items():
+        common = ", ".join(f"{op} {n}" for op, n in ops.most_common(top))
+        rows.append(f"| {name} | {sum(ops.values())} | {common} |")
+    return "\n".join(rows) + "\n"
+
+
+def _converted(checkpoint: Path, dtypes: list[str], k: int, work: Path):
+    from ortspec.converter import convert
+
+    for dtype in dtypes:
+        out = convert(checkpoint, work / dtype, num_speculative_tokens=k, dtype=dtype, max_length=64, progress=False)
+        yield f"{checkpoint.name}, {dtype}", out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dirs", nargs="*", type=Path, help="converted model directories")
+    parser.add_argument("--convert", type=Path, metavar="CHECKPOINT", help="convert this checkpoint first (temporary)")
+    parser.add_argument("--dtype", default="float32,float16", help="dtypes to convert --convert in (comma separated)")
+    parser.add_argument("-k", type=int, default=3, help="largest k to convert --convert with (default 3)")
+    args = parser.parse_args(argv)
+    if not args.model_dirs and args.convert is None:
+        parser.error("give converted model directories or --convert CHECKPOINT")
+    graphs = [g.replace("k3", f"k{args.k}") for g in GRAPHS]
+    with tempfile.TemporaryDirectory() as work:
+        models = [(str(d), d) for d in args.model_dirs]
+        if args.convert is not None:
+            models += list(_converted(args.convert, args.dtype.split(","), args.k, Path(work)))
+        for label, model_dir in models:
+            print(table(label, graph_kernel_ops(model_dir, graphs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
