@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   ortspec verify out/py20m
   ortspec generate out/py20m --prompt "def fibonacci(n):" --max-new-tokens 64 -k 2
   ortspec bench out/py20m -k 0,1,2,3 --batch 1,4 --plot bench.png   (--plot needs: pip install 'ortspec[bench]')
+  ortspec serve out/py20m -k 2 --port 8000                           (needs: pip install 'ortspec[serve]')
 """
 
 
@@ -139,6 +140,29 @@ def _add_bench(sub) -> None:
     b.set_defaults(func=_bench)
 
 
+def _add_serve(sub) -> None:
+    s = _command(sub, "serve", "an OpenAI-compatible HTTP server (needs: pip install 'ortspec[serve]')",
+                 "Serves a converted model over HTTP: /v1/completions (and /v1/chat/completions when\n"
+                 "tokenizer_config.json has a chat_template), server-sent-event streaming, /health and\n"
+                 "/metrics, over one continuous batcher driven by one engine thread.")
+    s.add_argument("model", help="converted model directory")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: one the OS picks)")
+    _add_k(s, "MTP drafts per step (0 = plain decoding)", int, 0, old_spellings=())
+    s.add_argument("--commit", choices=["select", "readvance"], default="select",
+                   help="how GDN states are committed after a verify (both exact)")
+    s.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="ONNX Runtime execution provider")
+    s.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's choice)")
+    s.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (rows of the batch)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a row before answering 429")
+    s.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may wait and run (a body's 'timeout' may ask for less)")
+    s.add_argument("--model-name", default=None, help="the model id the API reports (default: the directory's name)")
+    s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
+                   help="uvicorn's log level (info logs every request)")
+    s.set_defaults(func=_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortspec", description=__doc__, epilog=EXAMPLES,
                                      formatter_class=HelpFormatter)
@@ -147,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     _add_generate(sub)
     _add_bench(sub)
+    _add_serve(sub)
     return parser
 
 
@@ -243,3 +268,19 @@ def _bench(args) -> None:
                 prompt_texts=texts)
     print(format_table(result))
     write_outputs(result, json_path, plot_path)
+
+
+def _serve(args) -> None:
+    from .serve.server import Server, require_dependencies
+    from .session import Session
+
+    require_dependencies()  # before loading the model
+    with Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
+                 threads=args.threads) as session:
+        server = Server(session, host=args.host, port=args.port, max_batch_size=args.max_batch_size,
+                        max_queue=args.max_queue, request_timeout=args.request_timeout, model_name=args.model_name,
+                        log_level=args.log_level)
+        print(f"ortspec serve: {server.url}/v1/completions (model {server.model_name!r}, k={session.k}, "
+              f"{args.provider}, batch {args.max_batch_size}, queue {args.max_queue}); Ctrl-C stops", file=sys.stderr,
+              flush=True)
+        server.run()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import validation
+from .detokenizer import IncrementalDetokenizer
 from .errors import ClosedError, InputError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
@@ -17,6 +18,7 @@ from .runtime.graphs import GraphSet, check_provider
 from .speculative.commits import COMMITS
 from .speculative.decoder import Decoder
 from .speculative.requests import Request
+from .speculative.sampling import GREEDY, SamplingParams, random_stream
 from .speculative.stats import Stats, StatsTotals
 
 
@@ -128,19 +130,42 @@ class Session:
                 self._tokenizer = Tokenizer.from_file(str(path))
         return self._tokenizer
 
-    def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, **decoder_options):
+    def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stream: bool = False,
+                 **decoder_options):
         """Greedy (or exact speculative) continuation of one prompt or a batch of prompts.
 
         prompt: token ids (list or tuple of ints or numpy integers, 1-D numpy integer array)
         -> list[int]; a batch (list of those, 2-D numpy integer array) -> list[list[int]];
         str -> str; list[str] -> list[str]. Exactly max_new_tokens tokens per request, unless a
         stop token (default: the model's eos ids; stop_tokens: one id or a list of ids, [] for
-        none) ends it earlier, stop token included. decoder_options: the Decoder's hooks
-        make_drafts, on_commit, fixed_rows (tests, exactness tools); any other keyword is an
-        InputError. Every argument is checked before any work starts.
+        none) ends it earlier, stop token included.
+
+        temperature 0 (the default) is greedy; > 0 samples from softmax(logits / temperature),
+        cut to the top_k most likely tokens (0: all) and then to the smallest set whose
+        probability reaches top_p (1: all). With k > 0 the drafts are accepted by exact
+        speculative sampling, so tokens follow that same distribution. seed (an int) makes the
+        tokens reproducible for this k (a batch's prompt i gets stream i of the seed; prompt 0
+        is what a single prompt gets); None draws fresh entropy.
+
+        stream=True (one prompt) returns an iterator instead: token ids (or, for a text prompt,
+        text pieces that never split a character) as each step commits them; joined, they equal
+        what stream=False returns. The state buffers are held until it is exhausted or closed.
+
+        decoder_options: the Decoder's hooks make_drafts, on_commit, fixed_rows (tests,
+        exactness tools); any other keyword is an InputError. Every argument is checked before
+        any work starts.
         """
         options = validation.decoder_options(decoder_options, "generate")
-        new = self.new_requests(prompt, max_new_tokens, stop_tokens)
+        params = validation.sampling(temperature, top_k, top_p, seed)
+        validation.sampling_graphs(self.manifest, self.k, params)
+        stream = validation.flag("stream", stream)
+        new = self.new_requests(prompt, max_new_tokens, stop_tokens, sampling=params)
+        self._check_open()
+        if stream:
+            validation.single_prompt([r.prompt for r in new.requests], new.single, "generate(..., stream=True)",
+                                     "for many streams use session.batcher(): step() returns each request's new tokens")
+            return self._stream(new.requests[0], new.text, options)
         outs = self._generate_requests(new.requests, options)
         if new.text:
             outs = [self.tokenizer.decode(o) for o in outs]
@@ -161,16 +186,18 @@ class Session:
         call that leases it replays them."""
         return self._engines.lease(batch_size)
 
-    def new_requests(self, prompt, max_new_tokens: int = 32, stop_tokens=None, min_new_tokens: int = 0) -> NewRequests:
+    def new_requests(self, prompt, max_new_tokens: int = 32, stop_tokens=None, min_new_tokens: int = 0,
+                     sampling: SamplingParams = GREEDY) -> NewRequests:
         """Checked requests, in rows 0..n-1, for any prompt form generate takes (text is encoded
-        with the model's tokenizer), stopping at the model's eos ids unless stop_tokens is given.
-        Every argument is checked (ortspec.validation) before any work starts."""
+        with the model's tokenizer), stopping at the model's eos ids unless stop_tokens is given;
+        request i draws from random stream i of sampling.seed. Every argument is checked
+        (ortspec.validation) before any work starts; sampling already was (validation.sampling)."""
         max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=min_new_tokens)
         stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
         prompts, single, text = self._token_prompts(prompt)
         validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length, self.exact.k if self.exact else 0)
-        requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops)
-                    for i, p in enumerate(prompts)]
+        requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops, sampling=sampling,
+                            random=random_stream(sampling, i)) for i, p in enumerate(prompts)]
         return NewRequests(requests, single, text)
 
     @property
@@ -192,18 +219,39 @@ class Session:
 
     # -- internals ---------------------------------------------------------------------------
     def _generate_requests(self, requests: list[Request], decoder_options) -> list[list[int]]:
-        self._check_open()
-        count, rows = len(requests), self._engine_rows(len(requests))
-        validation.batch_fits_memory(rows, self.manifest.states, self.graphs.arrays.device)
         if requests[0].max_new_tokens == 0:
             return [[] for _ in requests]
-        requests += [Request.filler(i) for i in range(count, rows)]  # placeholders fill the padding rows
+        for _ in self._decode(requests, decoder_options):
+            pass
+        return [r.output() for r in requests]
+
+    def _stream(self, req: Request, text: bool, decoder_options):
+        """Yields the request's tokens (text pieces for a text prompt) as each step commits them."""
+        detokenizer = IncrementalDetokenizer(self.tokenizer) if text else None
+        sent = 0
+        for _ in self._decode([req], decoder_options) if req.max_new_tokens else ():
+            new, sent = req.output(sent), req.output_length
+            if detokenizer is None:
+                yield from new
+            elif new and (piece := detokenizer.add(new)):
+                yield piece
+        if detokenizer is not None and (rest := detokenizer.finish()):
+            yield rest
+
+    def _decode(self, requests: list[Request], decoder_options):
+        """Leases an engine for the requests (padded with placeholders to ``_engine_rows``),
+        prefills and steps them, yielding after the prefill and after each step. The engine and
+        the call's counters go back when the generator ends, fails or is closed."""
+        self._check_open()
+        rows = self._engine_rows(len(requests))
+        validation.batch_fits_memory(rows, self.manifest.states, self.graphs.arrays.device)
+        requests = requests + [Request.filler(i) for i in range(len(requests), rows)]  # placeholders: padding rows
         stats = Stats()
         with self.lease_engine(rows) as engine:
             decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, exact=self.exact,
                               **decoder_options)
             try:
-                return decoder.generate(requests)[:count]
+                yield from decoder.steps(requests)
             finally:
                 self.record_stats(stats)
 

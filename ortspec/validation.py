@@ -20,15 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigurationError, InputError, OrtspecError, ProviderError
+from .errors import ConfigurationError, InputError, ModelDirError, OrtspecError, ProviderError
+from .manifest import graph_name
+from .speculative.sampling import MIN_TEMPERATURE, SamplingParams
 
 PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer array), a batch of those "
                 "(or a 2-D numpy integer array), or text (str or list[str])")
 TOKEN_SEQUENCES = (list, tuple, np.ndarray)  # what a prompt of token ids may be
 SESSION_OPTIONS = ("provider", "num_speculative_tokens", "commit", "threads", "cuda_graphs", "pipeline_stages",
                    "devices", "exact", "exact_batch_size", "exact_k")
-CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens"), "batcher": ("max_batch_size",)}
-REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens")  # of add_request
+SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "seed")
+CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stream"),
+                  "batcher": ("max_batch_size",)}
+REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS)  # of add_request
 # Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
 # make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
 # every row every step, as on CUDA). Decoder's engine and stages belong to the Session.
@@ -98,8 +102,7 @@ def exact_shape(exact, batch_size, exact_k, k: int, manifest):
     exact=False -> None. Both sizes are checked either way."""
     from .runtime.forward_shapes import ExactShape
 
-    if not isinstance(exact, (bool, np.bool_)):
-        raise ConfigurationError(f"exact={exact!r} must be True or False.")
+    exact = flag("exact", exact, ConfigurationError)
     batch_size = integer("exact_batch_size", batch_size, ConfigurationError, 1)
     converted = manifest.num_speculative_tokens
     if exact_k is not None:
@@ -144,10 +147,14 @@ def threads(value, cores: int | None = None) -> int | None:
     return count or None
 
 
-def cuda_graphs(value) -> bool:
+def flag(name: str, value, error: type[OrtspecError] = InputError) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ConfigurationError(f"cuda_graphs={value!r} must be True or False.")
+        raise error(f"{name}={_short(value)} must be True or False.")
     return bool(value)
+
+
+def cuda_graphs(value) -> bool:
+    return flag("cuda_graphs", value, ConfigurationError)
 
 
 def pipeline_stages(value, manifest) -> int:
@@ -265,11 +272,11 @@ def _token_ids(prompt, where: str, vocab_size: int) -> list[int]:
     return list(prompt)
 
 
-def single_prompt(prompts: list[list[int]], single: bool) -> list[int]:
-    """add_request takes one prompt; a batch is refused rather than silently split."""
+def single_prompt(prompts: list[list[int]], single: bool, caller: str = "add_request",
+                  instead: str = "call add_request once per prompt") -> list[int]:
+    """add_request (and a streamed generate) take one prompt; a batch is refused rather than split."""
     if not single:
-        raise InputError(f"add_request takes one prompt, got a batch of {len(prompts)}; call add_request once "
-                         "per prompt.")
+        raise InputError(f"{caller} takes one prompt, got a batch of {len(prompts)}; {instead}.")
     return prompts[0]
 
 
@@ -307,6 +314,39 @@ def stop_tokens(value, vocab_size: int, default) -> frozenset[int]:
             raise InputError(f"stop_tokens={_short(value)} holds {_short(t)} ({type(t).__name__}); each stop token "
                              f"must be an integer token id in [0, {vocab_size}).")
     return frozenset(int(t) for t in values)
+
+
+def is_real(value) -> bool:
+    """A Python or numpy int or float (never a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def sampling(temperature, top_k, top_p, seed) -> SamplingParams:
+    """temperature 0 (greedy) or >= MIN_TEMPERATURE; top_k >= 0 (0: off; more than the vocabulary
+    keeps it all); 0 < top_p <= 1 (1: off); seed None (OS entropy) or an integer >= 0."""
+    if not is_real(temperature) or not np.isfinite(temperature) or temperature < 0:
+        raise InputError(f"temperature={_short(temperature)} must be a finite number >= 0 (0 = greedy, the "
+                         "default; 1 = the model's own distribution).")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InputError(f"temperature={temperature!r} is below {MIN_TEMPERATURE} (logits / temperature would "
+                         "overflow float32); use temperature=0 for greedy decoding.")
+    top_k = integer("top_k", top_k, InputError, 0, " (0 keeps every token)")
+    if not is_real(top_p) or not 0 < top_p <= 1:
+        raise InputError(f"top_p={_short(top_p)} must be a number in (0, 1] (1 keeps every token).")
+    if seed is not None:
+        seed = integer("seed", seed, InputError, 0, " or None")
+    return SamplingParams(float(temperature), top_k, float(top_p), seed)
+
+
+def sampling_graphs(manifest, k: int, params: SamplingParams) -> None:
+    """Sampling with MTP drafts needs the head's sampling graph, written by conversions since it existed."""
+    name = graph_name("mtp_sample", k)
+    if k > 0 and not params.greedy and name not in manifest.graphs:
+        raise ModelDirError(
+            f"{manifest.dir} was converted before sampled drafts existed (no {name}.onnx), so "
+            f"temperature={params.temperature} cannot run with num_speculative_tokens={k}. Reconvert it: "
+            f"ortspec convert {manifest.source.get('checkpoint') or 'CHECKPOINT_DIR'} {manifest.dir} --overwrite; "
+            "or sample with num_speculative_tokens=0 (greedy still runs speculatively on this directory).")
 
 
 def decoder_options(options: dict, caller: str) -> dict:

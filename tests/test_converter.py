@@ -138,7 +138,7 @@ def test_manifest_describes_graphs_and_states(plain):
     m = Manifest.load(root / "out")
     assert m.num_speculative_tokens == 2 and m.max_length == 64
     assert set(m.graphs) == {"prefill", "decode", "verify_k1", "verify_k2", "verify_select_k1", "verify_select_k2", "mtp",
-                             "mtp_propose_k1", "mtp_propose_k2"}
+                             "mtp_propose_k1", "mtp_propose_k2", "mtp_sample_k1", "mtp_sample_k2"}
     kinds = {e["kind"] for e in m.states.values()}
     assert kinds == {"kv_key", "kv_value", "conv", "recurrent", "mtp_kv_key", "mtp_kv_value"}
     assert all(e["dtype"] == "float32" for e in m.states.values())
@@ -149,6 +149,11 @@ def test_manifest_describes_graphs_and_states(plain):
     assert "tokenizer.json" in m.tokenizer_files and (root / "out" / "tokenizer.json").is_file()
     doc = json.loads((root / "out" / "manifest.json").read_text())
     assert doc["weights"]["file"] == "weights.bin"
+
+
+SAMPLING_FEEDS = {"temperature": lambda k: np.array([1.0, 0.0], np.float32), "top_k": lambda k: np.array([5, 0]),
+                  "top_p": lambda k: np.array([0.9, 1.0], np.float32),
+                  "uniforms": lambda k: np.full((2, k), 0.5, np.float32)}
 
 
 def test_every_graph_loads_and_runs_on_cpu(plain):
@@ -170,11 +175,19 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 feeds[i.name] = rng.standard_normal((2, rows, m.spec.hidden_size)).astype(np.float32)
             elif i.name == "last":
                 feeds[i.name] = np.array([rows - 1, 0])
+            elif i.name in SAMPLING_FEEDS:  # mtp_sample: row 0 samples, row 1 is greedy
+                feeds[i.name] = SAMPLING_FEEDS[i.name](int(name[-1]))
             else:  # a state: the runtime's buffer (the graph's KV inputs take any window W of it)
                 feeds[i.name] = np.zeros([2] + list(m.states[i.name]["shape"][1:]), np.float32)
         out = runner.run(feeds)
-        if name.startswith("mtp_propose"):  # drafts d1..dk, and the catch-up's KV rows
+        if name.startswith(("mtp_propose", "mtp_sample")):  # drafts d1..dk, and the catch-up's KV rows
             assert out["drafts"].shape == (2, int(name[-1])) and np.isfinite(out["new_key.mtp"]).all()
+            if name.startswith("mtp_sample"):  # draws from the distributions it returns
+                probs = out["draft_probs"]
+                assert probs.shape == (2, int(name[-1]), m.spec.vocab_size)
+                np.testing.assert_allclose(probs.sum(-1), 1, atol=1e-5)
+                assert (np.take_along_axis(probs[0], out["drafts"][0][:, None], 1) > 0).all()
+                assert ((probs[0] > 0).sum(-1) <= 5).all()  # top_k = 5
             continue
         assert out["tokens"].shape == (2, rows) and np.isfinite(out["logits"]).all()
         assert "CPUExecutionProvider" in session.get_providers()

@@ -140,3 +140,35 @@ def test_exact_mode_needs_verify_graphs(tmp_path):
     out = ortspec.convert(tmp_path / "ck", tmp_path / "out", max_length=32, progress=False)
     with pytest.raises(ortspec.ConfigurationError, match=r"no mtp\.\* weights, .* exact mode is not available"):
         ortspec.Session(out, exact=True)
+
+
+# -- sampling in exact mode ----------------------------------------------------------------------
+
+HOT = dict(temperature=4.0, top_p=0.98)  # flat enough that the random model's drafts are often kept
+
+
+@pytest.mark.parametrize("k,commit", [(0, "select"), (2, "select"), (3, "readvance")])
+def test_exact_sampling_equals_default_sampling(model, greedy, monkeypatch, k, commit):
+    """Sampled requests read the logits of a forward's first k+1 rows (pads follow), from each
+    group of B_fix rows: on the CPU a seed gives exact mode the default mode's tokens (5 requests:
+    two groups, three placeholder rows), and every target forward still runs at the fixed shape."""
+    want = ortspec.Session(model, num_speculative_tokens=k, commit=commit).generate(PROMPTS, max_new_tokens=NEW,
+                                                                                    seed=3, **HOT)
+    assert want != greedy
+    session, got = exact_session(model, k, commit), []
+    shapes = target_shapes(monkeypatch, lambda: got.append(session.generate(PROMPTS, max_new_tokens=NEW, seed=3,
+                                                                            **HOT)))
+    assert got == [want] and shapes == FIXED
+    assert k == 0 or session.stats["accepted"] > 0
+
+
+def test_exact_batcher_mixes_greedy_and_sampled_requests(model, greedy):
+    """A greedy and a sampled request side by side in exact mode's batcher: each gets what it gets
+    alone in the default mode (the greedy row runs the sampling graph at temperature 0)."""
+    sampled = ortspec.Session(model, num_speculative_tokens=2).generate(PROMPTS[2], max_new_tokens=NEW, seed=9, **HOT)
+    with exact_session(model, 2).batcher(max_batch_size=2) as batcher:
+        a = batcher.add_request(PROMPTS[0], max_new_tokens=NEW)
+        b = batcher.add_request(PROMPTS[2], max_new_tokens=NEW, seed=9, **HOT)
+        while batcher.pending:
+            batcher.step()
+        assert batcher.result(a) == greedy[0] and batcher.result(b) == sampled

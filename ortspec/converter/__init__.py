@@ -122,6 +122,8 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
         builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length)
         for k in range(1, K + 1):
             builders[graph_name("mtp_propose", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k)
+            builders[graph_name("mtp_sample", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k,
+                                                                                      sample=True)
     return builders
 
 

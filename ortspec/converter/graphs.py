@@ -32,6 +32,7 @@ from .layers import (
     make_rms_norm,
     make_step_inputs,
 )
+from .sampling_graph import make_draft_choice
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -179,7 +180,8 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
     return g
 
 
-def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int) -> GraphBuilder:
+def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
+                           sample: bool = False) -> GraphBuilder:
     """The MTP head's whole share of a step in one graph (one Run instead of k): the catch-up
     over M rows of target hiddens, then k-1 recursive draft passes.
 
@@ -189,17 +191,24 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
            normed output) at position T+a+j; new_key.mtp, new_value.mtp: the catch-up's rows
            (the runtime writes rows 0..a; the draft passes' rows stay inside the graph)
 
+    sample=True (``mtp_sample_k{k}``) draws each draft instead of taking the argmax, for the
+    rows with temperature > 0 (converter/sampling_graph.py):
+      in   temperature float [B] (0: greedy row), top_k int64 [B], top_p float [B], uniforms [B, k]
+      out  draft_probs [B, k, V]: the distribution each draft was drawn from
+
     Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
     past a are padding: their slots lie after every draft's position, so the mask hides them.
-    Draft positions are clamped to W-1, the last slot of the cache window (the runtime passes a
-    window past T+a+k-1, or all L slots: near the end of max_length those drafts go unused).
+    Draft positions are clamped to the constant L-1 (the runtime passes a window past T+a+k-1,
+    or all L slots: near the end of max_length those drafts go unused). Every value feeding a
+    compute op is a constant or an input, never derived from a shape (CUDA-graph capture).
     """
-    g = GraphBuilder(graph_name("mtp_propose", k), store)
+    g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store)
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
     last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
+    choose = _draft_sampler(g, spec, k) if sample else _draft_argmax(g)
     step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
     out, new_key, new_value, key_view, value_view = _mtp_pass(
         g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
@@ -209,8 +218,8 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
-    def draft_from(out):  # the lm_head on one row per request: [B, 1, H] -> [B, 1]
-        return g.op("ArgMax", [g.linear(out, mtp_lm_head(store))], axis=-1, keepdims=0)
+    def draft_from(out, j):  # the lm_head on one row per request: [B, 1, H] -> [B, 1], [B, 1, V] or None
+        return choose(g.linear(out, mtp_lm_head(store)), j)
 
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
     # A draft's position stays below max_length; it needs no clamp to the window W: the runtime
@@ -218,13 +227,34 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     # (A clamp computed from the window's shape would be shape math that ONNX Runtime places on
     # the CPU, and a CUDA graph may not hold CPU compute nodes: seen on the H200.)
     last_slot = g.const([max_length - 1])
-    draft = draft_from(out)
-    drafts = [draft]
+    draft, probs = draft_from(out, 0)
+    drafts, draft_probs = [draft], [probs]
     for j in range(1, k):
         position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
         out, _, _, key_view, value_view = _mtp_pass(
             g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view), key_view, value_view)
-        draft = draft_from(out)
+        draft, probs = draft_from(out, j)
         drafts.append(draft)
+        draft_probs.append(probs)
     g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
+    if sample:
+        g.output(g.op("Concat", draft_probs, axis=1) if k > 1 else probs, "draft_probs", F32,
+                 ["B", k, spec.vocab_size])
     return g
+
+
+def _draft_argmax(g: GraphBuilder):
+    """(logits [B, 1, V], pass j) -> (the argmax draft [B, 1], None): mtp_propose_k{k}'s choice."""
+    return lambda logits, j: (g.op("ArgMax", [logits], axis=-1, keepdims=0), None)
+
+
+def _draft_sampler(g: GraphBuilder, spec: ModelSpec, k: int):
+    """The sampling graph's inputs, and (logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V])."""
+    temperature, top_p = g.input("temperature", F32, ["B"]), g.input("top_p", F32, ["B"])
+    top_k, uniforms = g.input("top_k", I64, ["B"]), g.input("uniforms", F32, ["B", k])
+
+    def choose(logits, j):
+        u = g.op("Slice", [uniforms, g.const([j]), g.const([j + 1]), g.const([1])])  # [B, 1]
+        return make_draft_choice(g, logits, temperature, top_k, top_p, u, spec.vocab_size)
+
+    return choose

@@ -24,7 +24,8 @@ depend on its own inputs only, provided a fixed-shape product gives a row the sa
 any row index (tiled GEMMs without batch-dependent split-K; ``tools/gpu.py exact`` checks it).
 Rows never mix (row-wise products, per-row mask and recurrence) and pads come after a row's
 real tokens (causal), so pads and other requests never reach a real token. Prefill is per
-request at any length in both modes, the same computation alone or in a batch.
+request at any length in both modes on a GPU, the same computation alone or in a batch (the
+CPU prefills prompts of one length together: a row's bits there do not depend on its neighbours).
 Cost: K+1 rows per request every step, B_fix rows at any batch size; and K positions at
 the end of max_length are reserved for the pads (``ExactShape.usable_length``).
 """
@@ -141,10 +142,12 @@ class FixedShape:
         return padded, spread
 
     def _merge(self, parts: list[Forward], positions: np.ndarray) -> Forward:
-        """One Forward over all rows: tokens side by side (host), the hiddens in one buffer."""
+        """One Forward over all rows: tokens side by side (host), the hiddens in one buffer; the
+        logits stay in the parts (``Forward.logits`` reads them there, only when a request samples)."""
         out = Forward(parts[0]) if len(parts) == 1 else Forward(hidden=self._merged_hidden(parts))
         out.tokens = np.concatenate([p.tokens for p in parts]) if len(parts) > 1 else parts[0].tokens
         out.positions, out.parts, out.keep_alive = positions, parts, [p.keep_alive for p in parts]
+        out.arrays = parts[0].arrays
         return out
 
     def _merged_hidden(self, parts: list[Forward]):

@@ -38,9 +38,9 @@ def batch_bucket(n: int) -> int:
 
 def is_captured_graph(name: str) -> bool:
     """Graphs run as CUDA graphs at fixed shapes: decode (M=1), the verifies (M=k+1) and the MTP
-    head's (catch-up + drafts). Prefill runs any length, so always eagerly."""
+    head's (catch-up + drafts, argmax or sampled). Prefill runs any length, so always eagerly."""
     base = name.split(".stage")[0]
-    return base in ("decode", "mtp") or base.startswith(("verify", "mtp_propose"))
+    return base in ("decode", "mtp") or base.startswith(("verify", "mtp_propose", "mtp_sample"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,10 +37,30 @@ def attention_window(graphs: GraphSet, positions: np.ndarray, reach: int) -> int
 class Forward(dict):
     """Graph outputs (backend arrays) plus ``tokens``, the argmax ids as a host int64 [B, M]
     array, and ``positions`` [B, M], where the forward ran (a consumer of its hidden states,
-    the MTP head, feeds the same M rows)."""
+    the MTP head, feeds the same M rows). The logits stay where the graph left them until a
+    sampled request asks (``logits``). ``parts``: the forwards of exact mode's row groups that
+    this one joins (``forward_shapes.FixedShape``), which keep the logits of their rows."""
 
     tokens: np.ndarray
     positions: np.ndarray
+    arrays: object  # the backend the outputs live in
+    parts: list["Forward"] | None = None
+
+    def logits(self, at: np.ndarray | None = None) -> np.ndarray:
+        """Host float32 logits: every row [B, M, V], or with at [B] row at[j] of request j [B, V]
+        (on CUDA gathered on the device first, so a prefill downloads one row, not the prompt's)."""
+        if "logits" not in self and self.parts:  # exact mode's groups, B_fix rows each, in row order
+            bounds = np.cumsum([0] + [len(part.tokens) for part in self.parts])
+            return np.concatenate([part.logits(None if at is None else at[start:end])
+                                   for part, start, end in zip(self.parts, bounds[:-1], bounds[1:])])
+        logits = self["logits"]
+        if at is None:
+            return self.arrays.download(logits)
+        if self.arrays.device == "cpu":
+            return logits[np.arange(len(at)), at]
+        rows = self.arrays.staging("logits_at", (len(at), logits.shape[2]), np.float32)
+        self.arrays.gather(logits, np.asarray(at, np.int64), rows)
+        return self.arrays.download(rows)
 
 
 def _forward(graphs: GraphSet, out: dict, positions: np.ndarray) -> Forward:
@@ -48,6 +68,7 @@ def _forward(graphs: GraphSet, out: dict, positions: np.ndarray) -> Forward:
     result.keep_alive = getattr(out, "keep_alive", None)
     result.tokens = graphs.arrays.download(out["tokens"])
     result.positions = positions
+    result.arrays = graphs.arrays
     return result
 
 
@@ -155,12 +176,15 @@ class MTPHead:
     drafts d1..dk for the next step: d1 from the entry at the last real row, each further
     draft from the previous one and the head's own output. Only the catch-up's entries are
     written to the cache; the draft passes' entries live inside the graph.
+    ``catch_up_sampled`` runs the same catch-up in ``mtp_sample_k{k}``, whose drafts are drawn
+    (for rows with temperature > 0) from the head's transformed distributions, also returned.
     """
 
     def __init__(self, graphs: GraphSet, batch: int, k: int, engine: int | None = None) -> None:
         self.graphs, self.arrays, self.k = graphs, graphs.arrays, k
         self.engine = graphs.slots.new_engine_id() if engine is None else engine
         self.graph = graph_name("mtp_propose", k)
+        self.sample_graph = graph_name("mtp_sample", k)
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
 
     def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
@@ -168,13 +192,25 @@ class MTPHead:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
         (rows past last[j] are padding, never written). Returns the next step's drafts [B, k].
         graphed: a fixed-shape run (every step's), replayed as a CUDA graph; not the prefill's."""
+        out = self._catch_up(self.graph, {}, rows, hidden, next_ids, positions, last, graphed)
+        return self.arrays.download(out["drafts"])
+
+    def catch_up_sampled(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
+                         sampling: dict, graphed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """catch_up whose drafts are drawn: sampling holds temperature float32 [B] (0: the argmax, as
+        catch_up), top_k int64 [B], top_p float32 [B] and uniforms float32 [B, k]. Returns the
+        drafts [B, k] and the distributions they were drawn from [B, k, V]."""
+        out = self._catch_up(self.sample_graph, sampling, rows, hidden, next_ids, positions, last, graphed)
+        return self.arrays.download(out["drafts"]), self.arrays.download(out["draft_probs"])
+
+    def _catch_up(self, graph: str, extra: dict, rows: Rows, hidden, next_ids, positions, last, graphed: bool):
         window = attention_window(self.graphs, positions, reach=self.k)  # drafts d2..dk: k-1 slots past row a
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
-                 "last": np.ascontiguousarray(last, np.int64), **self.states.feeds(rows, window)}
-        key = SlotKey.for_run(self.graph, next_ids, self.engine) if graphed else None
-        out = self.graphs[self.graph].run(feeds, slot=key)
+                 "last": np.ascontiguousarray(last, np.int64), **extra, **self.states.feeds(rows, window)}
+        key = SlotKey.for_run(graph, next_ids, self.engine) if graphed else None
+        out = self.graphs[graph].run(feeds, slot=key)
         self.states.write(out, rows, positions, counts=last + 1)
-        return self.arrays.download(out["drafts"])
+        return out
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         return self.states.row_state(row, length)

@@ -2,15 +2,17 @@
 
     with session.batcher(max_batch_size=4) as batcher:
         a = batcher.add_request([1, 2, 3], max_new_tokens=32)
-        batcher.step()                       # {request id: tokens committed this step}
-        b = batcher.add_request([4, 5], max_new_tokens=8)   # joins while `a` runs
+        batcher.step()                       # {request id: its tokens not reported before}
+        b = batcher.add_request([4, 5], max_new_tokens=8, temperature=0.7, seed=1)   # joins while `a` runs
         while batcher.pending:
             batcher.step()
         batcher.result(a), batcher.result(b)
 
-A new request is prefilled into a free row when it is added and takes part from the next
-step on; a finished request's row is freed for the next arrival. Every request's tokens equal
-what it gets decoded alone. On CUDA every row always runs (rows stay one contiguous range at
+A new request is prefilled into a free row when it is added (which makes its first token) and
+takes part from the next step on; a finished or cancelled request's row is freed for the next
+arrival. step() reports every token exactly once, the first included, so the tokens a client
+collects from step() are result(). Every request's tokens equal what it gets decoded alone
+(with the same seed when it samples). On CUDA every row always runs (rows stay one contiguous range at
 fixed addresses, so the captured graphs keep replaying): a free row holds a finished
 placeholder whose results are dropped. In exact mode too, and its engine has whole groups of
 exact_batch_size rows: rows past max_batch_size hold placeholders for good.
@@ -43,6 +45,7 @@ class Batcher:
         self.session, self.max_batch_size = session, max_batch_size
         self.rows: list[Request | None] = [None] * rows  # the engine's rows; requests take the first max_batch_size
         self.requests: dict[int, Request] = {}
+        self._reported: dict[int, int] = {}  # request id -> output tokens step() has returned
         self._next_id = 0
         self.decoder: Decoder | None = None
         lease = session.lease_engine(rows)
@@ -89,17 +92,32 @@ class Batcher:
 
     @property
     def pending(self) -> list[int]:
-        """Ids of the requests still generating."""
+        """Ids of the requests step() still owes tokens: running, or finished with tokens it has
+        not returned yet (a request can finish at its prefill). ``while batcher.pending:
+        batcher.step()`` therefore delivers every token."""
+        return [rid for rid, r in self.requests.items() if not r.done or self._unreported(rid)]
+
+    @property
+    def running(self) -> list[int]:
+        """Ids of the requests still generating (each holds a row)."""
         return [rid for rid, r in self.requests.items() if not r.done]
 
-    def add_request(self, prompt, max_new_tokens: int = 32, stop_tokens=None) -> int:
+    def _unreported(self, rid: int) -> bool:
+        return self.requests[rid].output_length > self._reported[rid]
+
+    def add_request(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
+                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> int:
         """Validates and prefills one prompt into a free row; returns the request id.
 
         prompt: token ids (as for Session.generate), or a str, encoded with the model's
         tokenizer; step() and result() return token ids either way (session.tokenizer.decode
-        turns them into text). max_new_tokens >= 1; stop_tokens as for generate."""
+        turns them into text). max_new_tokens >= 1; stop_tokens and the sampling arguments
+        (temperature, top_k, top_p, seed) as for generate: with the same seed a request gets the
+        tokens generate(prompt, seed=seed) gets."""
         with self._call():
-            new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1)
+            params = validation.sampling(temperature, top_k, top_p, seed)
+            validation.sampling_graphs(self.session.manifest, self.session.k, params)
+            new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params)
             validation.single_prompt([r.prompt for r in new.requests], new.single)
             [req] = new.requests
             row = next((i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done),
@@ -110,7 +128,7 @@ class Batcher:
             req.row = row
             self._place(req)
             rid, self._next_id = self._next_id, self._next_id + 1
-            self.requests[rid] = req
+            self.requests[rid], self._reported[rid] = req, 0
             return rid
 
     def _place(self, req: Request) -> None:
@@ -118,18 +136,39 @@ class Batcher:
         self.decoder.prefill(req)
 
     def step(self) -> dict[int, list[int]]:
-        """One decoding step for every running request; returns the tokens each committed."""
+        """One decoding step for every running request (none when no request runs); returns, for
+        every request that was running or had unreported tokens, the tokens not returned before:
+        a new request's first token (made when it was added) comes with its first step."""
         with self._call():
-            before = {rid: r.output_length for rid, r in self.requests.items() if not r.done}
+            owed = self.pending
             self.decoder.step([r for r in self.rows if r is not None])
-            return {rid: self.requests[rid].output(n) for rid, n in before.items()}
+            report = {}
+            for rid in owed:
+                report[rid] = self.requests[rid].output(self._reported[rid])
+                self._reported[rid] += len(report[rid])
+            return report
+
+    def cancel(self, request_id: int) -> None:
+        """Stops a request now (a client went away): its row is free for the next add_request,
+        result() keeps its tokens so far, step() reports nothing more of it. A finished request
+        is left as it is."""
+        req = self._request(request_id)
+        req.cancel()
+        self._reported[request_id] = req.output_length
+
+    def finish_reason(self, request_id: int) -> str | None:
+        """None while the request runs; then "stop" (a stop token), "length" (max_new_tokens) or "cancelled"."""
+        return self._request(request_id).finish_reason
 
     def result(self, request_id: int) -> list[int]:
         """The request's tokens so far (all of them once it is done)."""
+        return self._request(request_id).output()
+
+    def _request(self, request_id: int) -> Request:
         request_id = validation.request_id(request_id)
         if request_id not in self.requests:
             raise InputError(f"no request with id {request_id}; ids come from add_request.")
-        return self.requests[request_id].output()
+        return self.requests[request_id]
 
 
 def run_arrivals(batcher: Batcher, requests: list[tuple[list[int], int]], every: int = 2) -> list[list[int]]:
@@ -138,7 +177,7 @@ def run_arrivals(batcher: Batcher, requests: list[tuple[list[int], int]], every:
     A staggered-arrival driver for tests and benchmarks."""
     queue, ids, step = list(requests), [], 0
     while queue or batcher.pending:
-        if queue and step % every == 0 and len(batcher.pending) < batcher.max_batch_size:
+        if queue and step % every == 0 and len(batcher.running) < batcher.max_batch_size:
             prompt, n = queue.pop(0)
             ids.append(batcher.add_request(prompt, max_new_tokens=n))
         if batcher.pending:

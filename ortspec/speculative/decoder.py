@@ -18,18 +18,14 @@ from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
 from ..runtime.graphs import GraphSet
 from ..runtime.model import Forward, MTPHead
 from ..runtime.states import Rows
+from . import sampler
 from .commits import COMMITS
 from .drafts import DraftSource, MTPDrafts
 from .requests import Batch, Request
+from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
 from .stats import Stats
 
-
-def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """a_j = max{ i <= k : d_{j,1..i} == g_{j,0..i-1} }: the longest prefix of drafts [B, k]
-    that matches the target argmaxes [B, >= k+1] (draft i is checked against g_{i-1})."""
-    k = drafts.shape[1]
-    match = drafts == targets[:, :k]  # [B, k]
-    return np.where(match.all(axis=1), k, np.argmin(match, axis=1)).astype(np.int64)
+PREFILL_GROUP_TOKENS = 4096  # prompt tokens per grouped prefill forward (bounds its [B, n, V] logits)
 
 
 class Decoder:
@@ -48,6 +44,8 @@ class Decoder:
     commit: "select" or "readvance" (``commits.COMMITS``). exact: run every target forward at
     that one fixed shape (``runtime.forward_shapes.FixedShape``); batch_size must then be a
     multiple of its batch_size (placeholder requests fill the rest).
+
+    Tokens are chosen by ``sampler``: the argmax for greedy requests, draws for sampled ones.
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
@@ -68,11 +66,35 @@ class Decoder:
 
     # -- driver ----------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:
-        for req in requests:
-            self.prefill(req)
-        while self.step(requests):
+        for _ in self.steps(requests):
             pass
         return [r.output() for r in requests]
+
+    def steps(self, requests: list[Request]):
+        """Prefills the requests (rows in order), then steps until all are done; yields after the
+        prefill and after every step, so a caller can stream each request's new tokens."""
+        for group in self._prefill_groups(requests):
+            self.prefill_group(group)
+        yield
+        while self.step(requests):
+            yield
+
+    def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
+        """Runs of requests in consecutive rows with prompts of one length, at most
+        PREFILL_GROUP_TOKENS prompt tokens each. On the CPU only: a token's bits there do not
+        depend on the rows beside it (layers.py); a GPU library may pick another kernel for
+        more rows, so on CUDA each request is prefilled alone, as it was checked."""
+        if self.graphs.arrays.device != "cpu":
+            return [[r] for r in requests]
+        groups: list[list[Request]] = []
+        for req in requests:
+            last = groups[-1] if groups else None
+            if (last and len(last[0].prompt) == len(req.prompt) and last[-1].row + 1 == req.row
+                    and (len(last) + 1) * len(req.prompt) <= PREFILL_GROUP_TOKENS):
+                last.append(req)
+            else:
+                groups.append([req])
+        return groups
 
     def step(self, occupants: list[Request]) -> bool:
         """One step over the unfinished requests (all occupants when rows are fixed); False
@@ -99,29 +121,37 @@ class Decoder:
         return stats
 
     def prefill(self, req: Request) -> None:
-        """Target over the prompt (positions 0..n-1) -> first token; then the MTP head's entries 0..n-1."""
-        rows, n = Rows([req.row]), len(req.prompt)
-        ids, positions = np.array([req.prompt], np.int64), np.arange(n, dtype=np.int64)[None]  # [1, n]
+        self.prefill_group([req])
+
+    def prefill_group(self, requests: list[Request]) -> None:
+        """Requests with prompts of one length n in consecutive rows, in one forward: the target
+        over the prompts (positions 0..n-1) -> each first token; then the MTP head's entries 0..n-1."""
+        rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
+        ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
+        positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
+        last = np.full(len(requests), n - 1, np.int64)  # [B]
         with self.graphs.device_lock, self.stats.timed("prefill"):
             self.target.reset(rows)
             out = self.target.prefill(rows, ids, positions)
-            req.tokens = list(req.prompt)
-            first = int(out.tokens[0, -1])
+            for req in requests:
+                req.tokens = list(req.prompt)
+            first = sampler.pick(requests, out, last)  # [B]
             if self.mtp is not None:
-                next_ids = np.array([req.prompt[1:] + [first]], np.int64)  # x_{p+1} for every p
-                self._catch_up(rows, out, next_ids, np.array([n - 1]), [req], graphed=False)
-        req.extend([first])
-        if not req.placeholder:
-            self.stats.requests += 1
-            self.stats.prompt_tokens += n
-            self.stats.generated_tokens += 1
+                next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p
+                self._catch_up(rows, out, next_ids, last, requests, graphed=False)
+        for req, token in zip(requests, first):
+            req.extend([token])
+            if not req.placeholder:
+                self.stats.requests += 1
+                self.stats.prompt_tokens += n
+                self.stats.generated_tokens += 1
 
     # -- one step --------------------------------------------------------------------------
     def greedy_step(self, batch: Batch) -> None:
         """Plain decode: one target forward of x_T per row (and its MTP entry, when speculating)."""
         with self.stats.timed("decode"):
             out = self.forwards.advance(batch.rows, batch.pending[:, None], batch.processed[:, None])
-            tokens = out.tokens[:, 0]  # [B]
+            tokens = sampler.pick(batch.requests, out, np.zeros(len(batch), np.int64))  # [B]
             if self.mtp is not None:
                 self._catch_up(batch.rows, out, tokens[:, None], np.zeros(len(batch), np.int64), batch.requests)
         self.stats.record_decode_step()
@@ -140,10 +170,11 @@ class Decoder:
         positions = T[:, None] + np.arange(k + 1)
         with self.stats.timed("verify"):
             verified = self.commit.verify(batch, ids, positions)
-        targets = verified.out.tokens  # g_0..g_k: the target's argmax after each row (exact mode: pads follow)
-        # 3. accept: a = longest prefix with d_i == g_{i-1}; emit d_1..d_a and the bonus g_a
-        accepted = accept_lengths(drafts, targets)  # [B]
-        bonus = targets[np.arange(len(batch)), accepted]  # [B]
+        # 3. accept: greedy rows: a = longest prefix with d_i == g_{i-1} (g: the target's argmaxes),
+        #    bonus g_a. Sampled rows: d_i kept with probability min(1, p_{i-1}(d_i) / q_i(d_i)),
+        #    bonus drawn from norm(max(0, p_a - q_{a+1})), or from p_k when a = k (sampling.py).
+        #    Emit d_1..d_a and the bonus. Both read the verify's first k+1 rows (exact mode: pads follow).
+        accepted, bonus = sampler.accept(batch.requests, drafts, verified.out)  # [B], [B]
         # 4. commit every state to T + a + 1 tokens, as if decoded one by one: the MTP head
         #    first (it reads the verify's hiddens, which readvance's re-runs may overwrite)
         with self.stats.timed("commit"):
@@ -162,13 +193,21 @@ class Decoder:
     def _catch_up(self, rows: Rows, out: Forward, next_ids, last, requests, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target forward's hiddens and the tokens that
         followed (next_ids [B, m]; padded to the forward's width W, rows past last[j] are
-        padding and never written); the head's output at last[j] is the next step's d1."""
+        padding and never written); the head's output at last[j] is the next step's d1.
+        Sampled requests' drafts are drawn, and the distributions they came from kept for the
+        acceptance."""
         width = out.positions.shape[1]
         if next_ids.shape[1] < width:  # exact mode: the forward ran K_fix+1 rows
             next_ids = np.concatenate([next_ids, np.zeros((len(next_ids), width - next_ids.shape[1]), np.int64)], 1)
-        drafts = self.mtp.catch_up(rows, out["hidden"], next_ids, out.positions, last, graphed=graphed)  # [B, k]
-        for req, row in zip(requests, drafts):
-            req.next_drafts = row.tolist()
+        sampling = sampler.draft_inputs(requests, self.k)
+        if sampling is None:
+            drafts = self.mtp.catch_up(rows, out["hidden"], next_ids, out.positions, last, graphed=graphed)  # [B, k]
+            probs = [None] * len(requests)
+        else:
+            drafts, probs = self.mtp.catch_up_sampled(rows, out["hidden"], next_ids, out.positions, last, sampling,
+                                                      graphed=graphed)  # [B, k], [B, k, V]
+        for req, row, q in zip(requests, drafts, probs):
+            req.next_drafts, req.draft_probs = row.tolist(), q if req.samples else None
 
     def _check_positions(self, batch: Batch) -> None:
         """The last accept length again, from positions: this step's first position minus the

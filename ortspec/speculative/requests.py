@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from ..runtime.states import Rows
+from .sampling import GREEDY, SamplingParams
 
 
 @dataclasses.dataclass
@@ -15,6 +16,8 @@ class Request:
 
     ``tokens`` is prompt + generated; the target has processed all but the last one
     (``processed`` = T), and the last is the pending token the next step feeds first.
+    ``sampling`` says how its tokens are chosen (greedy by default) and ``random`` is its own
+    random stream (None when greedy), so its draws never depend on the rows beside it.
     """
 
     row: int
@@ -23,6 +26,10 @@ class Request:
     stop_tokens: frozenset = frozenset()
     tokens: list[int] = dataclasses.field(default_factory=list)
     next_drafts: list[int] = dataclasses.field(default_factory=list)  # d1..dk from the last catch-up
+    draft_probs: np.ndarray | None = None  # [k, V] what a sampled request's next_drafts were drawn from
+    sampling: SamplingParams = GREEDY
+    random: np.random.Generator | None = None
+    finish_reason: str | None = None  # "stop" (a stop token), "length" (max_new_tokens), "cancelled"
     last_first_position: int | None = None  # first verify position of the previous step
     last_accepted: int = 0
     done: bool = False
@@ -32,6 +39,10 @@ class Request:
     @classmethod
     def filler(cls, row: int) -> "Request":
         return cls(row=row, prompt=[0], max_new_tokens=1, placeholder=True)
+
+    @property
+    def samples(self) -> bool:
+        return not self.sampling.greedy
 
     @property
     def processed(self) -> int:
@@ -49,9 +60,15 @@ class Request:
         generated = len(self.tokens) - len(self.prompt)
         for i in range(before, min(generated, self.max_new_tokens)):
             if self.tokens[len(self.prompt) + i] in self.stop_tokens:
-                self.done, self._output_length = True, i + 1
+                self.done, self._output_length, self.finish_reason = True, i + 1, "stop"
                 return
         self.done = generated >= self.max_new_tokens
+        self.finish_reason = "length" if self.done else None
+
+    def cancel(self) -> None:
+        """Ends the request where it is (its row is free for another); output() keeps its tokens."""
+        if not self.done:
+            self._output_length, self.done, self.finish_reason = self.output_length, True, "cancelled"
 
     @property
     def output_length(self) -> int:

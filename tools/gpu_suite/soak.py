@@ -88,7 +88,7 @@ def soak(sessions, prompts, args) -> tuple[list[list[tuple]], list[float]]:
             arrival = 0.5 if (loop // 500) % 2 == 0 else 1 / 30
             loop += 1
             for i, batcher in enumerate(batchers):
-                if len(batcher.pending) < args.max_batch and rng.random() < arrival:
+                if len(batcher.running) < args.max_batch and rng.random() < arrival:
                     prompt, n = prompts[rng.integers(len(prompts))], int(rng.integers(16, 161))
                     live[i][batcher.add_request(prompt, max_new_tokens=n)] = (prompt, n)
                 if batcher.pending:

@@ -1,0 +1,117 @@
+"""A server over a Session: the engine thread and uvicorn, started and stopped together.
+
+    server = Server(session, port=0)     # binds now (port 0: an ephemeral port), checks every option
+    server.run()                         # the CLI: blocks until Ctrl-C, then shuts down cleanly
+    server.start(); server.url; server.stop()   # in the background (tests, tools/serve_load.py)
+
+Shutdown order: uvicorn stops accepting and lets requests in flight finish (at most
+GRACEFUL_SECONDS, the engine still running so they can), then the engine thread fails what
+is left with 503 and closes its batcher. The Session belongs to the caller.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+import time
+
+from .. import validation
+from ..errors import ConfigurationError, MissingDependencyError
+
+DEPENDENCIES = ("starlette", "uvicorn", "jinja2")
+GRACEFUL_SECONDS = 10
+
+
+def require_dependencies() -> None:
+    missing = [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependencyError(f"ortspec serve needs {', '.join(missing)}, which are not installed: "
+                                     "pip install 'ortspec[serve]'.")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: one the OS picks), or a ConfigurationError saying why not."""
+    if not isinstance(host, str) or not host:
+        raise ConfigurationError(f"host={host!r} must be an address such as 127.0.0.1 or 0.0.0.0.")
+    port = validation.integer("port", port, ConfigurationError, 0)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except (OSError, OverflowError) as exc:
+        raise ConfigurationError(f"cannot listen on {host}:{port} ({exc}); pick another --host or --port.") from None
+    return sock
+
+
+class Server:
+    def __init__(self, session, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 8,
+                 max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
+                 log_level: str = "warning") -> None:
+        require_dependencies()
+        import uvicorn
+
+        from .app import create_app
+        from .chat import ChatTemplate
+        from .engine import Engine
+
+        max_batch_size = validation.max_batch_size(max_batch_size)
+        max_queue = validation.integer("max_queue", max_queue, ConfigurationError, 1)
+        if not validation.is_real(request_timeout) or request_timeout <= 0:
+            raise ConfigurationError(f"request_timeout={request_timeout!r} must be a number of seconds > 0.")
+        self.engine = Engine(session, max_batch_size, max_queue)
+        self.model_name = model_name or session.manifest.dir.name
+        app = create_app(session, self.engine, self.model_name, float(request_timeout),
+                         ChatTemplate.from_model_dir(session.manifest.dir))
+        self.socket = bind(host, port)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off",
+                                                     timeout_graceful_shutdown=GRACEFUL_SECONDS))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def run(self) -> None:
+        """Serves until interrupted (SIGINT / SIGTERM), then shuts down."""
+        self.engine.start()
+        try:
+            self.uvicorn.run(sockets=[self.socket])
+        finally:
+            self._close()
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        """Serves from a background thread; returns once it accepts connections."""
+        self.engine.start()
+        self._thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.socket]},
+                                        name="ortspec-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self._close()
+                raise RuntimeError(f"the HTTP server did not start within {timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stops accepting, lets requests in flight finish, then stops the engine (idempotent)."""
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._close()
+
+    def _close(self) -> None:
+        self.engine.stop()
+        self.socket.close()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,83 @@
+"""Chooses the requests' tokens from a forward (the decoder calls these three functions):
+the argmax for greedy requests, a draw from the transformed distribution for sampled ones.
+
+Logits leave the device only when a live request of the batch samples, so greedy batches cost
+what they did before sampling existed. A request that is done (a finished row that keeps
+running on CUDA) draws nothing. Each sampled request draws from its own random stream, a
+fixed count per event, so a seed reproduces its tokens whatever rows run beside it:
+
+    pick           a token after one row (prefill, plain decode)       1 uniform
+    accept         a speculative step's acceptance                     k + 1 uniforms
+    draft_inputs   the head's k drafts at a catch-up                   k uniforms
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime.model import Forward
+from . import sampling
+from .requests import Request
+
+
+def _sampled(requests: list[Request]) -> list[int]:
+    """Indices of the live requests that sample."""
+    return [j for j, r in enumerate(requests) if r.samples and not r.done]
+
+
+def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(temperature, top_k, top_p) [B] of these requests."""
+    return (np.array([r.sampling.temperature for r in requests], np.float64),
+            np.array([r.sampling.top_k for r in requests], np.int64),
+            np.array([r.sampling.top_p for r in requests], np.float64))
+
+
+def _uniforms(requests: list[Request], n: int) -> np.ndarray:
+    """[B, n] float32 uniforms in [0, 1), each row from its request's stream."""
+    return np.stack([r.random.random(n, dtype=np.float32) for r in requests])
+
+
+def pick(requests: list[Request], out: Forward, at: np.ndarray) -> np.ndarray:
+    """The token after row at[j] of request j [B]: the argmax, or a draw for a sampled request."""
+    tokens = out.tokens[np.arange(len(requests)), at]  # [B]
+    live = _sampled(requests)
+    if live:
+        chosen = [requests[j] for j in live]
+        probs = sampling.transform(out.logits(at)[live], *_params(chosen))  # [n, V]
+        tokens[live] = sampling.draw(probs, _uniforms(chosen, 1)[:, 0])
+    return tokens
+
+
+def accept(requests: list[Request], drafts: np.ndarray, out: Forward) -> tuple[np.ndarray, np.ndarray]:
+    """(a [B] drafts accepted, the token emitted after them [B]) from a verify over [x_T, d_1..d_k]:
+    greedy rows by the argmax rule, sampled rows by exact speculative sampling over the drafts'
+    distributions (request.draft_probs, from the head's catch-up that drew them)."""
+    targets = out.tokens  # [B, W]: W = k+1, or exact mode's K_fix+1 (pads after the step's k+1 rows)
+    accepted = sampling.accept_lengths(drafts, targets)  # [B]
+    bonus = targets[np.arange(len(requests)), accepted]  # [B]
+    live = _sampled(requests)
+    if live:
+        chosen = [requests[j] for j in live]
+        k = drafts.shape[1]
+        logits = out.logits()[live, : k + 1]  # [n, k+1, V] (a forward padded past k+1 rows: not the step's)
+        temperature, top_k, top_p = (np.repeat(x, k + 1) for x in _params(chosen))
+        p = sampling.transform(logits.reshape(-1, logits.shape[2]), temperature, top_k, top_p).reshape(logits.shape)
+        q = np.stack([r.draft_probs for r in chosen])  # [n, k, V]
+        u = _uniforms(chosen, k + 1)
+        accepted[live], bonus[live] = sampling.speculative_accept(p, q, drafts[live], u[:, :k], u[:, k])
+    return accepted, bonus
+
+
+def draft_inputs(requests: list[Request], k: int) -> dict | None:
+    """The sampling inputs of the head's catch-up (``mtp_sample_k{k}``), or None when no live
+    request samples (then the argmax graph runs). Greedy and done rows get temperature 0."""
+    live = _sampled(requests)
+    if not live:
+        return None
+    temperature, top_k, top_p = _params(requests)
+    greedy = np.ones(len(requests), bool)
+    greedy[live] = False
+    uniforms = np.zeros((len(requests), k), np.float32)
+    uniforms[live] = _uniforms([requests[j] for j in live], k)
+    return {"temperature": np.where(greedy, 0.0, temperature).astype(np.float32), "top_k": top_k,
+            "top_p": top_p.astype(np.float32), "uniforms": uniforms}
