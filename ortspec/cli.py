@@ -61,6 +61,11 @@ def _add_run_options(parser, max_new_tokens: int) -> None:
     parser.add_argument("--pipeline-stages", type=int, default=1, help="run the target as N pipeline stages")
     parser.add_argument("--devices", type=_int_list, default=None,
                         help="GPU per pipeline stage, e.g. 0,1 (default: every stage on device 0)")
+    _add_exact(parser)
+
+
+def _add_exact(parser) -> None:
+    """--exact and --exact-batch-size (generate, bench, serve)."""
     parser.add_argument("--exact", action="store_true",
                         help="exact mode: every step's target forward at one fixed shape, so on a GPU in "
                              "float16/bfloat16 too a token's bits depend on neither batch, row nor k "
@@ -153,6 +158,7 @@ def _add_serve(sub) -> None:
                    help="how GDN states are committed after a verify (both exact)")
     s.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="ONNX Runtime execution provider")
     s.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's choice)")
+    _add_exact(s)
     s.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (rows of the batch)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a row before answering 429")
     s.add_argument("--request-timeout", type=float, default=600.0,
@@ -276,7 +282,7 @@ def _serve(args) -> None:
 
     require_dependencies()  # before loading the model
     with Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
-                 threads=args.threads) as session:
+                 threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size) as session:
         server = Server(session, host=args.host, port=args.port, max_batch_size=args.max_batch_size,
                         max_queue=args.max_queue, request_timeout=args.request_timeout, model_name=args.model_name,
                         log_level=args.log_level)

@@ -230,3 +230,14 @@ def test_the_serve_command_refuses_a_bad_model_dir_or_a_busy_port(tmp_path, toke
         busy.listen()
         assert cli.main(["serve", str(tokenized_model), "--port", str(busy.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+def test_an_exact_mode_server_answers_as_exact_generate(tokenized_model):
+    """`ortspec serve --exact`: the server's one batcher runs the Session's fixed shape, and each
+    answer equals that exact Session's own generate (streamed or not)."""
+    with ortspec.Session(tokenized_model, num_speculative_tokens=2, exact=True, exact_batch_size=2) as exact, \
+            Server(exact, port=0, max_batch_size=2) as server:
+        for prompt, n in [("def main(", 10), ("the cache", 14)]:
+            want = exact.generate(prompt, max_new_tokens=n)
+            assert complete(server.url, {"prompt": prompt, "max_tokens": n}).text == want
+            assert complete(server.url, {"prompt": prompt, "max_tokens": n, "stream": True}).text == want
