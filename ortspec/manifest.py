@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from .errors import ModelDirError
@@ -62,6 +63,14 @@ def state_table(spec: ModelSpec, max_length: int, with_mtp: bool) -> dict[str, d
     for entry in table.values():
         entry["dtype"] = "float32"
     return table
+
+
+def state_bytes(states: dict[str, dict]) -> int:
+    """Bytes of the state buffers one batch row holds: a state table's entries (shapes [B, ...])."""
+    return sum(_ITEMSIZE[entry["dtype"]] * math.prod(entry["shape"][1:]) for entry in states.values())
+
+
+_ITEMSIZE = {"float32": 4}  # every state is float32 (state_table)
 
 
 @dataclasses.dataclass

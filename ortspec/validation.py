@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigurationError, InputError, ModelDirError, OrtspecError, ProviderError
-from .manifest import graph_name
+from .manifest import graph_name, state_bytes
 from .speculative.sampling import MIN_TEMPERATURE, SamplingParams
 
 PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer array), a batch of those "
@@ -393,13 +393,18 @@ def request_id(value) -> int:
 
 
 # -- memory -----------------------------------------------------------------------------------
-def state_bytes_per_request(states: dict) -> int:
-    """Bytes of the state buffers one batch row holds (manifest state table, shapes [B, ...])."""
-    return sum(np.dtype(e["dtype"]).itemsize * int(np.prod(e["shape"][1:])) for e in states.values())
-
-
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def machine_memory_bytes() -> int | None:
+    """Physical memory, or a smaller cgroup (container) limit; None where it cannot be read."""
+    try:
+        sizes = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            sizes.append(int(Path(limit_file).read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            pass
+    return min(sizes)
 
 
 def batch_fits_memory(rows: int, states: dict, device: str, memory: int | None = None) -> None:
@@ -408,8 +413,8 @@ def batch_fits_memory(rows: int, states: dict, device: str, memory: int | None =
     killed later, mid-decode). Host buffers only: on CUDA the states live in device memory."""
     if device != "cpu":
         return
-    per_row, memory = state_bytes_per_request(states), host_memory_bytes() if memory is None else memory
-    if rows * per_row > memory:
+    per_row, memory = state_bytes(states), machine_memory_bytes() if memory is None else memory
+    if memory is not None and rows * per_row > memory:
         raise InputError(f"a batch of {rows} requests needs {_size(rows * per_row)} of state buffers "
                          f"({_size(per_row)} each), more than this machine's {_size(memory)} of memory; "
                          f"run at most {memory // per_row} requests at once.")

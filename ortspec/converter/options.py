@@ -10,14 +10,12 @@ max_length=10**9 got the process OOM-killed instead of an error.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-import os
-from pathlib import Path
 
 from ..errors import ConvertOptionError
-from ..manifest import state_table
+from ..manifest import state_bytes, state_table
 from ..model_spec import FULL, ModelSpec
+from ..validation import machine_memory_bytes
 
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTS = (None, "int4")
@@ -100,23 +98,9 @@ def check_max_length(spec: ModelSpec, max_length: int, with_mtp: bool, memory: i
 def request_bytes(spec: ModelSpec, max_length: int, with_mtp: bool) -> int:
     """Bytes of one request's state buffers (fp32, manifest.state_table) plus the tables sized by
     max_length: RoPE cos/sin [L, rotary/2] fp32 and the position constant [L] int64 of each graph."""
-    states = sum(4 * math.prod(entry["shape"][1:]) for entry in state_table(spec, max_length, with_mtp).values())
+    states = state_bytes(state_table(spec, max_length, with_mtp))
     tables = 2 * 4 * max_length * (spec.rotary_dim // 2) + GRAPHS_PER_SESSION * 8 * max_length
     return states + tables
-
-
-def machine_memory_bytes() -> int | None:
-    """Physical memory, or a smaller cgroup (container) limit; None where it cannot be read."""
-    try:
-        sizes = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
-    except (AttributeError, ValueError, OSError):  # not POSIX
-        return None
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            sizes.append(int(Path(limit_file).read_text().strip()))
-        except (OSError, ValueError):  # absent, or "max" (no limit)
-            pass
-    return min(sizes)
 
 
 def _gib(n: int) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import ClosedError, ModelDirError, ProviderError
-from ..manifest import Manifest
+from ..manifest import Manifest, state_bytes
 from .fair_lock import FairLock
 from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
 
@@ -43,8 +43,7 @@ def make_arrays(manifest: Manifest, provider: str, device: int = 0):
 
     if provider == "cpu":
         return HostArrays(device)
-    state_bytes = sum(4 * int(np.prod(e["shape"][1:])) for e in manifest.states.values())
-    return CudaArrays(scratch_bytes=64 * state_bytes + (64 << 20), device_index=device)
+    return CudaArrays(scratch_bytes=64 * state_bytes(manifest.states) + (64 << 20), device_index=device)
 
 
 class SharedWeights:
