@@ -17,6 +17,7 @@ Table last; exits 1 if any check fails.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def soak(sessions, prompts, args) -> tuple[list[list[tuple]], list[float]]:
     rng = np.random.default_rng(5)
     requests = [[] for _ in sessions]
     memory, next_sample = [], 0
-    with _batchers(sessions, args.max_batch) as batchers:
+    with contextlib.ExitStack() as stack:
+        batchers = [stack.enter_context(s.batcher(max_batch_size=args.max_batch)) for s in sessions]
         live = [{} for _ in sessions]  # request id -> (prompt, max_new_tokens)
         loop = 0
         while True:
@@ -100,20 +102,6 @@ def soak(sessions, prompts, args) -> tuple[list[list[tuple]], list[float]]:
                 batcher.step()
             requests[i] += [(*pn, batcher.result(rid)) for rid, pn in live[i].items()]
     return requests, memory
-
-
-class _batchers:
-    """One batcher per Session, closed together."""
-
-    def __init__(self, sessions, rows: int) -> None:
-        self.batchers = [s.batcher(max_batch_size=rows) for s in sessions]
-
-    def __enter__(self):
-        return self.batchers
-
-    def __exit__(self, *exc) -> None:
-        for b in self.batchers:
-            b.close()
 
 
 def check_memory(memory: list[float], flat_mib: float, checks: Checks) -> float:
