@@ -40,23 +40,6 @@ CODE_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:
                 "for i in range(10):"]
 
 
-def held_out_prompts(tokenizer, count: int, seed: int, max_tokens: int = 64) -> list[list[int]]:
-    """count code prompts held out from every benchmark prompt set: 1-6 consecutive lines cut at
-    random (fixed seed) from ortspec's own source files, which the trained model never saw (it
-    was trained on the standard library and site-packages), as token ids cut to max_tokens."""
-    import random
-
-    lines = [line for path in sorted((ROOT / "ortspec").rglob("*.py")) for line in path.read_text().splitlines(True)]
-    rng, prompts = random.Random(seed), []
-    while len(prompts) < count:
-        start = rng.randrange(len(lines))
-        text = "".join(lines[start: start + rng.randint(1, 6)])
-        ids = tokenizer.encode(text).ids[:max_tokens]
-        if len(ids) >= 4:
-            prompts.append(ids)
-    return prompts
-
-
 def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline_stages: int = 1,
             quant: str | None = None) -> Path:
     """ortspec.convert with K=4, quietly, replacing an earlier conversion at the same fixed path

@@ -3,7 +3,8 @@
 Four Sessions of the trained model (k = 1, 2, 3, 4; commit select, or readvance with
 --commit), each with a batcher of --max-batch rows (8), stepped in turn in one process. Requests
 arrive staggered (a free row is filled with probability 1/2 per step for 500 steps, then 1/30
-for 500, and so on, so the occupancy sweeps between 1 and 8), with held-out code prompts (common.held_out_prompts) and 16..160 new tokens.
+for 500, and so on, so the occupancy sweeps between 1 and 8), with held-out code prompts
+(exact_prompts.token_prompts) and 16..160 new tokens.
 Checked:
 (1) device memory in use, sampled every --every speculative steps (all Sessions together), is
     flat after the warm-up sample: max - min <= --flat-mib;
@@ -25,7 +26,8 @@ import numpy as np
 
 import ortspec
 
-from .common import TRAINED, Checks, convert, graph_faults, held_out_prompts, markdown_table, write_json
+from .common import TRAINED, Checks, convert, graph_faults, markdown_table, write_json
+from .exact_prompts import token_prompts
 
 SUMMARY = "20,000+ speculative steps through batchers, k = 1..4: memory flat, graph faults 0, tokens = solo runs"
 
@@ -49,7 +51,7 @@ def run(args) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     sessions = [ortspec.Session(model, provider=args.provider, num_speculative_tokens=k, commit=args.commit)
                 for k in ks]
-    prompts = held_out_prompts(sessions[0].tokenizer, count=512, seed=11, max_tokens=64)
+    prompts = token_prompts(sessions[0], count=512, seed=11)
     start = time.perf_counter()
     requests, memory = soak(sessions, prompts, args)
     seconds = time.perf_counter() - start
