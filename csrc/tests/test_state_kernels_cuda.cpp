@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/device_memory.h"
 #include "core/state_kernels.h"
+#include "core/streams.h"
 #include "tests/check.h"
 #include "tests/reference.h"
 #include "tests/suites.h"
@@ -298,6 +300,33 @@ void test_copy_between_devices() {
   std::printf("state_kernels_cuda: copy_buffer cuda:0 -> cuda:%d checked\n", last);
 }
 
+// The pipelined greedy loop's pieces: kernels on an ortspec Stream, a device-to-device copy
+// feeding the next input, a copy into page-locked memory read after an Event.
+void test_stream_event_and_pinned_readback() {
+  ortspec::Stream stream(0);
+  ortspec::Event event(0);
+  CHECK(stream.handle() != 0 && event.done());
+  ortspec::PersistentBuffers device(kGpu);
+  std::vector<float> window{0, 1, 2, 3, 4, 5, 6, 7};  // [W=2, B=2, 2]
+  Tokens index{1, 0};
+  Buffer live = device.allocate("live", {2, 2}, DType::kFloat32);
+  Buffer fed = device.allocate("fed", {2, 2}, DType::kFloat32);
+  Buffer window_gpu = to_device(device, "window", window, DType::kFloat32, {2, 2, 2});
+  Buffer index_gpu = to_device(device, "index", index, DType::kInt64, {2});
+  ortspec::synchronize(kGpu, 0);  // the uploads ran on stream 0, which our stream does not wait for
+  ortspec::select_slots(window_gpu.ref(), index_gpu.ref(), live.ref(), stream.handle());
+  ortspec::copy_buffer(fed.ref(), live.ref(), stream.handle());
+  Buffer host = ortspec::pinned_host_buffer({2, 2}, DType::kFloat32);
+  ortspec::copy_to_host_async(host.ref(), fed.ref(), stream.handle());
+  event.record(stream.handle());
+  event.synchronize();
+  CHECK(event.done() && stream.idle());
+  const float* values = host.ref().as<float>();
+  CHECK((std::vector<float>(values, values + 4) == std::vector<float>{4, 5, 2, 3}));
+  CHECK_THROWS(ortspec::copy_to_host_async(fed.ref(), live.ref(), stream.handle()), std::invalid_argument,
+               "copies a CUDA src into a CPU dst");
+}
+
 }  // namespace
 
 int run_state_kernel_cuda_tests() {
@@ -314,6 +343,7 @@ int run_state_kernel_cuda_tests() {
   test_gather_rows_match_cpu();
   test_write_and_gather_rows_errors_are_recorded();
   test_copy_between_devices();
+  test_stream_event_and_pinned_readback();
   return 0;
 }
 

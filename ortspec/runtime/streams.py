@@ -8,6 +8,11 @@ process: an ONNX Runtime session must never outlive its user stream, and a sessi
 any one Session that made it (a stale holder). One stream per device costs no overlap, because
 ``graphs.CUDA_LOCK`` already serialises all CUDA work of the process.
 
+``SHARED_STREAM`` (environment ``ORTSPEC_CUDA_STREAM``: ``shared``, the default, or ``legacy``)
+switches back to the former arrangement, for A/B measurements and as the way out should an
+ONNX Runtime build refuse a user stream: ONNX Runtime on its own stream, our kernels on the
+legacy stream 0, a synchronisation before every Run, and no pipelined greedy loop.
+
 ``Readback`` (CUDA) / ``HostReadback`` (CPU): a small result copied to the host without
 waiting. ``start(buffer)`` enqueues a copy into page-locked memory behind an event and returns
 at once; ``wait()`` blocks until that copy has landed. A loop that starts step n's copy, then
@@ -16,9 +21,12 @@ enqueues step n+1, then waits for step n reads every result a step late while th
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
+
+SHARED_STREAM = os.environ.get("ORTSPEC_CUDA_STREAM", "shared") != "legacy"
 
 _streams: dict[int, object] = {}
 _streams_lock = threading.Lock()
