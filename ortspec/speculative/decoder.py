@@ -21,6 +21,7 @@ from ..runtime.states import Rows
 from . import sampler
 from .commits import COMMITS
 from .drafts import DraftSource, MTPDrafts
+from .pipelined import PipelinedGreedy
 from .requests import Batch, Request
 from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
 from .stats import Stats
@@ -46,12 +47,17 @@ class Decoder:
     multiple of its batch_size (placeholder requests fill the rest).
 
     Tokens are chosen by ``sampler``: the argmax for greedy requests, draws for sampled ones.
+
+    pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (the host a step ahead of
+    the GPU) where it applies (its docstring says where); None = that default, False = never,
+    True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
-                 engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None) -> None:
+                 engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None,
+                 pipelined: bool | None = None) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
@@ -63,6 +69,7 @@ class Decoder:
         self.forwards = FixedShape(self.target, exact) if exact else ShapePerCall(self.target)
         self.commit = COMMITS[commit](self.forwards)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
+        self.pipelined = PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
 
     # -- driver ----------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:
@@ -76,6 +83,8 @@ class Decoder:
         for group in self._prefill_groups(requests):
             self.prefill_group(group)
         yield
+        if self.pipelined is not None and self.pipelined.takes(requests):
+            yield from self.pipelined.steps(requests)
         while self.step(requests):
             yield
 
