@@ -3,9 +3,11 @@
 For each model (default: models/tiny-qwen35 in float32 and models/qwen35-python-20m in float16,
 converted here), batch 1, greedy, after a warm-up that captures the CUDA graphs:
 
-(a) today's loop: ``Decoder.step`` as Session.generate runs it (upload ids and positions, graph
+(a) the plain loop: ``Decoder.step``, as batchers run it (upload ids and positions, graph
     replay, ONNX Runtime's synchronisation at the end of Run, the argmax downloaded, states
-    committed by the native kernels on the legacy stream 0, Python bookkeeping).
+    committed by the native kernels, Python bookkeeping). Before commit 9ce5aee the kernels ran on
+    the legacy stream 0 with a synchronisation before every Run; since, on the stream shared
+    with ONNX Runtime.
 (b) the device loop: a second ONNX Runtime session of the same decode graph, on the same weights
     and state buffers, with provider options enable_cuda_graph=1 and user_compute_stream = an
     ortspec ``Stream``, run with disable_synchronize_execution_providers=1. Per step everything
@@ -14,6 +16,8 @@ converted here), batch 1, greedy, after a warm-up that captures the CUDA graphs:
     into the next step's input_ids, and copied into page-locked memory behind an ``Event``. The
     host reads step n's token after enqueueing step n+1: a step late.
 (c) as (b), but every Run synchronizes (ONNX Runtime's default): what the shared stream alone buys.
+(d) ortspec's pipelined greedy loop (``speculative/pipelined.py``, what a CUDA generate call
+    runs since commit f66d829; absent before): the runtime's own version of (b).
 
 Prints, per model and loop: microseconds per step, tokens/s, host microseconds per step spent
 enqueueing, the share of steps whose stream was still busy when Run returned (Run is then
@@ -24,6 +28,7 @@ ran gave other tokens than (a).
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 
@@ -32,6 +37,7 @@ import onnxruntime as ort
 
 import ortspec
 from ortspec.runtime.arrays import DTYPES
+from ortspec.runtime.graph_slots import NO_SYNC
 from ortspec.runtime.graphs import SharedWeights
 from ortspec.runtime.states import Rows
 from ortspec.speculative.decoder import Decoder
@@ -40,9 +46,8 @@ from ortspec.speculative.stats import Stats
 
 from .common import STEP_PROMPT, TINY, TRAINED, convert, markdown_table, write_json
 
-SUMMARY = "today's greedy loop against back-to-back replays on an ortspec stream, fed device to device"
+SUMMARY = "the plain greedy loop against back-to-back replays on an ortspec stream, fed device to device"
 PRESETS = {"tiny": TINY, "trained": TRAINED}
-NO_SYNC = "disable_synchronize_execution_providers"  # ONNX Runtime run config key
 
 
 def add_arguments(parser) -> None:
@@ -93,8 +98,12 @@ def prepare(spec: str, out: Path) -> Path:
 def probe_model(model: Path, steps: int, warmup: int) -> dict:
     session = ortspec.Session(model, provider="cuda")
     total = warmup + steps
-    tokens, per_step = todays_loop(session, total, warmup)
-    result = {"loops": {"(a) today": {"seconds_per_step": per_step, "tokens": tokens}}}
+    tokens, per_step = plain_loop(session, total, warmup)
+    result = {"loops": {"(a) plain loop": {"seconds_per_step": per_step, "tokens": tokens}}}
+    if "pipelined" in inspect.signature(Decoder).parameters:
+        piped, per_step = pipelined_loop(session, total, warmup)
+        result["loops"]["(d) ortspec pipelined"] = {"seconds_per_step": per_step, "tokens": piped,
+                                                     "tokens_equal": piped == tokens}
     native = session.graphs.arrays.native
     stream = native.Stream(session.graphs.arrays.device_index)
     try:
@@ -113,8 +122,8 @@ def probe_model(model: Path, steps: int, warmup: int) -> dict:
     return result
 
 
-def todays_loop(session, total: int, warmup: int) -> tuple[list[int], float]:
-    """(the tokens after the prompt, seconds per timed step) of Decoder.step, greedy, batch 1."""
+def plain_loop(session, total: int, warmup: int) -> tuple[list[int], float]:
+    """(the tokens after the prompt, seconds per timed step) of Decoder.step (the plain loop), greedy, batch 1."""
     with session.lease_engine(1) as engine:
         decoder = Decoder(session.graphs, 1, 0, "select", Stats(), engine=engine)
         request = Request(row=0, prompt=list(STEP_PROMPT), max_new_tokens=total + 2)
@@ -128,6 +137,23 @@ def todays_loop(session, total: int, warmup: int) -> tuple[list[int], float]:
         return request.output(), seconds
 
 
+def pipelined_loop(session, total: int, warmup: int) -> tuple[list[int], float]:
+    """(the tokens after the prompt, seconds per timed step) of the Decoder's pipelined loop."""
+    with session.lease_engine(1) as engine:
+        decoder = Decoder(session.graphs, 1, 0, "select", Stats(), engine=engine, pipelined=True)
+        request = Request(row=0, prompt=list(STEP_PROMPT), max_new_tokens=total + 1)
+        steps = decoder.steps([request])
+        for _ in range(1 + warmup):  # the prefill, then the warm-up steps
+            next(steps)
+        start = time.perf_counter()
+        for _ in range(total - warmup):
+            next(steps)
+        seconds = (time.perf_counter() - start) / (total - warmup)
+        for _ in steps:  # nothing left: the request is done
+            pass
+        return request.output(), seconds
+
+
 class DeviceLoop:
     """The decode graph of one engine in its own ONNX Runtime session on an ortspec stream,
     bound once over static buffers: the engine's states, input_ids, positions and the outputs."""
@@ -135,7 +161,7 @@ class DeviceLoop:
     def __init__(self, session, engine, stream) -> None:
         graphs, self.engine, self.stream = session.graphs, engine, stream
         self.arrays, self.native, manifest = graphs.arrays, graphs.arrays.native, graphs.manifest
-        self.decoder = Decoder(graphs, 1, 0, "select", Stats(), engine=engine)
+        self.decoder = Decoder(graphs, 1, 0, "select", Stats(), engine=engine)  # prefills only
         self.weights = SharedWeights(manifest, self.arrays)  # a second copy: the probe leaves the runtime alone
         options = self.weights.session_options(manifest.graphs["decode"]["weights"], None)
         cuda = {"device_id": str(self.arrays.device_index), "use_tf32": "0", "enable_cuda_graph": "1",
@@ -171,7 +197,7 @@ class DeviceLoop:
         tokens and the per-step times of the steps after `warmup`."""
         request = Request(row=0, prompt=list(STEP_PROMPT), max_new_tokens=total + 2)
         self.decoder.prefill(request)
-        self.arrays.settle()  # the prefill's commits ran on stream 0, which our stream does not wait for
+        self.arrays.synchronize()  # the prefill's commits ran on the runtime's stream, which ours does not wait for
         options, handle = self.run_options(asynchronous), self.stream.handle
         self.ids.copy_from_numpy(np.array([[request.pending]], np.int64), stream=handle)
         tokens, enqueue, busy, start = [request.tokens[-1]], 0.0, 0, None
