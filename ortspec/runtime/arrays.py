@@ -59,6 +59,10 @@ class HostArrays:
     def download(self, array) -> np.ndarray:
         return np.array(array)
 
+    def from_host(self, host: np.ndarray, dtype) -> np.ndarray:
+        """host as a graph input on this device, in dtype (what ``download`` gave back goes back)."""
+        return host.astype(dtype, copy=False)
+
     def copy(self, dst, src) -> None:
         np.copyto(dst, src)
 
@@ -173,6 +177,13 @@ class CudaArrays:
 
     def download(self, buffer) -> np.ndarray:
         return buffer.to_numpy()
+
+    def from_host(self, host: np.ndarray, dtype):
+        """host as a step-scratch device buffer of dtype (bfloat16: host holds its uint16 bit
+        pattern, as ``download`` gives it)."""
+        buffer = self.scratch(host.shape, dtype)
+        self.upload(buffer, host)
+        return buffer
 
     def wrap(self, value: ort.OrtValue):
         return self.native.Buffer.from_pointer(value.data_ptr(), tuple(value.shape()),
