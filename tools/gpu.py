@@ -6,9 +6,11 @@ subcommands replace the former scripts: check (tools/gpu_check.py), batch
 (gpu_batch_check.py), pipeline (gpu_pipeline.py), scale (gpu_scale.py), profile
 (gpu_host_profile.py), ab (gpu_ab.sh), int4 (gpu_int4.sh), trained (gpu_trained.sh), threads
 (one caller per state on CUDA) and soak (20,000+ batcher steps: memory, graph faults, solo
-tokens); each
-makes the checks and measurements its script made. Every subcommand takes --json FILE for its
-results; a failed identity check makes the exit status 1.
+tokens); each makes the checks and measurements its script made. Two have no former script:
+exact (float16/bfloat16 identity in exact mode, and its cost) and agree (LARGE with drafts
+scripted to agree with the target at a set rate: speculation's speed-up and efficiency at 1B).
+Every subcommand takes --json FILE for its results; a failed identity check makes the exit
+status 1.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ortspec.cli import HelpFormatter  # noqa: E402  (after the path: the tree's
 
 SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scale": "scale",
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
-               "soak": "soak", "exact": "exact"}
+               "soak": "soak", "exact": "exact", "agree": "agree"}
 
 
 def subcommand_module(name: str):
