@@ -57,7 +57,7 @@ def test_row_buckets():
     assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
 
 
-def time_all(chooser: KChooser, rows: int, costs: dict, times: int = 3) -> None:
+def time_all(chooser: KChooser, rows: int, costs: dict, times: int = 4) -> None:
     for k, seconds in costs.items():
         for _ in range(times):
             chooser.record_time(rows, k, seconds)
@@ -77,12 +77,14 @@ def test_every_k_is_timed_before_the_chooser_trusts_its_costs():
 def test_the_first_step_of_each_k_is_left_out():
     chooser = KChooser(1)
     time_all(chooser, 4, {1: 0.01}, times=1)
-    chooser.record_time(4, 1, 5.0)  # warm-up already left out: this one counts
-    chooser.record_time(4, 1, 0.02)
-    assert chooser.cost(4, 1) == pytest.approx((5.0 + 0.02) / 2)
+    for seconds in (5.0, 0.02, 0.03):  # warm-up already left out: these count
+        chooser.record_time(4, 1, seconds)
+    assert chooser.cost(4, 1) == pytest.approx(0.03)
     chooser = KChooser(1)
-    chooser.record_time(4, 1, 5.0)  # the first: a CUDA graph capture, say
+    chooser.record_time(4, 1, 5.0)  # the first: warm-up
     time_all(chooser, 4, {1: 0.01}, times=2)
+    assert chooser.cost(4, 1) is None  # 2 < MIN_SAMPLES
+    chooser.record_time(4, 1, 9.0)  # one outlier among three does not move the median
     assert chooser.cost(4, 1) == pytest.approx(0.01)
 
 
@@ -117,6 +119,45 @@ def test_a_neighbour_is_timed_again_every_probe_interval():
     best = max(set(chosen), key=chosen.count)
     probes = [k for k in chosen if k != best]
     assert len(probes) == 4 and set(probes) == {best - 1, best + 1}
+
+
+class TimeSpy(ScriptedK):
+    def __init__(self, max_k, script) -> None:
+        super().__init__(max_k, script)
+        self.timed = []
+
+    def record_time(self, rows, k, seconds):
+        self.timed.append((k, seconds))
+
+
+def test_steps_that_set_a_graph_up_or_switch_from_k0_are_not_timed(models, monkeypatch):
+    """A CUDA graph's first run and capture cost far more than a replay: such steps (counted by
+    GraphSlots.setup_runs) must not become a k's cost; nor the catch-up that ends k = 0 steps."""
+    import time
+
+    from ortspec.runtime.model import MTPHead
+    from ortspec.speculative.decoder import Decoder
+    from ortspec.speculative.exactness import make_requests
+    from ortspec.speculative.stats import Stats
+
+    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
+    original, calls = MTPHead.catch_up, []
+
+    def slow_setup(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
+        calls.append(graphed)
+        if len(calls) % 5 == 0:  # as if this run had captured a graph
+            graphs.slots.setup_runs += 1
+        if not graphed:  # the deferred catch-up (and the prefill's): make it stand out
+            time.sleep(0.05)
+        return original(self, rows, hidden, next_ids, positions, last, drafts, graphed)
+
+    monkeypatch.setattr(MTPHead, "catch_up", slow_setup)
+    spy = TimeSpy(3, [0, 0, 2, 0, 1, 3])
+    stats = Stats()
+    Decoder(graphs, 2, 3, "select", stats, k_chooser=spy).generate(make_requests(PROMPTS[:2], 30))
+    setups = sum(1 for i in range(1, len(calls) + 1) if i % 5 == 0)
+    assert setups >= 3 and len(spy.timed) <= stats.steps - setups + 1
+    assert spy.timed and max(seconds for _, seconds in spy.timed) < 0.05  # the switching catch-ups left out
 
 
 # -- exactness under any choice ------------------------------------------------------------------

@@ -13,8 +13,10 @@ E(k) / cost(rows, k). Both are measured while generating:
   HALF_LIFE_ROW_STEPS row-steps), so recent text weighs most; a prior of PRIOR_ROW_STEPS
   row-steps at rate 0.5 keeps an unseen depth from reading 0 or 1.
 - cost(rows, k) as the median of the last WINDOW step times of that k at that many rows
-  (rounded up to a power of two), the first step of each left out (warm-up: allocations, and on
-  CUDA the graph capture).
+  (rounded up to a power of two). Left out: the first step of each (warm-up: allocations), any
+  step that set a CUDA graph up (its first run or its capture: ``GraphSlots.setup_runs``; the
+  head's catch-up graph has a slot per verify width and draft count, so captures keep coming
+  for a while), and the catch-up that ends a stretch of k = 0 (a switching cost, not a step's).
 
 Until every k has MIN_SAMPLES times at a row count, the chooser tries the k with the fewest.
 After that, every PROBE_EVERY steps at that row count it times a neighbour of its choice again
@@ -38,7 +40,7 @@ import threading
 
 import numpy as np
 
-MIN_SAMPLES = 2  # timed steps per (row count, k) before the chooser trusts its cost
+MIN_SAMPLES = 3  # timed steps per (row count, k) before the chooser trusts its cost (a median of 3 outlasts one outlier)
 WINDOW = 8  # step times kept per (row count, k); their median is the cost
 PROBE_EVERY = 32  # steps between re-timings of a neighbour of the chosen k
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps

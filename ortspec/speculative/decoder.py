@@ -65,6 +65,7 @@ class Decoder:
         self.chooser = k_chooser
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
         self.deferred = DeferredEntries(graphs.arrays)
+        self._switch_seconds = 0.0  # this step's time spent catching the head up after k = 0 steps
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
@@ -120,13 +121,14 @@ class Decoder:
         with self.graphs.device_lock:
             self.graphs.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-            start = time.perf_counter()
+            start, setups, self._switch_seconds = time.perf_counter(), self.graphs.slots.setup_runs, 0.0
             if k > 0 and room >= k:
                 self.speculative_step(batch, k)
             else:
                 self.greedy_step(batch)
-            if self.chooser and (k == 0 or room >= k):
-                self.chooser.record_time(len(batch), k, time.perf_counter() - start)
+            if self.chooser and (k == 0 or room >= k) and self.graphs.slots.setup_runs == setups:
+                # a step that set a CUDA graph up is no measure; nor is switching back from k = 0
+                self.chooser.record_time(len(batch), k, time.perf_counter() - start - self._switch_seconds)
             if self.on_commit:
                 self.on_commit(self, batch)
         return True
@@ -227,9 +229,12 @@ class Decoder:
             self._catch_up_deferred(self.step_k)
 
     def _catch_up_deferred(self, drafts: int) -> None:
-        """The head over the entries plain decode steps left (``DeferredEntries``), in one run."""
+        """The head over the entries plain decode steps left (``DeferredEntries``), in one run.
+        Its time is the price of switching from k = 0, not of the step it ends (``_switch_seconds``)."""
+        start = time.perf_counter()
         requests, rows, hidden, next_ids, positions, last = self.deferred.take()
         self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+        self._switch_seconds += time.perf_counter() - start
 
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, drafts: int, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target forward's hiddens [B, W, H] at positions
