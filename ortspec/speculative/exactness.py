@@ -37,11 +37,13 @@ class RowState:
     mtp: dict  # the head's KV cache
 
     def differences(self, other: "RowState", atol: float = 0.0, head: bool = True) -> list[str]:
-        """Names of what differs; atol=0 means bitwise (CPU), else max abs difference (GPU).
+        """Names of what differs; atol=0 means bitwise (CPU), else within atol * (1 + |theirs|)
+        (GPU: fp32 rounding of the M=1 and M=k+1 products grows with the value's magnitude; a
+        wrong slot or length differs by far more).
         next_drafts may be fewer than the other's (auto k drafts k per step): they must be its
         first ones. head=False leaves out the MTP head's cache and drafts (auto k deferred its
         entries: ``deferred_entries``)."""
-        same = np.array_equal if atol == 0 else (lambda a, b: np.allclose(a, b, rtol=0, atol=atol))
+        same = np.array_equal if atol == 0 else (lambda a, b: np.allclose(a, b, rtol=atol, atol=atol))
         drafts = self.next_drafts if head else []
         diffs = []
         if (self.pending, drafts) != (other.pending, other.next_drafts[: len(drafts)]) or (head and not drafts):
