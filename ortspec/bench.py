@@ -56,8 +56,9 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
     samples = {(k, b): [] for k in ks for b in batches}
     cpu = {key: [] for key in samples}  # process CPU time: with one intra-op thread, machine load barely moves it
     stats = {}
-    for k, b in samples:  # warm-up: first runs allocate and initialise
-        sessions[k].generate(_prompts(sessions[k], b, prompt_texts), max_new_tokens=8)
+    for k, b in samples:  # warm-up: first runs allocate and initialise; auto k times every k once per batch
+        warm_up = max_new_tokens if k == "auto" else 8  # size, as a Session serving requests would have long before
+        sessions[k].generate(_prompts(sessions[k], b, prompt_texts), max_new_tokens=warm_up)
     bar = tqdm(total=repeats * len(samples), desc="ortspec bench", disable=not progress)
     for _ in range(repeats):
         for (k, b), times in samples.items():
@@ -82,6 +83,7 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
             "accept_histogram": st["accept_histogram"],
             "phase_ms": {p: 1000 * v for p, v in st["seconds"].items()},
             "steps": st["steps"], "decode_steps": st["decode_steps"], "speculative_steps": st["speculative_steps"],
+            "steps_by_k": st["steps_by_k"],
             "graphs": st.get("graphs", {}),
         })
     greedy = {r["batch"]: r for r in rows if r["k"] == 0}
@@ -171,7 +173,8 @@ def format_table(result: dict) -> str:
     for r in result["rows"]:
         ph = r["phase_ms"]
         ratio = f"{r['speedup_vs_greedy']:.2f}x" if r["speedup_vs_greedy"] else "-"
-        lines.append((f"| {r['dtype']} " if several else "") + f"| {r['k']} | {r['batch']} | "
+        k = r["k"] if r["k"] != "auto" else "auto (steps by k: " + "/".join(map(str, r["steps_by_k"])) + ")"
+        lines.append((f"| {r['dtype']} " if several else "") + f"| {k} | {r['batch']} | "
                      f"{r['tokens_per_second']:.1f} | {ratio} | "
                      f"{r['mean_tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | {ph['propose']:.1f} | "
                      f"{ph['verify']:.1f} | {ph['commit']:.1f} | {ph['decode']:.1f} |")

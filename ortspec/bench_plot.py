@@ -31,8 +31,9 @@ def require_matplotlib():
 
 def series(result: dict) -> list[dict]:
     """One line per (dtype, batch): label, k values, median tokens/s, and the distance down to
-    the slowest and up to the fastest repeat (error bars; 0 when a row has no repeat times)."""
-    rows = result["rows"]
+    the slowest and up to the fastest repeat (error bars; 0 when a row has no repeat times).
+    Rows of k = "auto" have no place on the k axis: the table shows them."""
+    rows = [r for r in result["rows"] if isinstance(r["k"], int)]
     dtypes = sorted({r.get("dtype") for r in rows}, key=str)
     lines = []
     for dtype in dtypes:
@@ -75,7 +76,7 @@ def draw(result: dict):
     for line in series(result):
         ax.errorbar(line["k"], line["tokens_per_second"], yerr=[line["below"], line["above"]], marker="o",
                     capsize=3, label=line["label"])
-    ax.set_xticks(sorted({r["k"] for r in result["rows"]}))
+    ax.set_xticks(sorted({r["k"] for r in result["rows"] if isinstance(r["k"], int)}))
     ax.set_xlabel("k (drafts per step; 0 = greedy)")
     ax.set_ylabel("tokens/s (median; bars: slowest to fastest repeat)")
     ax.set_ylim(bottom=0)

@@ -42,6 +42,21 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1; got {text!r}")
 
 
+def _k_or_auto(text: str):
+    """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected an integer or "auto"; got {text!r}')
+
+
+def _k_list(text: str) -> list:
+    """-k of bench: comma-separated counts and "auto"."""
+    return [_k_or_auto(x) for x in text.split(",")]
+
+
 def _add_k(parser, help: str, type, default, old_spellings: tuple[str, ...], metavar: str = "K") -> None:
     """-k / --num-speculative-tokens, one spelling for every command; earlier spellings keep
     working (hidden from --help)."""
@@ -116,7 +131,8 @@ def _add_generate(sub) -> None:
     g.add_argument("model", help="converted model directory")
     g.add_argument("--prompt", required=True, help="text (needs tokenizer.json) or token ids with --ids")
     g.add_argument("--ids", action="store_true", help="the prompt is token ids, e.g. '3 1 4' or 3,1,4")
-    _add_k(g, "MTP drafts per step (0 = plain greedy)", int, 0, old_spellings=())
+    _add_k(g, 'MTP drafts per step (0 = plain greedy; "auto": chosen per step by measured speed)', _k_or_auto, 0,
+           old_spellings=())
     _add_run_options(g, max_new_tokens=32)
     g.set_defaults(func=_generate)
 
@@ -129,7 +145,7 @@ def _add_bench(sub) -> None:
     b.add_argument("--dtype", type=lambda text: text.split(","), default=None, metavar="DTYPE,...",
                    help="with a checkpoint: comma-separated dtypes to convert and bench side by side "
                         "(float32, float16, bfloat16; default: float32)")
-    _add_k(b, "comma-separated k values to bench (0 = greedy)", _int_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
+    _add_k(b, 'comma-separated k values to bench (0 = greedy; "auto": the Session chooses per step)', _k_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
            metavar="K,K,...")
     b.add_argument("--batch", type=_int_list, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
     b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
@@ -153,7 +169,8 @@ def _add_serve(sub) -> None:
     s.add_argument("model", help="converted model directory")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (0: one the OS picks)")
-    _add_k(s, "MTP drafts per step (0 = plain decoding)", int, 0, old_spellings=())
+    _add_k(s, 'MTP drafts per step (0 = plain decoding; "auto": chosen per step by measured speed)', _k_or_auto, 0,
+           old_spellings=())
     s.add_argument("--commit", choices=["select", "readvance"], default="select",
                    help="how GDN states are committed after a verify (both exact)")
     s.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="ONNX Runtime execution provider")
@@ -239,8 +256,10 @@ def _generate(args) -> None:
     st = session.stats
     line = (f"[{st['generated_tokens']} tokens in {seconds:.3f} s: {st['generated_tokens'] / seconds:.1f} tokens/s"
             f" ({st['tokens_per_second']:.1f} tokens/s inside the decoder)")
+    if session.auto_k:
+        line += f"; auto k (up to {session.k}): steps by k {accept_counts(st['steps_by_k'])}"
     if session.k:
-        line += (f"; k={session.k} {session.commit}: acceptance {st['acceptance_rate']:.2f}, "
+        line += (f"; k={'auto' if session.auto_k else session.k} {session.commit}: acceptance {st['acceptance_rate']:.2f}, "
                  f"{st['mean_tokens_per_step']:.2f} tokens/step, accept lengths (length: steps) "
                  f"{accept_counts(st['accept_histogram'])}")
     if session.exact:
@@ -258,7 +277,7 @@ def _bench(args) -> None:
     check_outputs(json_path, plot_path)  # before minutes of benchmarking, not after
     texts = read_prompts(args.prompts) if args.prompts else None
     with tempfile.TemporaryDirectory(prefix="ortspec-bench-") as workdir:
-        models = converted_models(args.model, args.dtype, max(args.k), Path(workdir), args.pipeline_stages)
+        models = converted_models(args.model, args.dtype, max(k if k != "auto" else 4 for k in args.k), Path(workdir), args.pipeline_stages)
         result = merge_results([run_bench(model, ks=args.k, batches=args.batch, max_new_tokens=args.max_new_tokens,
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
@@ -286,7 +305,8 @@ def _serve(args) -> None:
         server = Server(session, host=args.host, port=args.port, max_batch_size=args.max_batch_size,
                         max_queue=args.max_queue, request_timeout=args.request_timeout, model_name=args.model_name,
                         log_level=args.log_level)
-        print(f"ortspec serve: {server.url}/v1/completions (model {server.model_name!r}, k={session.k}, "
+        print(f"ortspec serve: {server.url}/v1/completions (model {server.model_name!r}, "
+              f"k={f'auto (up to {session.k})' if session.auto_k else session.k}, "
               f"{args.provider}, batch {args.max_batch_size}, queue {args.max_queue}); Ctrl-C stops", file=sys.stderr,
               flush=True)
         server.run()

@@ -15,6 +15,7 @@ from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.engines import Engine, EnginePool, Lease
 from .runtime.graph_slots import batch_bucket
 from .runtime.graphs import GraphSet, check_provider
+from .speculative.auto_k import KChooser
 from .speculative.commits import COMMITS
 from .speculative.decoder import Decoder
 from .speculative.requests import Request
@@ -40,7 +41,9 @@ class Session:
     >>> s.generate("def main(", max_new_tokens=8)          # str -> str (needs tokenizer.json)
 
     num_speculative_tokens k: 0 = plain greedy; 1..K (K chosen at conversion) = MTP drafts
-    per step. commit: "select" (keep the verify's state after the accepted row) or
+    per step; "auto" = the Session chooses k in 0..K for each step, the one with the most
+    tokens per second by its measured step times and acceptance (``speculative.auto_k``;
+    its estimates: ``stats["auto_k"]``). commit: "select" (keep the verify's state after the accepted row) or
     "readvance" (restore the pre-verify state and re-run the accepted tokens). Output is
     token-identical to greedy either way (bitwise on the CPU; on a GPU in float32 - see the
     README for float16/bfloat16). exact=True runs every step's target forward at one fixed
@@ -62,7 +65,7 @@ class Session:
     releases engines, captured CUDA graphs, sessions and device memory.
     """
 
-    def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int = 0,
+    def __init__(self, model_dir: str | Path, provider: str = "cpu", num_speculative_tokens: int | str = 0,
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None,
                  max_engines_per_batch_size: int = 4, exact: bool = False, exact_batch_size: int = 16,
@@ -72,9 +75,13 @@ class Session:
         self.stages = validation.pipeline_stages(pipeline_stages, self.manifest)
         cuda_count = load_native().build_info()["cuda_device_count"] if provider == "cuda" and devices is not None else None
         self.devices = validation.devices(devices, self.stages, cuda_count)
-        self.k = validation.num_speculative_tokens(num_speculative_tokens, self.manifest)
+        self.auto_k = isinstance(num_speculative_tokens, str) and num_speculative_tokens == validation.AUTO_K
+        self.k = validation.num_speculative_tokens(num_speculative_tokens, self.manifest)  # auto: the most per step
+        if self.auto_k and exact and exact_k is not None:
+            self.k = min(self.k, exact_k)
         self.commit = validation.commit(commit, tuple(COMMITS))
         self.exact = validation.exact_shape(exact, exact_batch_size, exact_k, self.k, self.manifest)
+        self.k_chooser = KChooser(self.k) if self.auto_k else None  # shared by every call and batcher
         validation.model_dtype(self.manifest, provider)
         threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
         max_engines_per_batch_size = validation.max_engines_per_batch_size(max_engines_per_batch_size)
@@ -88,14 +95,15 @@ class Session:
 
     def _graph_names(self) -> list[str]:
         """The graphs this Session's calls run: prefill, then exact mode's one fixed graph, or
-        decode and the commit's verify graph; and the MTP head's."""
+        decode and the commit's verify graph; and the MTP head's (auto k: every k's)."""
+        ks = list(range(1, self.k + 1)) if self.auto_k else [self.k] if self.k else []
         if self.exact:
             names = ["prefill", self.exact.graph]
         else:
-            names = ["prefill", "decode"] + ([graph_name(COMMITS[self.commit].verify_graph, self.k)] if self.k else [])
+            names = ["prefill", "decode"] + [graph_name(COMMITS[self.commit].verify_graph, k) for k in ks]
         names = [g for name in names for g in ([name] if self.stages == 1 else
                                                 [stage_graph_name(name, s) for s in range(self.stages)])]
-        return names + ([graph_name("mtp_propose", self.k)] if self.k else [])
+        return names + [graph_name("mtp_propose", k) for k in ks]
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -105,6 +113,8 @@ class Session:
         stats = self._totals.snapshot().as_dict()
         stats["graphs"] = self.graphs.graph_counters()
         stats["engines"] = self._engines.census()
+        if self.k_chooser is not None:
+            stats["auto_k"] = self.k_chooser.snapshot()
         return stats
 
     def reset_stats(self) -> None:
@@ -158,7 +168,7 @@ class Session:
         """
         options = validation.decoder_options(decoder_options, "generate")
         params = validation.sampling(temperature, top_k, top_p, seed)
-        validation.sampling_graphs(self.manifest, self.k, params)
+        validation.sampling_graphs(self.manifest, self.k, params, self.auto_k)
         stream = validation.flag("stream", stream)
         new = self.new_requests(prompt, max_new_tokens, stop_tokens, sampling=params)
         self._check_open()
@@ -249,7 +259,7 @@ class Session:
         stats = Stats()
         with self.lease_engine(rows) as engine:
             decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, exact=self.exact,
-                              **decoder_options)
+                              k_chooser=self.k_chooser, **decoder_options)
             try:
                 yield from decoder.steps(requests)
             finally:

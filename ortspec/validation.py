@@ -69,8 +69,21 @@ def provider(value) -> str:
     return value
 
 
+AUTO_K = "auto"
+
+
 def num_speculative_tokens(value, manifest) -> int:
-    """k: 0 (greedy) .. K of the conversion; k > K names a K the converter can write."""
+    """k: 0 (greedy) .. K of the conversion; k > K names a K the converter can write.
+    "auto" -> K, the most drafts a step of auto k may verify (needs an MTP head and K >= 1)."""
+    if value == AUTO_K:
+        if not manifest.has_mtp or manifest.num_speculative_tokens < 1:
+            why = ("its checkpoint has no mtp.* weights" if not manifest.has_mtp
+                   else "it was converted with K=0 (no verify graphs); reconvert with --num-speculative-tokens 1 or more")
+            raise ConfigurationError(f'num_speculative_tokens="auto" chooses k in 0..K per step, but {manifest.dir} '
+                                     f"cannot speculate: {why}. Use num_speculative_tokens=0.")
+        return manifest.num_speculative_tokens
+    if isinstance(value, str):
+        raise ConfigurationError(f'num_speculative_tokens={value!r} is not a count; use an integer 0..K or "auto".')
     k = integer("num_speculative_tokens", value, ConfigurationError, 0)
     if k > 0 and not manifest.has_mtp:
         raise ConfigurationError(
@@ -338,10 +351,13 @@ def sampling(temperature, top_k, top_p, seed) -> SamplingParams:
     return SamplingParams(float(temperature), top_k, float(top_p), seed)
 
 
-def sampling_graphs(manifest, k: int, params: SamplingParams) -> None:
-    """Sampling with MTP drafts needs the head's sampling graph, written by conversions since it existed."""
-    name = graph_name("mtp_sample", k)
-    if k > 0 and not params.greedy and name not in manifest.graphs:
+def sampling_graphs(manifest, k: int, params: SamplingParams, auto: bool = False) -> None:
+    """Sampling with MTP drafts needs the head's sampling graph (auto k: every k's), written by
+    conversions since it existed."""
+    missing = [graph_name("mtp_sample", n) for n in (range(1, k + 1) if auto else [k])
+               if n > 0 and graph_name("mtp_sample", n) not in manifest.graphs]
+    name = missing[0] if missing else None
+    if k > 0 and not params.greedy and missing:
         raise ModelDirError(
             f"{manifest.dir} was converted before sampled drafts existed (no {name}.onnx), so "
             f"temperature={params.temperature} cannot run with num_speculative_tokens={k}. Reconvert it: "

@@ -4,6 +4,7 @@ outputs checked before it runs, generate's labelled accept lengths."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 
@@ -114,3 +115,21 @@ def test_generate_exact_gives_the_default_tokens(models, capsys):
     assert main(argv + ["--exact", "--exact-batch-size", "2"]) == 0
     out = capsys.readouterr()
     assert out.out == default and "exact mode: every forward 2 x 5 tokens" in out.err
+
+
+def test_generate_and_bench_take_k_auto(models, tmp_path, capsys):
+    out = str(models.converted("base"))
+    argv = ["generate", out, "--ids", "--prompt", "5 17 99", "--max-new-tokens", "10", "--threads", "1"]
+    assert main(argv) == 0
+    greedy = capsys.readouterr().out
+    assert main(argv + ["-k", "auto"]) == 0
+    result = capsys.readouterr()
+    assert result.out == greedy and "auto k (up to 4): steps by k" in result.err
+    with pytest.raises(SystemExit):
+        main(argv + ["-k", "often"])
+    assert 'expected an integer or "auto"' in capsys.readouterr().err
+    assert main(["bench", out, "-k", "0,auto", "--max-new-tokens", "6", "--repeats", "1", "--threads", "1",
+                 "--json", str(tmp_path / "b.json")]) == 0
+    assert "| auto (steps by k: " in capsys.readouterr().out
+    rows = {r["k"]: r for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    assert set(rows) == {0, "auto"} and sum(rows["auto"]["steps_by_k"]) == rows["auto"]["steps"]

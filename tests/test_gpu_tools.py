@@ -17,7 +17,7 @@ import ortspec
 import ortspec.runtime.forward_shapes
 
 from tools import gpu
-from tools.gpu_suite import ab, batch, common, exact, exact_prompts, pipeline, scale, trained
+from tools.gpu_suite import ab, agree, batch, common, exact, exact_prompts, pipeline, scale, trained
 
 HOST_SCRIPT = Path(gpu.ROOT) / "tools" / "gpu_host.sh"
 
@@ -52,7 +52,8 @@ def test_options_parse_with_their_defaults(monkeypatch):
 
 @pytest.mark.parametrize("name,subcommand", [("check", "check"), ("gpu_check", "check"), ("gpu_batch_check", "batch"),
                                              ("gpu_pipeline", "pipeline"), ("gpu_scale", "scale"),
-                                             ("gpu_host_profile", "profile"), ("trained", "trained")])
+                                             ("gpu_host_profile", "profile"), ("trained", "trained"),
+                                             ("agree", "agree")])
 def test_host_script_maps_names_to_subcommands(name, subcommand):
     script = HOST_SCRIPT.read_text()
     case = script[script.index('  case "$tool" in'):script.index("  esac") + len("  esac")]
@@ -195,3 +196,62 @@ def test_exact_tool_names_slots_at_another_shape():
                             "decode/M1/B16/engine0": {}, "verify_select_k4/M5/B4/engine1": {}}}
 
     assert exact.shape_violations(FakeSession()) == ["decode/M1/B16/engine0", "verify_select_k4/M5/B4/engine1"]
+
+
+def agree_cpu(model, tmp_path, *extra) -> tuple[int, dict]:
+    """tools/gpu.py agree on a tiny model on the CPU: 4 prompts x 24 tokens, batch 1 and 2, k = 2, one round."""
+    out = tmp_path / "agree.json"
+    status = gpu.main(["agree", "--model", str(model), "--provider", "cpu", "--prompts", "4", "--new-tokens", "24",
+                       "--batches", "1,2", "--ks", "2", "--rounds", "1", "--json", str(out), *extra])
+    return status, json.loads(out.read_text())
+
+
+def test_agree_tool_scripts_the_acceptance_and_keeps_greedy_tokens(models, tmp_path, capsys):
+    """Drafts right with p = 0.8: every output equals greedy, and tokens per step is near the
+    script's (1 - p^3) / (1 - p) = 2.44 (a step's tokens have sd 0.80; ~40 row-steps per batch
+    size make the mean's sd ~0.13, so 0.6 is a 4-sigma bound that p = 0's 1.0 is far outside)."""
+    status, result = agree_cpu(models.converted("base"), tmp_path)
+    assert status == 0 and result["refused"] == {}
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("| 2 | 2 | ")
+    rows = {(r["k"], r["batch"]): r for r in result["rows"]}
+    assert set(rows) == {(0, 1), (2, 1), (0, 2), (2, 2)}
+    assert all(r["requests"] == 4 and r["differ"] == 0 and r["rounds"] == 1 for r in rows.values())
+    for b in (1, 2):
+        spec = rows[(2, b)]
+        assert spec["expected_tokens_per_step"] == pytest.approx(2.44)
+        assert abs(spec["tokens_per_step"] - 2.44) < 0.6 and spec["row_steps"] >= 30
+        assert spec["efficiency"] == pytest.approx(spec["speedup"] / spec["tokens_per_step"])
+        assert spec["step_ms"]["verify"] > 0 and rows[(0, b)]["step_ms"]["decode"] > 0
+
+
+def test_agree_tool_fails_when_the_drafts_are_not_the_scripted_ones(models, tmp_path, monkeypatch):
+    """Planted: the MTP head's own drafts (random weights: almost never right) in place of the
+    script. The outputs still equal greedy, so the acceptance check must catch it. With p = 0 the
+    script itself gives exactly 1 token per step, and passes."""
+    from ortspec.speculative.drafts import MTPDrafts
+
+    model = models.converted("base")
+    status, result = agree_cpu(model, tmp_path, "--p", "0")
+    assert status == 0 and [r["tokens_per_step"] for r in result["rows"] if r["k"] == 2] == [1.0, 1.0]
+    monkeypatch.setattr(agree, "scripted", lambda truths, vocab_size, p, seed: MTPDrafts)
+    status, result = agree_cpu(model, tmp_path)
+    assert status == 1 and all(r["differ"] == 0 for r in result["rows"])
+    assert all(abs(r["z"]) > agree.MAX_Z for r in result["rows"] if r["k"] == 2)
+
+
+def test_agree_tool_stops_on_its_budget_and_reports_a_refused_k(models, tmp_path, capsys):
+    status, result = agree_cpu(models.converted("base"), tmp_path, "--budget-s", "0.001", "--ks", "2,auto")
+    assert status == 0 and all(r["rounds"] == 0 and r["tokens_per_second"] is None for r in result["rows"])
+    assert "stopped after 0 rounds" in capsys.readouterr().out
+    auto_rows = [r for r in result["rows"] if r["k"] == "auto"]  # a row once Session takes "auto"
+    assert ("auto" in result["refused"]) != bool(auto_rows)
+
+
+def test_agree_expected_tokens_per_step_and_its_spread():
+    assert agree.expected_tokens_per_step(0.8, 4) == pytest.approx((1 - 0.8**5) / (1 - 0.8))
+    assert agree.expected_tokens_per_step(0.0, 3) == 1.0 and agree.expected_tokens_per_step(1.0, 3) == 4.0
+    assert agree.tokens_per_step_sd(0.5, 1) == pytest.approx(0.5)  # 1 or 2 tokens, even odds
+    assert agree.tokens_per_step_sd(0.0, 4) == 0.0 and agree.tokens_per_step_sd(1.0, 4) == 0.0
+    assert agree.z_score(1.0, 0.0, 2, 10) == 0.0 and agree.z_score(1.5, 0.0, 2, 10) == float("inf")
+    assert agree.z_score(1.5, 0.5, 1, 100) == pytest.approx(0.0) and agree.z_score(1.6, 0.5, 1, 100) == \
+        pytest.approx(2.0)

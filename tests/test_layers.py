@@ -153,7 +153,7 @@ def test_drafts_match_reference(models, config):
     req = Request(row=0, prompt=prompt, max_new_tokens=8)
     decoder.prefill(req)
     for _ in range(3):  # a few steps so the catch-up path (not only prefill) fed the head
-        decoder.speculative_step(Batch([req]))
+        decoder.speculative_step(Batch([req]), 4)
     drafts = MTPDrafts(decoder.mtp).propose(Batch([req]), 4)[0]
     want, logits = reference_drafts(models.checkpoint(config), req.tokens, 4, return_logits=True)
     for i, (got, ref) in enumerate(zip(drafts.tolist(), want.tolist())):

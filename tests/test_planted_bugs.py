@@ -31,10 +31,11 @@ def test_token_axis_buffer_sized_by_requests(graphs, monkeypatch):
     """The hidden states handed to the MTP head held one row per request, not per token."""
     original = MTPHead.catch_up
 
-    def sized_by_requests(self, rows, hidden, next_ids, positions, last, graphed=True):
+    def sized_by_requests(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
         B, M, H = hidden.shape
         per_request = hidden.reshape(B * M, H)[:B]  # a [B, H] buffer read as if it were [B*M, H]
-        return original(self, rows, np.repeat(per_request[:, None], M, axis=1), next_ids, positions, last, graphed)
+        return original(self, rows, np.repeat(per_request[:, None], M, axis=1), next_ids, positions, last, drafts,
+                        graphed)
 
     monkeypatch.setattr(MTPHead, "catch_up", sized_by_requests)
     with pytest.raises(ExactnessError, match="MTP state"):
@@ -45,11 +46,11 @@ def test_stale_input_on_a_preplanned_path(graphs, monkeypatch):
     """ids and positions refreshed, but the hidden-state input left from the last round."""
     original, previous = MTPHead.catch_up, {}
 
-    def stale_hidden(self, rows, hidden, next_ids, positions, last, graphed=True):
+    def stale_hidden(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
         key = hidden.shape
         stale = previous.get(key, hidden)
         previous[key] = hidden.copy()
-        return original(self, rows, stale, next_ids, positions, last, graphed)
+        return original(self, rows, stale, next_ids, positions, last, drafts, graphed)
 
     monkeypatch.setattr(MTPHead, "catch_up", stale_hidden)
     with pytest.raises(ExactnessError, match="MTP state"):
@@ -75,10 +76,10 @@ def test_drafts_from_the_wrong_row(graphs, monkeypatch):
     wrong, which the comparison of the proposed drafts catches."""
     original = MTPHead.catch_up
 
-    def drafts_from_row_zero(self, rows, hidden, next_ids, positions, last, graphed=True):
-        drafts = original(self, rows, hidden, next_ids, positions, last, graphed)
-        wrong = original(self, rows, hidden, next_ids, positions, np.zeros_like(last), graphed)
-        original(self, rows, hidden, next_ids, positions, last, graphed)  # the cache as the real run left it
+    def drafts_from_row_zero(self, rows, hidden, next_ids, positions, last, count, graphed=True):
+        drafts = original(self, rows, hidden, next_ids, positions, last, count, graphed)
+        wrong = original(self, rows, hidden, next_ids, positions, np.zeros_like(last), count, graphed)
+        original(self, rows, hidden, next_ids, positions, last, count, graphed)  # the cache as the real run left it
         return wrong if (last > 0).any() else drafts
 
     monkeypatch.setattr(MTPHead, "catch_up", drafts_from_row_zero)

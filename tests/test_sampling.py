@@ -144,11 +144,11 @@ def forced_decode_states(decoder: Decoder, prompt: list[int], tokens: list[int])
     decoder.target.reset(rows)
     positions = np.arange(n)[None]
     out = decoder.target.prefill(rows, np.array([prompt]), positions)
-    decoder.mtp.catch_up(rows, out["hidden"], np.array([sequence[1: n + 1]]), positions, np.array([n - 1]))
+    decoder.mtp.catch_up(rows, out["hidden"], np.array([sequence[1: n + 1]]), positions, np.array([n - 1]), decoder.k)
     table = {n: (decoder.target.states.row_state(0, n), decoder.mtp.row_state(0, n))}
     for T in range(n, len(sequence) - 1):
         out = decoder.target.decode(rows, np.array([[sequence[T]]]), np.array([[T]]))
-        decoder.mtp.catch_up(rows, out["hidden"], np.array([[sequence[T + 1]]]), np.array([[T]]), np.array([0]))
+        decoder.mtp.catch_up(rows, out["hidden"], np.array([[sequence[T + 1]]]), np.array([[T]]), np.array([0]), decoder.k)
         table[T + 1] = (decoder.target.states.row_state(0, T + 1), decoder.mtp.row_state(0, T + 1))
     return table
 

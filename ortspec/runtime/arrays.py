@@ -63,6 +63,10 @@ class HostArrays:
     def download(self, array) -> np.ndarray:
         return np.array(array)
 
+    def from_host(self, host: np.ndarray, dtype) -> np.ndarray:
+        """host as a graph input on this device, in dtype (what ``download`` gave back goes back)."""
+        return host.astype(dtype, copy=False)
+
     def copy(self, dst, src) -> None:
         np.copyto(dst, src)
 
@@ -196,6 +200,13 @@ class CudaArrays:
     def readback(self, shape, dtype) -> Readback:
         """A host copy of a [shape] buffer made without waiting (``streams.Readback``)."""
         return Readback(self.native, self.stream, self.device_index, shape, _dtype_name(dtype))
+
+    def from_host(self, host: np.ndarray, dtype):
+        """host as a step-scratch device buffer of dtype (bfloat16: host holds its uint16 bit
+        pattern, as ``download`` gives it)."""
+        buffer = self.scratch(host.shape, dtype)
+        self.upload(buffer, host)
+        return buffer
 
     def wrap(self, value: ort.OrtValue):
         return self.native.Buffer.from_pointer(value.data_ptr(), tuple(value.shape()),

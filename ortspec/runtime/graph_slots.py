@@ -140,6 +140,7 @@ class GraphSlots:
         self._captured: dict[SlotKey, CapturedSlot] = {}
         self._engine_ids = itertools.count()
         self._released: dict | None = None  # the counters as they were at release
+        self.setup_runs = 0  # runs that were not replays: each slot's first (eager) run and its capture, fallbacks
 
     def new_engine_id(self) -> int:
         return next(self._engine_ids)
@@ -156,15 +157,18 @@ class GraphSlots:
         wait=False: a replay returns before the GPU is done (the eager runs always wait)."""
         captured = self._captured.get(key)
         if captured is None:
+            self.setup_runs += 1
             out = runner.run_bound(feeds)
             captured = self._captured[key] = CapturedSlot(runner, self.registry.graph_id(key), feeds, out)
             for name, value in out.items():  # hand out the static buffers from the start, so a
                 runner.arrays.copy(captured.outputs[name], value)  # consumer bound to them stays valid
             return captured.outputs
         if not captured.matches(feeds):
+            self.setup_runs += 1
             self.registry.on_fallback(key)
             return runner.run_bound(feeds)
         first = not captured.captured
+        self.setup_runs += first
         outputs = captured.replay(feeds, wait)
         (self.registry.on_capture if first else self.registry.on_replay)(key)
         return outputs

@@ -183,28 +183,30 @@ class MTPHead:
     def __init__(self, graphs: GraphSet, batch: int, k: int, engine: int | None = None) -> None:
         self.graphs, self.arrays, self.k = graphs, graphs.arrays, k
         self.engine = graphs.slots.new_engine_id() if engine is None else engine
-        self.graph = graph_name("mtp_propose", k)
-        self.sample_graph = graph_name("mtp_sample", k)
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
 
     def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
-                 graphed: bool = True) -> np.ndarray:
+                 drafts: int, graphed: bool = True) -> np.ndarray:
         """Entries T..T+last[j] of row j from target hiddens [B, M, H] and next tokens [B, M]
-        (rows past last[j] are padding, never written). Returns the next step's drafts [B, k].
-        graphed: a fixed-shape run (every step's), replayed as a CUDA graph; not the prefill's."""
-        out = self._catch_up(self.graph, {}, rows, hidden, next_ids, positions, last, graphed)
+        (rows past last[j] are padding, never written). Returns the next step's drafts [B, drafts]
+        (1..k: the graph ``mtp_propose_k{drafts}``). graphed: a fixed-shape run (every step's),
+        replayed as a CUDA graph; not the prefill's."""
+        out = self._catch_up(graph_name("mtp_propose", drafts), drafts, {}, rows, hidden, next_ids, positions, last,
+                             graphed)
         return self.arrays.download(out["drafts"])
 
     def catch_up_sampled(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
-                         sampling: dict, graphed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                         drafts: int, sampling: dict, graphed: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """catch_up whose drafts are drawn: sampling holds temperature float32 [B] (0: the argmax, as
         catch_up), top_k int64 [B], top_p float32 [B] and uniforms float32 [B, k]. Returns the
-        drafts [B, k] and the distributions they were drawn from [B, k, V]."""
-        out = self._catch_up(self.sample_graph, sampling, rows, hidden, next_ids, positions, last, graphed)
+        drafts [B, k] and the distributions they were drawn from [B, k, V] (k = drafts)."""
+        out = self._catch_up(graph_name("mtp_sample", drafts), drafts, sampling, rows, hidden, next_ids, positions,
+                             last, graphed)
         return self.arrays.download(out["drafts"]), self.arrays.download(out["draft_probs"])
 
-    def _catch_up(self, graph: str, extra: dict, rows: Rows, hidden, next_ids, positions, last, graphed: bool):
-        window = attention_window(self.graphs, positions, reach=self.k)  # drafts d2..dk: k-1 slots past row a
+    def _catch_up(self, graph: str, drafts: int, extra: dict, rows: Rows, hidden, next_ids, positions, last,
+                  graphed: bool):
+        window = attention_window(self.graphs, positions, reach=drafts)  # drafts d2..dk: k-1 slots past row a
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
                  "last": np.ascontiguousarray(last, np.int64), **extra, **self.states.feeds(rows, window)}
         key = SlotKey.for_run(graph, next_ids, self.engine) if graphed else None

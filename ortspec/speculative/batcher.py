@@ -54,7 +54,7 @@ class Batcher:
         try:
             with self._call() as engine:
                 self.decoder = Decoder(session.graphs, rows, session.k, session.commit, Stats(), engine=engine,
-                                       exact=session.exact, **decoder_options)
+                                       exact=session.exact, k_chooser=session.k_chooser, **decoder_options)
                 if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
                     for row in range(rows):
                         self._place(Request.filler(row))
@@ -116,7 +116,7 @@ class Batcher:
         tokens generate(prompt, seed=seed) gets."""
         with self._call():
             params = validation.sampling(temperature, top_k, top_p, seed)
-            validation.sampling_graphs(self.session.manifest, self.session.k, params)
+            validation.sampling_graphs(self.session.manifest, self.session.k, params, self.session.auto_k)
             new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params)
             validation.single_prompt([r.prompt for r in new.requests], new.single)
             [req] = new.requests

@@ -8,6 +8,7 @@ state mechanics live in ``runtime.states``.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import numpy as np
@@ -19,7 +20,9 @@ from ..runtime.graphs import GraphSet
 from ..runtime.model import Forward, MTPHead
 from ..runtime.states import Rows
 from . import sampler
+from .auto_k import KChooser
 from .commits import COMMITS
+from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
 from .pipelined import PipelinedGreedy
 from .requests import Batch, Request
@@ -48,6 +51,11 @@ class Decoder:
 
     Tokens are chosen by ``sampler``: the argmax for greedy requests, draws for sampled ones.
 
+    k_chooser (``num_speculative_tokens="auto"``): k is then the most drafts a step may verify,
+    and each step's k (``step_k``, 0..k) is chosen as the previous step ends, before the MTP
+    head drafts for it (``auto_k``). A plain decode step chosen that way leaves the head's
+    entries for later (``deferred_entries``).
+
     pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (the host a step ahead of
     the GPU) where it applies (its docstring says where); None = that default, False = never,
     True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
@@ -57,8 +65,12 @@ class Decoder:
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
                  engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None,
-                 pipelined: bool | None = None) -> None:
+                 k_chooser: KChooser | None = None, pipelined: bool | None = None) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
+        self.chooser = k_chooser
+        self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
+        self.deferred = DeferredEntries(graphs.arrays)
+        self._switch_seconds = 0.0  # this step's time spent catching the head up after k = 0 steps
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
@@ -113,13 +125,18 @@ class Decoder:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
         batch.park_finished(self.max_length - self.forwards.positions_used(self.k))
+        k = self.step_k
         with self.graphs.device_lock:
             self.graphs.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-            if self.k > 0 and room >= self.k:
-                self.speculative_step(batch)
+            start, setups, self._switch_seconds = time.perf_counter(), self.graphs.slots.setup_runs, 0.0
+            if k > 0 and room >= k:
+                self.speculative_step(batch, k)
             else:
                 self.greedy_step(batch)
+            if self.chooser and (k == 0 or room >= k) and self.graphs.slots.setup_runs == setups:
+                # a step that set a CUDA graph up is no measure; nor is switching back from k = 0
+                self.chooser.record_time(len(batch), k, time.perf_counter() - start - self._switch_seconds)
             if self.on_commit:
                 self.on_commit(self, batch)
         return True
@@ -136,6 +153,9 @@ class Decoder:
         """Requests with prompts of one length n in consecutive rows, in one forward: the target
         over the prompts (positions 0..n-1) -> each first token; then the MTP head's entries 0..n-1."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
+        if self.deferred:  # the rows stepping beside these catch up first: deferred rows stay in step
+            with self.graphs.device_lock, self.stats.timed("commit"):
+                self._catch_up_deferred(max(self.step_k, 1))
         ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
         last = np.full(len(requests), n - 1, np.int64)  # [B]
@@ -147,7 +167,8 @@ class Decoder:
             first = sampler.pick(requests, out, last)  # [B]
             if self.mtp is not None:
                 next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p
-                self._catch_up(rows, out, next_ids, last, requests, graphed=False)
+                self._catch_up(rows, out["hidden"], next_ids, out.positions, last, requests, max(self.step_k, 1),
+                               graphed=False)
         for req, token in zip(requests, first):
             req.extend([token])
             if not req.placeholder:
@@ -161,15 +182,19 @@ class Decoder:
         with self.stats.timed("decode"):
             out = self.forwards.advance(batch.rows, batch.pending[:, None], batch.processed[:, None])
             tokens = sampler.pick(batch.requests, out, np.zeros(len(batch), np.int64))  # [B]
-            if self.mtp is not None:
-                self._catch_up(batch.rows, out, tokens[:, None], np.zeros(len(batch), np.int64), batch.requests)
+            if self.chooser is not None:
+                self._defer_or_catch_up(batch, out, tokens)
+            elif self.mtp is not None:
+                self._catch_up(batch.rows, out["hidden"], tokens[:, None], out.positions, np.zeros(len(batch), np.int64),
+                               batch.requests, self.k)
         self.stats.record_decode_step()
-        for req, t in zip(batch.requests, tokens):
+        for req, T, t in zip(batch.requests, batch.processed, tokens):
             if not req.done:
+                req.last_first_position, req.last_accepted = int(T), 0  # a decode step accepts no draft
                 self._emit(req, [t])
 
-    def speculative_step(self, batch: Batch) -> None:
-        k, T, rows = self.k, batch.processed, batch.rows
+    def speculative_step(self, batch: Batch, k: int) -> None:
+        T, rows = batch.processed, batch.rows
         self._check_positions(batch)
         # 1. propose: k drafts per request                                         [B, k]
         with self.stats.timed("propose"):
@@ -189,31 +214,51 @@ class Decoder:
         with self.stats.timed("commit"):
             next_ids = np.concatenate([drafts, bonus[:, None]], axis=1)  # x_{p+1} for p = T..T+k
             next_ids[np.arange(len(batch)), accepted] = bonus
-            self._catch_up(rows, verified.out, next_ids, accepted, batch.requests)
+            self.step_k = self.chooser.choose(len(batch)) if self.chooser else k
+            out = verified.out
+            self._catch_up(rows, out["hidden"], next_ids, out.positions, accepted, batch.requests, max(self.step_k, 1))
             self.commit.commit(batch, verified, accepted, self.stats)
         live = np.array([not r.done for r in batch.requests])
         self.stats.record_speculative_step(accepted[live], k)
+        if self.chooser:
+            self.chooser.record_accepts(accepted[live], k)
         for j, req in enumerate(batch.requests):
             if live[j]:
                 req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
                 self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
 
     # -- MTP catch-up and bookkeeping -------------------------------------------------------
-    def _catch_up(self, rows: Rows, out: Forward, next_ids, last, requests, graphed=True) -> None:
-        """MTP entries T..T+last[j] from the target forward's hiddens and the tokens that
-        followed (next_ids [B, m]; padded to the forward's width W, rows past last[j] are
-        padding and never written); the head's output at last[j] is the next step's d1.
-        Sampled requests' drafts are drawn, and the distributions they came from kept for the
-        acceptance."""
-        width = out.positions.shape[1]
+    def _defer_or_catch_up(self, batch: Batch, out: Forward, tokens: np.ndarray) -> None:
+        """Auto k after a plain decode: choose the next step's k; for k = 0 leave the head's entry
+        for later, else catch up over every entry left so far and this one, drafting k."""
+        self.deferred.add(batch.requests, batch.rows, out["hidden"], tokens, out.positions[:, 0])
+        self.step_k = self.chooser.choose(len(batch))
+        if self.step_k > 0:
+            self._catch_up_deferred(self.step_k)
+
+    def _catch_up_deferred(self, drafts: int) -> None:
+        """The head over the entries plain decode steps left (``DeferredEntries``), in one run.
+        Its time is the price of switching from k = 0, not of the step it ends (``_switch_seconds``)."""
+        start = time.perf_counter()
+        requests, rows, hidden, next_ids, positions, last = self.deferred.take()
+        self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+        self._switch_seconds += time.perf_counter() - start
+
+    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, drafts: int, graphed=True) -> None:
+        """MTP entries T..T+last[j] from the target forward's hiddens [B, W, H] at positions
+        [B, W] and the tokens that followed (next_ids [B, m]; padded to W, rows past last[j]
+        are padding and never written); the head's output at last[j] is the next step's d1,
+        followed by d2..d_drafts. Sampled requests' drafts are drawn, and the distributions
+        they came from kept for the acceptance."""
+        width = positions.shape[1]
         if next_ids.shape[1] < width:  # exact mode: the forward ran K_fix+1 rows
             next_ids = np.concatenate([next_ids, np.zeros((len(next_ids), width - next_ids.shape[1]), np.int64)], 1)
-        sampling = sampler.draft_inputs(requests, self.k)
+        sampling = sampler.draft_inputs(requests, drafts)
         if sampling is None:
-            drafts = self.mtp.catch_up(rows, out["hidden"], next_ids, out.positions, last, graphed=graphed)  # [B, k]
+            drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, drafts, graphed=graphed)  # [B, k]
             probs = [None] * len(requests)
         else:
-            drafts, probs = self.mtp.catch_up_sampled(rows, out["hidden"], next_ids, out.positions, last, sampling,
+            drafts, probs = self.mtp.catch_up_sampled(rows, hidden, next_ids, positions, last, drafts, sampling,
                                                       graphed=graphed)  # [B, k], [B, k, V]
         for req, row, q in zip(requests, drafts, probs):
             req.next_drafts, req.draft_probs = row.tolist(), q if req.samples else None

@@ -47,15 +47,17 @@ class ScriptedDrafts:
         self.rng = np.random.default_rng(seed)
 
     def propose(self, batch: Batch, k: int) -> np.ndarray:
+        """[B, k]: the truth where the script says right, truth + 1 elsewhere. With ``p`` the
+        draws are one [B, k] array (the same stream as a draw of k per row, in row order) and the
+        drafts one ``np.where``: a timing run (tools/gpu.py agree) pays this in its propose phase,
+        where the MTP head's own drafts cost almost nothing."""
         drafts = self.inner.propose(batch, k)
+        if self.p is None:
+            right = np.stack([np.arange(k) < self.rng.integers(0, k + 1) for _ in batch.requests]).reshape(-1, k)
+        else:
+            right = self.rng.random((len(batch), k)) < self.p  # [B, k]
+        correct = np.zeros_like(drafts)  # [B, k]: draft i of row j predicts token x_{T_j+1+i}
         for j, req in enumerate(batch.requests):
-            truth = self.oracle(req)
-            if self.p is None:
-                right = np.arange(k) < self.rng.integers(0, k + 1)
-            else:
-                right = self.rng.random(k) < self.p
-            for i in range(k):
-                index = req.processed + 1 + i  # draft i predicts token x_{T+1+i}
-                correct = truth[index] if index < len(truth) else 0
-                drafts[j, i] = correct if right[i] else (correct + 1) % self.vocab_size
-        return drafts
+            truth = self.oracle(req)[req.processed + 1: req.processed + 1 + k]  # 0 past the oracle's end
+            correct[j, : len(truth)] = truth
+        return np.where(right, correct, (correct + 1) % self.vocab_size)

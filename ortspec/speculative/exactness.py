@@ -36,14 +36,20 @@ class RowState:
     target: dict
     mtp: dict  # the head's KV cache
 
-    def differences(self, other: "RowState", atol: float = 0.0) -> list[str]:
-        """Names of what differs; atol=0 means bitwise (CPU), else max abs difference (GPU)."""
-        same = np.array_equal if atol == 0 else (lambda a, b: np.allclose(a, b, rtol=0, atol=atol))
+    def differences(self, other: "RowState", atol: float = 0.0, head: bool = True) -> list[str]:
+        """Names of what differs; atol=0 means bitwise (CPU), else within atol * (1 + |theirs|)
+        (GPU: fp32 rounding of the M=1 and M=k+1 products grows with the value's magnitude; a
+        wrong slot or length differs by far more).
+        next_drafts may be fewer than the other's (auto k drafts k per step): they must be its
+        first ones. head=False leaves out the MTP head's cache and drafts (auto k deferred its
+        entries: ``deferred_entries``)."""
+        same = np.array_equal if atol == 0 else (lambda a, b: np.allclose(a, b, rtol=atol, atol=atol))
+        drafts = self.next_drafts if head else []
         diffs = []
-        if (self.pending, self.next_drafts) != (other.pending, other.next_drafts):
-            diffs.append(f"pending/next drafts {(self.pending, self.next_drafts)} vs "
-                         f"{(other.pending, other.next_drafts)}")
-        for label, mine, theirs in (("target", self.target, other.target), ("MTP", self.mtp, other.mtp)):
+        if (self.pending, drafts) != (other.pending, other.next_drafts[: len(drafts)]) or (head and not drafts):
+            diffs.append(f"pending/next drafts {(self.pending, drafts)} vs {(other.pending, other.next_drafts)}")
+        parts = (("target", self.target, other.target),) + ((("MTP", self.mtp, other.mtp),) if head else ())
+        for label, mine, theirs in parts:
             diffs += [f"{label} state {n} (max abs diff {np.max(np.abs(mine[n] - theirs[n])):.2e})"
                       for n in theirs if not same(mine[n], theirs[n])]
         return diffs
@@ -78,14 +84,17 @@ def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, 
 
 def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, commit: str, *,
                       p: float | None = None, seed: int = 0, reference=None, fixed_rows: bool | None = None,
-                      atol: float = 0.0, stages: int = 1, exact: ExactShape | None = None) -> Stats:
+                      atol: float = 0.0, stages: int = 1, exact: ExactShape | None = None,
+                      k_chooser=None) -> Stats:
     """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
 
     p=None draws each step's accept length uniformly from 0..k; else each draft is right with
     probability p. ``reference`` (from plain_decode_states with >= max_new_tokens + k + 1
     tokens) may be passed to reuse one plain decode for several runs. ``fixed_rows`` forces
     the all-rows batching CUDA uses; ``atol`` > 0 compares states within a tolerance (GPU);
-    ``exact`` runs the speculative side in exact mode at that fixed shape.
+    ``exact`` runs the speculative side in exact mode at that fixed shape; ``k_chooser`` runs
+    it with auto k (k is then the most drafts per step), the head's state compared whenever no
+    entries wait for it.
     """
     oracle, table = reference or plain_decode_states(graphs, prompts, max_new_tokens + k + 1, k)
     stats, finished = Stats(), set()
@@ -100,7 +109,7 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
             want = table.get((req.row, req.processed))
             if want is None:
                 raise ExactnessError(f"{where}: the plain decode never reached this length")
-            diffs = row_state(decoder, req).differences(want, atol)
+            diffs = row_state(decoder, req).differences(want, atol, head=not decoder.deferred)
             if diffs:
                 raise ExactnessError(f"{where}: differs from the plain decode in {', '.join(diffs)}")
 
@@ -108,7 +117,7 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     requests = make_requests(prompts, max_new_tokens, exact.rows_for(len(prompts)) if exact else None)
     truth = lambda r: r.tokens if r.placeholder else oracle[r.row]  # noqa: E731  (placeholders: any tokens)
     decoder = Decoder(graphs, len(requests), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
-                      exact=exact, make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
+                      exact=exact, k_chooser=k_chooser, make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
     for req, out in zip(requests[: len(prompts)], decoder.generate(requests)):
         want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]
         if out != want:

@@ -57,6 +57,9 @@ class Stats:
     """Drafts accepted (each matched the target's argmax): sum over row-steps of a."""
     accept_histogram: list = dataclasses.field(default_factory=list)
     """accept_histogram[a] = row-steps that accepted exactly a drafts (a = 0..k)."""
+    steps_by_k: list = dataclasses.field(default_factory=list)
+    """steps_by_k[k] = steps that verified k drafts (k = 0: plain decode steps); with
+    num_speculative_tokens="auto" the k the Session chose."""
     position_mismatches: int = 0
     """Row-steps whose accept length derived from positions disagreed with the acceptance rule
     (always 0 unless there is a bug; positions win)."""
@@ -90,13 +93,14 @@ class Stats:
     def record_decode_step(self) -> None:
         self.steps += 1
         self.decode_steps += 1
+        _count(self.steps_by_k, 0, 1)
 
     def record_speculative_step(self, accepted, k: int) -> None:
         """One speculative step; ``accepted`` [rows] holds the accept lengths of its unfinished rows."""
-        if len(self.accept_histogram) < k + 1:
-            self.accept_histogram.extend([0] * (k + 1 - len(self.accept_histogram)))
+        _count(self.accept_histogram, k, 0)
         for a in accepted:
             self.accept_histogram[int(a)] += 1
+        _count(self.steps_by_k, k, 1)
         self.steps += 1
         self.speculative_steps += 1
         self.speculative_row_steps += len(accepted)
@@ -108,10 +112,9 @@ class Stats:
         for f in dataclasses.fields(self):
             if not f.name.startswith("_") and isinstance(getattr(self, f.name), int):
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        if len(self.accept_histogram) < len(other.accept_histogram):
-            self.accept_histogram.extend([0] * (len(other.accept_histogram) - len(self.accept_histogram)))
-        for a, rows in enumerate(other.accept_histogram):
-            self.accept_histogram[a] += rows
+        for mine, theirs in ((self.accept_histogram, other.accept_histogram), (self.steps_by_k, other.steps_by_k)):
+            for index, count in enumerate(theirs):
+                _count(mine, index, count)
         for phase, seconds in other.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
@@ -138,13 +141,21 @@ class Stats:
     def as_dict(self) -> dict:
         """Every counter (copies, so the dict does not change with later steps) and the derived rates."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
-        d["accept_histogram"], d["seconds"] = list(self.accept_histogram), dict(self.seconds)
+        d["accept_histogram"], d["steps_by_k"] = list(self.accept_histogram), list(self.steps_by_k)
+        d["seconds"] = dict(self.seconds)
         for name in DERIVED:
             d[name] = getattr(self, name)
         return d
 
 
 DERIVED = ("acceptance_rate", "mean_tokens_per_step", "tokens_per_second")
+
+
+def _count(histogram: list, index: int, n: int) -> None:
+    """histogram[index] += n, growing the list with zeros as needed."""
+    if len(histogram) <= index:
+        histogram.extend([0] * (index + 1 - len(histogram)))
+    histogram[index] += n
 
 
 class StatsTotals:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import ortspec
@@ -53,6 +54,21 @@ def random_checkpoint(out: Path, preset: str) -> Path:
     config, options = PRESETS[preset]
     make_checkpoint(out, **options, **config)
     return out
+
+
+class Budget:
+    """A subcommand's time limit (--budget-s), counted from its start; 0 means none. Work is
+    stopped between units (a generate call, a round), never inside one."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.start = seconds, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def spent(self, reserve: float = 0.0) -> bool:
+        """True when the limit is passed, or would be after `reserve` more seconds."""
+        return bool(self.seconds) and self.elapsed() + reserve > self.seconds
 
 
 class Checks:

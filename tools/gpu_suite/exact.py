@@ -27,7 +27,7 @@ from pathlib import Path
 import ortspec
 from ortspec.speculative.batcher import run_arrivals
 
-from .common import TRAINED, convert, markdown_table, write_json
+from .common import TRAINED, Budget, convert, markdown_table, write_json
 from .exact_prompts import token_prompts
 
 SUMMARY = "exact mode (fp16/bf16): requests differing from greedy at batch 1, its cost in tokens/s"
@@ -51,14 +51,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--exact-batch-size", type=int, default=16, help="rows of exact mode's fixed shape")
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting work after this many seconds "
                                                                   "(0: no limit)")
-
-
-class Budget:
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.start = seconds, time.perf_counter()
-
-    def spent(self) -> bool:
-        return bool(self.seconds) and time.perf_counter() - self.start > self.seconds
 
 
 def estimate_seconds(args) -> float:

@@ -37,7 +37,7 @@ def run(args) -> int:
     bandwidth = copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     start = time.perf_counter()
-    large = convert(random_checkpoint(out / "large_ck", "large"), out / "large_fp16", dtype="float16")
+    large = build_large(out)
     params = sum(int(np.prod(e["shape"])) for e in Manifest.load(large).weights.values())
     print(f"LARGE: {params / 1e9:.2f}B parameters (MTP head included), checkpoint + convert "
           f"{time.perf_counter() - start:.0f} s", flush=True)
@@ -52,6 +52,13 @@ def run(args) -> int:
     print("\n### Kernel profile per step (CUPTI via torch.profiler; CUDA graphs replayed)\n")
     print(profile_table(profiles))
     return 0
+
+
+def build_large(out: Path, dtype: str = "float16") -> Path:
+    """LARGE as this subcommand runs it (tools/gpu.py agree too): the random checkpoint (its
+    preset's seed) in out/large_ck, converted in out/large_fp16 (float16) or out/large_{dtype}."""
+    name = "large_fp16" if dtype == "float16" else f"large_{dtype}"
+    return convert(random_checkpoint(out / "large_ck", "large"), out / name, dtype=dtype)
 
 
 def copy_bandwidth() -> float:

@@ -1,0 +1,250 @@
+"""num_speculative_tokens="auto": how the chooser decides, and that any sequence of k it chooses
+(k = 0 steps leaving the MTP head's entries for later included) is exact."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import ortspec
+from ortspec.runtime.graphs import GraphSet
+from ortspec.speculative import auto_k
+from ortspec.speculative.auto_k import KChooser, row_bucket
+from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+
+
+class ScriptedK(KChooser):
+    """Chooses k from a script (cycled), and records like the real chooser."""
+
+    def __init__(self, max_k: int, script) -> None:
+        super().__init__(max_k)
+        self.script = itertools.cycle(script)
+
+    def choose(self, rows: int) -> int:
+        return next(self.script)
+
+
+# -- the chooser ---------------------------------------------------------------------------------
+
+def test_acceptance_per_depth_from_accept_lengths():
+    chooser = KChooser(3)
+    # k=3: a=0 tried 1; a=1 tried 1,2 kept 1; a=3 tried 1,2,3 kept 1,2,3
+    for _ in range(200):
+        chooser.record_accepts(np.array([0, 1, 3]), 3)
+    rates = chooser.acceptance()
+    assert rates[0] == pytest.approx(2 / 3, abs=0.01)  # draft 1 kept in 2 of 3 rows
+    assert rates[1] == pytest.approx(1 / 2, abs=0.01)  # draft 2 tried by the two rows that kept 1, kept by one
+    assert rates[2] == pytest.approx(1.0, abs=0.01)  # draft 3 tried only by the row that kept 2, and kept
+    assert chooser.expected_tokens(0) == 1.0
+    assert chooser.expected_tokens(2) == pytest.approx(1 + 2 / 3 + 1 / 3, abs=0.02)
+
+
+def test_acceptance_follows_recent_text():
+    chooser = KChooser(2)
+    for _ in range(100):
+        chooser.record_accepts(np.array([2, 2, 2, 2]), 2)
+    high = chooser.acceptance()[0]
+    for _ in range(300):
+        chooser.record_accepts(np.array([0, 0, 0, 0]), 2)
+    assert high > 0.95 and chooser.acceptance()[0] < 0.05
+
+
+def test_row_buckets():
+    assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+
+
+def time_all(chooser: KChooser, rows: int, costs: dict, times: int = 4) -> None:
+    for k, seconds in costs.items():
+        for _ in range(times):
+            chooser.record_time(rows, k, seconds)
+
+
+def test_every_k_is_timed_before_the_chooser_trusts_its_costs():
+    chooser = KChooser(3)
+    chosen = []
+    for _ in range(4 * (auto_k.MIN_SAMPLES + 1)):
+        k = chooser.choose(1)
+        chosen.append(k)
+        chooser.record_time(1, k, 0.01)
+    assert sorted(set(chosen)) == [0, 1, 2, 3]
+    assert all(chooser.cost(1, k) is not None for k in range(4))
+
+
+def test_the_first_step_of_each_k_is_left_out():
+    chooser = KChooser(1)
+    time_all(chooser, 4, {1: 0.01}, times=1)
+    for seconds in (5.0, 0.02, 0.03):  # warm-up already left out: these count
+        chooser.record_time(4, 1, seconds)
+    assert chooser.cost(4, 1) == pytest.approx(0.03)
+    chooser = KChooser(1)
+    chooser.record_time(4, 1, 5.0)  # the first: warm-up
+    time_all(chooser, 4, {1: 0.01}, times=2)
+    assert chooser.cost(4, 1) is None  # 2 < MIN_SAMPLES
+    chooser.record_time(4, 1, 9.0)  # one outlier among three does not move the median
+    assert chooser.cost(4, 1) == pytest.approx(0.01)
+
+
+def test_chooses_the_most_tokens_per_second():
+    chooser = KChooser(4)
+    for _ in range(50):
+        chooser.record_accepts(np.array([4, 4, 3, 4]), 4)  # drafts almost always right
+    time_all(chooser, 1, {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4})
+    assert chooser.choose(1) == 4
+    chooser = KChooser(4)
+    for _ in range(50):
+        chooser.record_accepts(np.array([0, 0, 0, 1]), 4)  # drafts almost always wrong
+    time_all(chooser, 16, {0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9, 4: 2.2})
+    assert chooser.choose(16) == 0  # speculation cannot pay: plain greedy
+
+
+def test_costs_are_per_row_count():
+    chooser = KChooser(1)
+    for _ in range(50):
+        chooser.record_accepts(np.array([1, 0]), 1)  # E(1) ~ 1.5
+    time_all(chooser, 1, {0: 1.0, 1: 1.2})  # batch 1: verify nearly free -> k=1
+    time_all(chooser, 16, {0: 1.0, 1: 1.9})  # batch 16: verify costs double -> greedy
+    assert chooser.choose(1) == 1 and chooser.choose(16) == 0
+
+
+def test_a_neighbour_is_timed_again_every_probe_interval():
+    chooser = KChooser(3)
+    for _ in range(50):
+        chooser.record_accepts(np.array([1, 2]), 3)
+    time_all(chooser, 2, {0: 1.0, 1: 1.0, 2: 1.05, 3: 1.5})
+    chosen = [chooser.choose(2) for _ in range(4 * auto_k.PROBE_EVERY)]
+    best = max(set(chosen), key=chosen.count)
+    probes = [k for k in chosen if k != best]
+    assert len(probes) == 4 and set(probes) == {best - 1, best + 1}
+
+
+class TimeSpy(ScriptedK):
+    def __init__(self, max_k, script) -> None:
+        super().__init__(max_k, script)
+        self.timed = []
+
+    def record_time(self, rows, k, seconds):
+        self.timed.append((k, seconds))
+
+
+def test_steps_that_set_a_graph_up_or_switch_from_k0_are_not_timed(models, monkeypatch):
+    """A CUDA graph's first run and capture cost far more than a replay: such steps (counted by
+    GraphSlots.setup_runs) must not become a k's cost; nor the catch-up that ends k = 0 steps."""
+    import time
+
+    from ortspec.runtime.model import MTPHead
+    from ortspec.speculative.decoder import Decoder
+    from ortspec.speculative.exactness import make_requests
+    from ortspec.speculative.stats import Stats
+
+    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
+    original, calls = MTPHead.catch_up, []
+
+    def slow_setup(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
+        calls.append(graphed)
+        if len(calls) % 5 == 0:  # as if this run had captured a graph
+            graphs.slots.setup_runs += 1
+        if not graphed:  # the deferred catch-up (and the prefill's): make it stand out
+            time.sleep(0.05)
+        return original(self, rows, hidden, next_ids, positions, last, drafts, graphed)
+
+    monkeypatch.setattr(MTPHead, "catch_up", slow_setup)
+    spy = TimeSpy(3, [0, 0, 2, 0, 1, 3])
+    stats = Stats()
+    Decoder(graphs, 2, 3, "select", stats, k_chooser=spy).generate(make_requests(PROMPTS[:2], 30))
+    setups = sum(1 for i in range(1, len(calls) + 1) if i % 5 == 0)
+    assert setups >= 3 and len(spy.timed) <= stats.steps - setups + 1
+    assert spy.timed and max(seconds for _, seconds in spy.timed) < 0.05  # the switching catch-ups left out
+
+
+# -- exactness under any choice ------------------------------------------------------------------
+
+@pytest.mark.parametrize("commit", ["select", "readvance"])
+def test_any_sequence_of_k_is_exact(models, commit):
+    """Scripted k sequences with runs of k = 0 (the head's entries deferred, then caught up in
+    one run), batch of 3, scripted drafts: tokens equal greedy and, after every commit, the
+    target's states equal the plain decode's bitwise, and the head's too whenever no entries wait."""
+    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
+    reference = plain_decode_states(graphs, PROMPTS, 60 + 4 + 1, 4)
+    for script in ([0, 0, 0, 2, 0, 3, 1, 0, 0, 4], [3, 0, 2, 0, 0, 0, 0, 1]):
+        chooser = ScriptedK(4, script)
+        stats = check_speculative(graphs, PROMPTS, 60, 4, commit, p=0.7, seed=3, reference=reference,
+                                  k_chooser=chooser)
+        assert stats.steps_by_k[0] > 5 and sum(stats.steps_by_k[1:]) > 5, stats.steps_by_k
+
+
+def test_fixed_rows_with_auto_k_is_exact(models):
+    graphs = GraphSet(ortspec.Session(models.converted("mixed")).manifest)
+    check_speculative(graphs, PROMPTS, 40, 3, "select", p=0.8, seed=1, fixed_rows=True,
+                      k_chooser=ScriptedK(3, [0, 0, 2, 0, 0, 0, 3, 1]))
+
+
+def test_a_skipped_deferred_catch_up_is_caught(models, monkeypatch):
+    """The check is not vacuous: drop the entries that k = 0 steps left and the head's state differs."""
+    from ortspec.speculative.deferred_entries import DeferredEntries
+
+    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
+    original = DeferredEntries.add
+    monkeypatch.setattr(DeferredEntries, "add", lambda self, requests, rows, hidden, ids, positions: (
+        original(self, requests, rows, hidden, ids, positions + 1)))  # entries written one slot too far
+    with pytest.raises(ExactnessError, match="MTP state"):
+        check_speculative(graphs, PROMPTS, 30, 2, "select", p=0.7, k_chooser=ScriptedK(2, [0, 0, 2]))
+
+
+def test_auto_session_equals_greedy_and_reports_its_choices(models):
+    out = models.converted("base")
+    greedy = ortspec.Session(out).generate(PROMPTS, max_new_tokens=40)
+    session = ortspec.Session(out, num_speculative_tokens="auto")
+    assert session.k == 4
+    for _ in range(3):
+        assert session.generate(PROMPTS, max_new_tokens=40) == greedy
+        assert session.generate(PROMPTS[1], max_new_tokens=40) == greedy[1]
+    stats = session.stats
+    assert sum(stats["steps_by_k"]) == stats["steps"] and len(stats["steps_by_k"]) == 5
+    assert all(stats["steps_by_k"]), stats["steps_by_k"]  # every k was tried
+    auto = stats["auto_k"]
+    assert len(auto["acceptance_by_depth"]) == 4 and auto["expected_tokens"][0] == 1.0
+    assert set(auto["step_ms"]) >= {1, 4} and set(auto["step_ms"][1]) == {0, 1, 2, 3, 4}
+
+
+def test_auto_batcher_with_arrivals_equals_greedy(models):
+    """Requests join a running batch while k = 0 steps have left the head's entries waiting:
+    the prefill catches the others up first."""
+    out = models.converted("base")
+    greedy = ortspec.Session(out).generate(PROMPTS, max_new_tokens=30)
+    session = ortspec.Session(out, num_speculative_tokens="auto")
+    session.k_chooser = ScriptedK(4, [0, 0, 0, 0, 0, 2, 0, 0])
+    with session.batcher(max_batch_size=3) as batcher:
+        ids = [batcher.add_request(PROMPTS[0], max_new_tokens=30)]
+        for prompt in PROMPTS[1:]:
+            batcher.step()
+            batcher.step()
+            ids.append(batcher.add_request(prompt, max_new_tokens=30))
+        while batcher.pending:
+            batcher.step()
+        assert [batcher.result(i) for i in ids] == greedy
+
+
+def test_auto_sampling_runs_and_exact_mode_chooses_up_to_exact_k(models):
+    out = models.converted("base")
+    session = ortspec.Session(out, num_speculative_tokens="auto")
+    tokens = session.generate(PROMPTS[0], max_new_tokens=20, temperature=0.8, seed=1)
+    assert len(tokens) == 20
+    exact = ortspec.Session(out, num_speculative_tokens="auto", exact=True, exact_batch_size=2, exact_k=2)
+    assert exact.k == 2
+    assert exact.generate(PROMPTS, max_new_tokens=20) == ortspec.Session(out).generate(PROMPTS, max_new_tokens=20)
+
+
+def test_auto_option_errors(models, tmp_path):
+    with pytest.raises(ortspec.ConfigurationError, match="not a count"):
+        ortspec.Session(models.converted("base"), num_speculative_tokens="fast")
+    from tools.make_tiny_checkpoint import make_checkpoint
+
+    make_checkpoint(tmp_path / "ck", seed=4, mtp=False)
+    out = ortspec.convert(tmp_path / "ck", tmp_path / "out", max_length=64, progress=False)
+    with pytest.raises(ortspec.ConfigurationError, match="cannot speculate: its checkpoint has no mtp"):
+        ortspec.Session(out, num_speculative_tokens="auto")
+    assert ortspec.Session(out).generate([1, 2, 3], max_new_tokens=4)
