@@ -563,6 +563,23 @@ def test_cuda_kernels_run_on_a_callers_stream_and_inside_a_cuda_graph():
 
 
 @needs_cuda_device
+def test_cuda_copy_buffers_equal_one_by_one_copies():
+    """copy_buffers puts the aligned pairs in one kernel launch and copies the rest one by one;
+    every destination ends bitwise equal to its source."""
+    rng = np.random.default_rng(5)
+    buffers = native.PersistentBuffers(device="cuda")
+    sources = [rng.standard_normal(shape).astype(np.float32) for shape in ((3, 256), (8, 48, 48), (5,), (1, 4))]
+    srcs, dsts = [], []
+    for i, values in enumerate(sources):
+        srcs.append(buffers.allocate(f"s{i}", values.shape, "float32"))
+        srcs[-1].copy_from_numpy(values)
+        dsts.append(buffers.allocate(f"d{i}", values.shape, "float32"))
+    native.copy_buffers(dsts, srcs)
+    for dst, values in zip(dsts, sources):
+        np.testing.assert_array_equal(dst.to_numpy(), values)
+
+
+@needs_cuda_device
 def test_stream_event_and_pinned_readback_on_the_device():
     """Work on an ortspec Stream; an Event recorded behind a copy into page-locked memory says
     when the bytes are there; a device-to-device copy on the stream feeds the next input."""

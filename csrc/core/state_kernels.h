@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor_ref.h"
 
@@ -36,6 +38,10 @@ namespace ortspec {
 void select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live,
                   std::uintptr_t stream = 0);
 void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream = 0);
+// copy_buffer for every (dst, src) pair, all checked first. On CUDA the pairs on one device
+// whose addresses and sizes are multiples of 16 bytes, none overlapping another, are copied in
+// one kernel launch; the rest one by one (peer copies between GPUs among them).
+void copy_buffers(const std::vector<std::pair<TensorRef, TensorRef>>& pairs, std::uintptr_t stream = 0);
 // The checks of select_slots / copy_buffer alone (throwing what they throw), for a caller
 // that validates a whole batch of calls before it runs any.
 Device check_select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live);

@@ -114,6 +114,17 @@ void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int
                  std::int64_t num_rows, std::size_t row_bytes, int device,
                  std::uintptr_t stream);
 
+// One byte copy of copy_many: dst, src and nbytes all multiples of 16 bytes.
+struct ByteCopy {
+  void* dst;
+  const void* src;
+  std::size_t nbytes;
+};
+
+// Every copy, in one kernel launch per 64 copies (a step commits every GDN state at once, and
+// a launch per state was a measurable share of a pipelined step). Copies must not overlap.
+void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintptr_t stream);
+
 // Synchronizes `stream`, then returns and clears the first error a state kernel
 // recorded on `device` ("" when none).
 std::string take_kernel_error(int device, std::uintptr_t stream);

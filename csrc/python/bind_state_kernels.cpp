@@ -93,10 +93,11 @@ check_device_errors() raises.)doc");
         }
         std::uintptr_t stream_handle = stream_arg(stream);
         py::gil_scoped_release release;
-        for (const auto& [dst, src] : pairs) copy_buffer(dst, src, stream_handle);
+        copy_buffers(pairs, stream_handle);
       },
       py::arg("dsts"), py::arg("srcs"), py::arg("stream") = 0,
-      "copy_buffer for each (dsts[i], srcs[i]), all validated first.");
+      "copy_buffer for each (dsts[i], srcs[i]), all validated first; on CUDA the same-device "
+      "pairs in one kernel launch (core/state_kernels.h says which).");
 
   module.def(
       "select_slots_many",

@@ -4,10 +4,12 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
@@ -300,6 +302,27 @@ void test_copy_between_devices() {
   std::printf("state_kernels_cuda: copy_buffer cuda:0 -> cuda:%d checked\n", last);
 }
 
+// copy_buffers: the 16-byte-aligned same-device pairs go in one kernel launch, the others
+// (an odd size, an offset view) one by one; all of them land bitwise.
+void test_copy_buffers_in_one_launch() {
+  ortspec::PersistentBuffers device(kGpu);
+  std::vector<std::pair<ortspec::TensorRef, ortspec::TensorRef>> pairs;
+  std::vector<Buffer> keep;
+  std::vector<std::vector<std::uint16_t>> expected;
+  const std::int64_t sizes[] = {8, 4608, 36864, 3, 70};  // elements: 16 B, ..., 6 B (odd), 140 B
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    std::vector<std::uint16_t> values(static_cast<std::size_t>(sizes[i]));
+    for (std::size_t v = 0; v < values.size(); ++v) values[v] = static_cast<std::uint16_t>(v * 7 + i);
+    Buffer src = to_device(device, "src" + std::to_string(i), values, DType::kFloat16, {sizes[i]});
+    Buffer dst = device.allocate("dst" + std::to_string(i), {sizes[i]}, DType::kFloat16);
+    pairs.emplace_back(dst.ref(), src.ref());
+    keep.push_back(dst);
+    expected.push_back(values);
+  }
+  ortspec::copy_buffers(pairs, 0);
+  for (std::size_t i = 0; i < keep.size(); ++i) CHECK(to_host<std::uint16_t>(keep[i]) == expected[i]);
+}
+
 // The pipelined greedy loop's pieces: kernels on an ortspec Stream, a device-to-device copy
 // feeding the next input, a copy into page-locked memory read after an Event.
 void test_stream_event_and_pinned_readback() {
@@ -344,6 +367,7 @@ int run_state_kernel_cuda_tests() {
   test_write_and_gather_rows_errors_are_recorded();
   test_copy_between_devices();
   test_stream_event_and_pinned_readback();
+  test_copy_buffers_in_one_launch();
   return 0;
 }
 

@@ -236,9 +236,12 @@ class CudaArrays:
         self.native.copy_buffer(out, src, self.stream)
         return out
 
-    def _index(self, index: np.ndarray):
+    def _index(self, index):
         """A device copy of a small int64 host array, uploaded once per step per content
-        (every attention layer and the MTP head write KV rows at the same positions)."""
+        (every attention layer and the MTP head write KV rows at the same positions); a device
+        buffer (a captured slot's static positions) as it is."""
+        if not isinstance(index, np.ndarray):
+            return index
         host = np.ascontiguousarray(index, np.int64)
         key = (host.shape, host.tobytes())
         buf = self._uploaded.get(key)

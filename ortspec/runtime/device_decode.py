@@ -44,7 +44,8 @@ class DeviceDecode:
         feeds = {"input_ids": ids, "positions": positions,
                  **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1))}
         out = self.graphs[GRAPH].run(feeds, slot=self._key, wait=False)
-        self.target.states.advance(out, self.rows, positions)
+        static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run
+        self.target.states.advance(out, self.rows, positions if static is None else static)
         self._readbacks[n % 2].start(out["tokens"])
         self._outputs[n % 2] = out
         return out

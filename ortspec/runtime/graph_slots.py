@@ -109,12 +109,18 @@ class CapturedSlot:
         return all(feeds[n].data_ptr == ptr for n, ptr in self.pointers.items()) and all(
             feeds[n].shape == self.uploads[n].shape for n in self.uploads)
 
-    def replay(self, feeds: dict, wait: bool = True) -> dict:
-        """Uploads the host inputs and runs the graph (ONNX Runtime captures it on the first call);
-        wait=False: returns before the GPU is done (``graph_id_options``)."""
+    def load_inputs(self, feeds: dict) -> None:
+        """Uploads the host inputs into the static buffers. Every run of the slot does (the first
+        and fallbacks too, which run eagerly from the feeds), so the static inputs always hold the
+        latest run's: a caller may read them on the device (the KV commit reads the positions)."""
         for name, buffer in self.uploads.items():
             if feeds[name] is not buffer:  # the static buffer itself: written on the device already
                 self.arrays.upload(buffer, feeds[name])
+
+    def replay(self, feeds: dict, wait: bool = True) -> dict:
+        """Uploads the host inputs and runs the graph (ONNX Runtime captures it on the first call);
+        wait=False: returns before the GPU is done (``graph_id_options``)."""
+        self.load_inputs(feeds)
         self.arrays.settle()
         self.runner.session.run_with_iobinding(self.binding, self.run_options[wait or not self.arrays.shared_stream])
         self.captured = True
@@ -162,10 +168,12 @@ class GraphSlots:
             captured = self._captured[key] = CapturedSlot(runner, self.registry.graph_id(key), feeds, out)
             for name, value in out.items():  # hand out the static buffers from the start, so a
                 runner.arrays.copy(captured.outputs[name], value)  # consumer bound to them stays valid
+            captured.load_inputs(feeds)
             return captured.outputs
         if not captured.matches(feeds):
             self.setup_runs += 1
             self.registry.on_fallback(key)
+            captured.load_inputs(feeds)
             return runner.run_bound(feeds)
         first = not captured.captured
         self.setup_runs += first
