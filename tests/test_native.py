@@ -285,6 +285,17 @@ def test_cuda_request_without_a_device_says_why():
     assert native.device_count() == 0
 
 
+def test_advance_decode_inputs_makes_the_next_steps_inputs():
+    tokens = np.array([[7], [9], [4]], np.int64)
+    ids, positions = np.zeros((3, 1), np.int64), np.array([[5], [62], [63]], np.int64)
+    native.advance_decode_inputs(tokens, ids, positions, 63)
+    assert ids[:, 0].tolist() == [7, 9, 4] and positions[:, 0].tolist() == [6, 63, 63]  # parked at 63
+    with pytest.raises(ValueError, match=r"advance_decode_inputs: positions must be \[B, 1\] = \[3, 1\]"):
+        native.advance_decode_inputs(tokens, ids, np.zeros((2, 1), np.int64), 63)
+    with pytest.raises(TypeError, match="advance_decode_inputs: ids must be int64"):
+        native.advance_decode_inputs(tokens, np.zeros((3, 1), np.float32), positions, 63)
+
+
 def test_copy_to_host_refuses_wrong_directions_and_shapes():
     host = np.zeros((2, 1), np.int64)
     with pytest.raises(ValueError, match="copies a CUDA src into a CPU dst"):

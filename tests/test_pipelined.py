@@ -100,6 +100,33 @@ def test_a_request_may_fill_max_length(models):
     assert piped == plain and len(piped[0]) == graphs.manifest.max_length - len(long)
 
 
+def test_the_captured_slot_path_equals_the_plain_loop(models, monkeypatch):
+    """DeviceDecode's CUDA path (next inputs written into a captured slot's static buffers, the
+    positions advanced where they live, the KV commit reading them) run on the CPU over a
+    stand-in slot table that loads each run's host inputs into the static buffers, as
+    CapturedSlot.load_inputs does; with a request parked at max_length."""
+    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
+    long = list(np.arange(200) % 300 + 1)
+    specs = [(long, graphs.manifest.max_length - len(long), ()), (PROMPTS[1], 70, ()), (PROMPTS[2], 9, ())]
+    plain, _ = decode(graphs, specs, pipelined=False)
+    statics: dict = {}
+    runner = graphs["decode"]
+    run = runner.run
+
+    def run_with_static_inputs(feeds, slot=None, wait=True):
+        if slot is not None:
+            table = statics.setdefault(slot, {n: np.zeros_like(feeds[n]) for n in ("input_ids", "positions")})
+            for name, static in table.items():
+                if feeds[name] is not static:
+                    static[...] = feeds[name]
+        return run(feeds, slot, wait)
+
+    monkeypatch.setattr(runner, "run", run_with_static_inputs)
+    monkeypatch.setattr(graphs.slots, "static_input", lambda key, name: statics.get(key, {}).get(name))
+    piped, _ = decode(graphs, specs, pipelined=True)
+    assert statics and piped == plain
+
+
 def test_streamed_and_session_outputs_equal_the_plain_loop(models):
     session = ortspec.Session(models.converted("base"))
     plain = session.generate(PROMPTS, max_new_tokens=16, stop_tokens=[])
@@ -116,9 +143,9 @@ def test_a_step_late_feed_is_caught(graphs, monkeypatch):
     plain, _ = decode(graphs, [(p, 20, ()) for p in PROMPTS], pipelined=False)
     history = []
 
-    def stale_feed(self, out):
+    def stale_feed(self, out, positions):
         history.append(np.array(out["tokens"]))
-        return history[-2] if len(history) > 1 else history[-1]
+        return (history[-2] if len(history) > 1 else history[-1]), positions
 
     monkeypatch.setattr(DeviceDecode, "feed", stale_feed)
     piped, _ = decode(graphs, [(p, 20, ()) for p in PROMPTS], pipelined=True)

@@ -288,6 +288,35 @@ void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& 
 #endif
 }
 
+void advance_decode_inputs(const TensorRef& tokens, const TensorRef& ids, const TensorRef& positions,
+                           std::int64_t last_position, std::uintptr_t stream) {
+  const char* op = "advance_decode_inputs";
+  NamedTensor tokens_arg{"tokens", tokens}, ids_arg{"ids", ids}, positions_arg{"positions", positions};
+  for (const NamedTensor& arg : {tokens_arg, ids_arg, positions_arg}) {
+    require_dtype(op, arg, DType::kInt64);
+    require_rank(op, arg, 2, "[B, 1]");
+    require_shape(op, arg, {tokens.shape[0], 1}, "[B, 1]");
+  }
+  if (last_position < 0) {
+    throw std::invalid_argument(std::string(op) + ": last_position must be >= 0, got " +
+                                std::to_string(last_position));
+  }
+  Device device = require_one_device(op, {tokens_arg, ids_arg, positions_arg});
+  const std::int64_t batch = tokens.shape[0];
+  if (!device.is_cuda()) {
+    cpu::advance_decode_inputs(tokens.as<std::int64_t>(), ids.as<std::int64_t>(),
+                               positions.as<std::int64_t>(), batch, last_position);
+    return;
+  }
+#ifdef ORTSPEC_WITH_CUDA
+  cuda::advance_decode_inputs(tokens.as<std::int64_t>(), ids.as<std::int64_t>(), positions.as<std::int64_t>(),
+                              batch, last_position, device.index, stream);
+#else
+  (void)stream;
+  unreachable_cuda();
+#endif
+}
+
 std::string take_kernel_error(Device device, std::uintptr_t stream) {
   if (!device.is_cuda()) return "";
 #ifdef ORTSPEC_WITH_CUDA

@@ -15,6 +15,9 @@
 //                          (T float32/float16/bfloat16, copied bitwise; KV cache append)
 //   gather_rows            src T[B,M,...], index int64[B] -> dst T[B,...]
 //                          dst[b] = src[b, index[b]]   (T any dtype, copied bitwise)
+//   advance_decode_inputs  tokens, ids, positions int64[B,1], last_position:
+//                          ids[b] = tokens[b]; positions[b] = min(positions[b] + 1, last_position)
+//                          (the next decode step's inputs, made on the device)
 //
 // Each entry point checks devices, dtypes and shapes (DTypeError or
 // std::invalid_argument naming the function and argument), then runs the CPU
@@ -57,6 +60,11 @@ void write_rows(const TensorRef& cache, const TensorRef& rows, const TensorRef& 
 void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& dst,
                  std::uintptr_t stream = 0);
 
+// The next decode step's inputs without the host: ids <- this step's tokens, positions one on
+// (at most last_position, where a finished row stays parked inside the buffers).
+void advance_decode_inputs(const TensorRef& tokens, const TensorRef& ids, const TensorRef& positions,
+                           std::int64_t last_position, std::uintptr_t stream = 0);
+
 // The first error a CUDA state kernel recorded on `device` since the last call
 // ("" when none; always "" for the CPU). Synchronizes `stream`.
 std::string take_kernel_error(Device device, std::uintptr_t stream = 0);
@@ -75,6 +83,9 @@ void write_rows(void* cache, const void* rows, const std::int64_t* positions,
 // src [B, M, row_bytes], index [B] -> dst [B, row_bytes].
 void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int64_t batch,
                  std::int64_t num_rows, std::size_t row_bytes);
+// tokens, ids, positions [B].
+void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
+                           std::int64_t batch, std::int64_t last_position);
 
 }  // namespace cpu
 }  // namespace ortspec

@@ -114,6 +114,11 @@ void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int
                  std::int64_t num_rows, std::size_t row_bytes, int device,
                  std::uintptr_t stream);
 
+// ids[b] = tokens[b]; positions[b] = min(positions[b] + 1, last_position); all [B].
+void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
+                           std::int64_t batch, std::int64_t last_position, int device,
+                           std::uintptr_t stream);
+
 // One byte copy of copy_many: dst, src and nbytes all multiples of 16 bytes.
 struct ByteCopy {
   void* dst;

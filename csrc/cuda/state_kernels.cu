@@ -210,6 +210,15 @@ __global__ void copy_many_kernel(CopyTable table) {
   }
 }
 
+// ---- advance_decode_inputs: one thread per batch row ---------------------------
+__global__ void advance_decode_inputs_kernel(const long long* tokens, long long* ids, long long* positions,
+                                             long long batch, long long last_position) {
+  long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (b >= batch) return;
+  ids[b] = tokens[b];
+  positions[b] = min(positions[b] + 1, last_position);
+}
+
 std::string describe_kernel_error(const KernelErrorRecord& record) {
   std::string row = std::to_string(record.row);
   std::string value = std::to_string(record.value);
@@ -271,6 +280,17 @@ void write_rows(void* cache, const void* rows, const std::int64_t* positions,
                                           cache_length, num_rows, row_bytes, cuda_stream);
   });
   check_launch("write_rows");
+}
+
+void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
+                           std::int64_t batch, std::int64_t last_position, int device,
+                           std::uintptr_t stream) {
+  if (batch == 0) return;
+  DeviceGuard guard(device);
+  advance_decode_inputs_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, as_stream(stream)>>>(
+      reinterpret_cast<const long long*>(tokens), reinterpret_cast<long long*>(ids),
+      reinterpret_cast<long long*>(positions), batch, last_position);
+  check_launch("advance_decode_inputs");
 }
 
 void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintptr_t stream) {

@@ -323,6 +323,21 @@ void test_copy_buffers_in_one_launch() {
   for (std::size_t i = 0; i < keep.size(); ++i) CHECK(to_host<std::uint16_t>(keep[i]) == expected[i]);
 }
 
+// advance_decode_inputs on the device equals the CPU reference (a row parked at the end stays).
+void test_advance_decode_inputs_match_cpu() {
+  ortspec::PersistentBuffers device(kGpu);
+  Tokens tokens{7, 9, 4}, ids{0, 0, 0}, positions{5, 62, 63};
+  Tokens want_ids = ids, want_positions = positions;
+  ortspec::cpu::advance_decode_inputs(tokens.data(), want_ids.data(), want_positions.data(), 3, 63);
+  Buffer tokens_gpu = to_device(device, "tokens", tokens, DType::kInt64, {3, 1});
+  Buffer ids_gpu = to_device(device, "ids", ids, DType::kInt64, {3, 1});
+  Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64, {3, 1});
+  ortspec::advance_decode_inputs(tokens_gpu.ref(), ids_gpu.ref(), positions_gpu.ref(), 63);
+  CHECK(to_host<std::int64_t>(ids_gpu) == want_ids);
+  CHECK(to_host<std::int64_t>(positions_gpu) == want_positions);
+  CHECK((want_positions == Tokens{6, 63, 63}));
+}
+
 // The pipelined greedy loop's pieces: kernels on an ortspec Stream, a device-to-device copy
 // feeding the next input, a copy into page-locked memory read after an Event.
 void test_stream_event_and_pinned_readback() {
@@ -368,6 +383,7 @@ int run_state_kernel_cuda_tests() {
   test_copy_between_devices();
   test_stream_event_and_pinned_readback();
   test_copy_buffers_in_one_launch();
+  test_advance_decode_inputs_match_cpu();
   return 0;
 }
 

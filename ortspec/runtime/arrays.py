@@ -95,6 +95,11 @@ class HostArrays:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
         dst[...] = src[np.arange(len(index)), index]
 
+    def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
+        """The next decode step's inputs [B, 1]: ids = tokens, positions one on (at most last_position)."""
+        ids[...] = tokens
+        np.minimum(positions + 1, last_position, out=positions)
+
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b]."""
         for b in range(cache.shape[0]):
@@ -258,6 +263,9 @@ class CudaArrays:
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         self.native.gather_rows(src, self._index(index), dst, self.stream)
+
+    def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
+        self.native.advance_decode_inputs(tokens, ids, positions, last_position, self.stream)
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         positions = self._index(positions)

@@ -4,11 +4,12 @@
 every step. ``DeviceDecode.step`` enqueues the same forward and the same state commit and
 returns before the GPU is done (on CUDA the captured graph's Run does not synchronise):
 
-    out = step(n, ids, positions)   forward + commit of step n; starts the copy of its tokens
-                                    to the host (``streams.Readback``)
-    ids = feed(out)                 step n's tokens as step n+1's input_ids, on the device: copied
-                                    into the captured slot's static input, so nothing is uploaded
-    tokens(n)                       step n's tokens on the host [B]; waits for step n only
+    out = step(n, ids, positions)       forward + commit of step n; starts the copy of its tokens
+                                        to the host (``streams.Readback``)
+    ids, positions = feed(out, host)    step n+1's inputs: on the device, written into the captured
+                                        slot's static inputs (step n's tokens; each position one
+                                        on), so nothing is uploaded; else the tokens and `host`
+    tokens(n)                           step n's tokens on the host [B]; waits for step n only
 
 Same graph, slot key, feeds and commit as ``TargetModel.decode``, so the two are
 interchangeable step by step, bit for bit. One pipeline stage only: a stage boundary hands its
@@ -33,14 +34,15 @@ class DeviceDecode:
     def __init__(self, target: TargetModel, rows: Rows) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
         self.arrays = self.graphs.arrays
+        self.last_position = self.graphs.manifest.max_length - 1
         self._key = SlotKey(GRAPH, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._readbacks = [self.arrays.readback((len(rows), 1), np.int64) for _ in range(2)]
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
 
-    def step(self, n: int, ids, positions: np.ndarray) -> dict:
-        """Enqueues step n over ids [B, 1] (host int64, or ``feed`` of step n-1) at positions
-        [B, 1] (host int64), then the commit of every state; starts the copy of the step's
-        tokens [B, 1] to the host. Returns the outputs where the backend keeps them."""
+    def step(self, n: int, ids, positions) -> dict:
+        """Enqueues step n over ids and positions [B, 1] (host int64, or what ``feed`` made of step
+        n-1), then the commit of every state; starts the copy of the step's tokens [B, 1] to the
+        host. Returns the outputs where the backend keeps them."""
         feeds = {"input_ids": ids, "positions": positions,
                  **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1))}
         out = self.graphs[GRAPH].run(feeds, slot=self._key, wait=False)
@@ -50,15 +52,17 @@ class DeviceDecode:
         self._outputs[n % 2] = out
         return out
 
-    def feed(self, out: dict):
-        """The next step's input_ids from this step's tokens, without the host: copied on the
-        device into the captured slot's static input_ids; where no slot is captured (the CPU,
-        CUDA without graphs) the tokens themselves."""
-        static = self.graphs.slots.static_input(self._key, "input_ids")
-        if static is None:
-            return out["tokens"]
-        self.arrays.copy(static, out["tokens"])
-        return static
+    def feed(self, out: dict, host_positions: np.ndarray) -> tuple:
+        """(ids, positions) of the next step. With a captured slot: its static input_ids and
+        positions, written on the device (this step's tokens; each position one on, as
+        host_positions [B, 1] has them), so its replay uploads nothing. Without one (the CPU,
+        CUDA without graphs): the tokens themselves and host_positions."""
+        ids = self.graphs.slots.static_input(self._key, "input_ids")
+        if ids is None:
+            return out["tokens"], host_positions
+        positions = self.graphs.slots.static_input(self._key, "positions")
+        self.arrays.advance_decode_inputs(out["tokens"], ids, positions, self.last_position)
+        return ids, positions
 
     def tokens(self, n: int) -> np.ndarray:
         """int64 [B]: the argmax of step n, once it is on the host."""

@@ -80,7 +80,7 @@ class PipelinedGreedy:
                 with self.graphs.device_lock, self.stats.timed("decode"):
                     if self._may_need_another(occupants):
                         self.graphs.begin_step(check_errors=False)
-                        out = decode.step(n + 1, decode.feed(out), positions(n + 1))
+                        out = decode.step(n + 1, *decode.feed(out, positions(n + 1)))
                     tokens = decode.tokens(n)  # [B]
                 self._emit_step(occupants, tokens)
                 yield
