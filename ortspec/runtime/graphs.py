@@ -291,6 +291,8 @@ class GraphSet:
         """Releases the captured slots, the ONNX Runtime sessions (and with them their CUDA graphs),
         and every device's buffers and weights. Later use raises ClosedError. Idempotent."""
         with self._lock:
+            for arrays, _ in self._placed.values():  # nothing queued on the shared stream may outlive
+                arrays.synchronize()                 # the sessions' memory it reads
             self.slots.release()
             self._runners.clear()
             for arrays, _ in self._placed.values():

@@ -6,16 +6,16 @@ does its bookkeeping while the GPU idles (the GPU was busy about half of a step 
 BENCHMARKS.md). Here the host enqueues step n+1 before it reads step n's tokens, so the GPU
 always has the next step queued (``runtime.device_decode`` enqueues; the stream orders):
 
-    enqueue step 0                                      ids: the pending tokens, from the host
+    enqueue step 0                                      ids, positions: from the host
     for n = 0, 1, ...:
-        enqueue step n+1 unless no request can need it  ids: step n's tokens, copied on the device
+        enqueue step n+1 unless no request can need it  ids: step n's tokens; positions one on:
+                                                        both made on the device
         read step n's tokens (waits for step n only), emit them, yield
         stop once every request is done
 
-Positions need no GPU: each row's advances by one per step. Budgets (max_new_tokens) are known,
-so no step runs once every request will have reached its budget; a stop token is known only
-a step late, so a request ended by one has had one more step run for it, whose token is
-dropped. That step's states are never read: a finished row is not read again until a prefill
+Budgets (max_new_tokens) are known, so no step runs once every request will have reached its
+budget; a stop token is known only a step late, so a request ended by one has had one more
+step run for it, whose token is dropped. That step's states are never read: a finished row is not read again until a prefill
 resets it (a plain loop keeps running finished rows too, with their results dropped).
 
 Exactness: each step is the plain loop's decode (same graph, captured slot, feeds and commit),
