@@ -31,6 +31,7 @@ batchers always do: they step one step at a time (``Decoder.step``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import numpy as np
@@ -76,7 +77,7 @@ class PipelinedGreedy:
                 self.graphs.begin_step()
                 decode = DeviceDecode(self.target, batch.rows)  # (page-locked memory: made and freed under the lock)
                 out = decode.step(0, batch.pending[:, None], positions(0))
-            for n in range(self.max_length):
+            for n in itertools.count():  # ends: every step gives each running request a token
                 with self.graphs.device_lock, self.stats.timed("decode"):
                     if self._may_need_another(occupants):
                         self.graphs.begin_step(check_errors=False)
