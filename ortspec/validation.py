@@ -36,7 +36,7 @@ REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUME
 # Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
 # make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
 # every row every step, as on CUDA). Decoder's engine and stages belong to the Session.
-DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows")
+DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined")
 
 
 def is_integer(value) -> bool:
@@ -375,8 +375,9 @@ def decoder_options(options: dict, caller: str) -> dict:
         raise InputError(f"make_drafts={options['make_drafts']!r} must be a callable: make_drafts(mtp) -> drafts.")
     if options.get("on_commit") is not None and not callable(options["on_commit"]):
         raise InputError(f"on_commit={options['on_commit']!r} must be a callable on_commit(decoder, batch) or None.")
-    if options.get("fixed_rows") is not None and not isinstance(options["fixed_rows"], (bool, np.bool_)):
-        raise InputError(f"fixed_rows={options['fixed_rows']!r} must be True, False or None.")
+    for flag in ("fixed_rows", "pipelined"):
+        if options.get(flag) is not None and not isinstance(options[flag], (bool, np.bool_)):
+            raise InputError(f"{flag}={options[flag]!r} must be True, False or None.")
     return dict(options)
 
 

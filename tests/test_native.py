@@ -279,7 +279,32 @@ def test_cuda_request_without_a_device_says_why():
     expected = "no CUDA device" if native.build_info()["cuda"] else "built without CUDA"
     with pytest.raises(RuntimeError, match=expected):
         native.StepScopedArena(1024, device="cuda")
+    for make in (native.Stream, native.Event, lambda: native.pinned_host_buffer((2,), "int64")):
+        with pytest.raises(RuntimeError, match="CUDA"):
+            make()
     assert native.device_count() == 0
+
+
+def test_advance_decode_inputs_makes_the_next_steps_inputs():
+    tokens = np.array([[7], [9], [4]], np.int64)
+    ids, positions = np.zeros((3, 1), np.int64), np.array([[5], [62], [63]], np.int64)
+    native.advance_decode_inputs(tokens, ids, positions, 63)
+    assert ids[:, 0].tolist() == [7, 9, 4] and positions[:, 0].tolist() == [6, 63, 63]  # parked at 63
+    with pytest.raises(ValueError, match=r"advance_decode_inputs: positions must be \[B, 1\] = \[3, 1\]"):
+        native.advance_decode_inputs(tokens, ids, np.zeros((2, 1), np.int64), 63)
+    with pytest.raises(TypeError, match="advance_decode_inputs: ids must be int64"):
+        native.advance_decode_inputs(tokens, np.zeros((3, 1), np.float32), positions, 63)
+
+
+def test_copy_to_host_refuses_wrong_directions_and_shapes():
+    host = np.zeros((2, 1), np.int64)
+    with pytest.raises(ValueError, match="copies a CUDA src into a CPU dst"):
+        native.copy_to_host(host, np.ones((2, 1), np.int64))
+    on_device = native.Buffer.from_pointer(host.ctypes.data, (2, 1), "int64", "cuda")
+    with pytest.raises(ValueError, match=r"dst shape \[2, 2\] differs from src shape \[2, 1\]"):
+        native.copy_to_host(np.zeros((2, 2), np.int64), on_device)
+    with pytest.raises(TypeError, match="dst is float32, src is int64"):
+        native.copy_to_host(np.zeros((2, 1), np.float32), on_device)
 
 
 # ---- memory: arena, persistent buffers, zero-copy exports --------------------------------
@@ -546,6 +571,41 @@ def test_cuda_kernels_run_on_a_callers_stream_and_inside_a_cuda_graph():
         torch.cuda.synchronize()
         np.testing.assert_array_equal(live.to_numpy(), values[[2, 0], [0, 1]] + 100 * replay)
     native.check_device_errors()
+
+
+@needs_cuda_device
+def test_cuda_copy_buffers_equal_one_by_one_copies():
+    """copy_buffers puts the aligned pairs in one kernel launch and copies the rest one by one;
+    every destination ends bitwise equal to its source."""
+    rng = np.random.default_rng(5)
+    buffers = native.PersistentBuffers(device="cuda")
+    sources = [rng.standard_normal(shape).astype(np.float32) for shape in ((3, 256), (8, 48, 48), (5,), (1, 4))]
+    srcs, dsts = [], []
+    for i, values in enumerate(sources):
+        srcs.append(buffers.allocate(f"s{i}", values.shape, "float32"))
+        srcs[-1].copy_from_numpy(values)
+        dsts.append(buffers.allocate(f"d{i}", values.shape, "float32"))
+    native.copy_buffers(dsts, srcs)
+    for dst, values in zip(dsts, sources):
+        np.testing.assert_array_equal(dst.to_numpy(), values)
+
+
+@needs_cuda_device
+def test_stream_event_and_pinned_readback_on_the_device():
+    """Work on an ortspec Stream; an Event recorded behind a copy into page-locked memory says
+    when the bytes are there; a device-to-device copy on the stream feeds the next input."""
+    stream, event = native.Stream(), native.Event()
+    assert stream.handle != 0 and event.done()  # an event never recorded counts as done
+    buffers = native.PersistentBuffers(device="cuda")
+    src, fed = buffers.allocate("src", (4, 1), "int64"), buffers.allocate("fed", (4, 1), "int64")
+    src.copy_from_numpy(np.arange(4, dtype=np.int64).reshape(4, 1), stream=stream.handle)
+    native.copy_buffer(fed, src, stream=stream.handle)
+    host = native.pinned_host_buffer((4, 1), "int64")
+    native.copy_to_host(host, fed, stream=stream.handle)
+    event.record(stream.handle)
+    event.synchronize()
+    assert event.done() and stream.idle()
+    np.testing.assert_array_equal(host.numpy()[:, 0], np.arange(4))
 
 
 # ---- the native ctest binary ------------------------------------------------------------

@@ -15,6 +15,13 @@ Buffer Buffer::borrowed(TensorRef ref) {
   return buffer;
 }
 
+Buffer Buffer::owning(TensorRef ref, std::shared_ptr<const void> owner) {
+  Buffer buffer;
+  buffer.ref_ = std::move(ref);
+  buffer.keep_alive_ = std::move(owner);
+  return buffer;
+}
+
 bool Buffer::is_live() const {
   return arena_ == nullptr || arena_->is_live(arena_offset_, arena_generation_);
 }

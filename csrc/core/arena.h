@@ -45,6 +45,8 @@ class Buffer {
 
   // A view of memory someone else owns (ONNX Runtime, torch): no lifetime link.
   static Buffer borrowed(TensorRef ref);
+  // A view that keeps `owner` (whatever frees the memory) alive, e.g. page-locked host memory.
+  static Buffer owning(TensorRef ref, std::shared_ptr<const void> owner);
 
   // The view; throws std::runtime_error when the block was handed back by reset().
   const TensorRef& ref() const;

@@ -132,6 +132,62 @@ void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stre
   copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes(), stream);
 }
 
+#ifdef ORTSPEC_WITH_CUDA
+namespace {
+
+bool overlaps(const TensorRef& a, const TensorRef& b) {
+  const char* a_begin = static_cast<const char*>(a.data);
+  const char* b_begin = static_cast<const char*>(b.data);
+  return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
+}
+
+// Whether a pair may go into copy_many: one device, 16-byte words, and no byte shared with
+// any other pair (the copies of one launch run in no particular order).
+bool batchable(const std::vector<std::pair<TensorRef, TensorRef>>& pairs, std::size_t i) {
+  const auto& [dst, src] = pairs[i];
+  auto aligned = [](const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; };
+  if (!dst.device.is_cuda() || dst.device != src.device || !aligned(dst.data) || !aligned(src.data) ||
+      src.nbytes() % 16 != 0 || overlaps(dst, src)) {
+    return false;
+  }
+  for (std::size_t j = 0; j < pairs.size(); ++j) {
+    if (j == i) continue;
+    const auto& [other_dst, other_src] = pairs[j];
+    if (overlaps(dst, other_dst) || overlaps(dst, other_src) || overlaps(src, other_dst)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+#endif
+
+void copy_buffers(const std::vector<std::pair<TensorRef, TensorRef>>& pairs, std::uintptr_t stream) {
+  for (const auto& [dst, src] : pairs) check_copy_buffer(dst, src);
+#ifdef ORTSPEC_WITH_CUDA
+  std::vector<std::vector<cuda::ByteCopy>> by_device;
+  std::vector<int> devices;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const auto& [dst, src] = pairs[i];
+    if (!batchable(pairs, i)) {
+      copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes(), stream);
+      continue;
+    }
+    auto found = std::find(devices.begin(), devices.end(), dst.device.index);
+    if (found == devices.end()) {
+      devices.push_back(dst.device.index);
+      by_device.emplace_back();
+      found = devices.end() - 1;
+    }
+    by_device[found - devices.begin()].push_back({dst.data, src.data, src.nbytes()});
+  }
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    cuda::copy_many(by_device[d].data(), by_device[d].size(), devices[d], stream);
+  }
+#else
+  for (const auto& [dst, src] : pairs) copy_bytes(dst.data, dst.device, src.data, src.device, src.nbytes(), stream);
+#endif
+}
+
 void write_rows(const TensorRef& cache, const TensorRef& rows, const TensorRef& positions,
                 const std::optional<TensorRef>& counts, std::int64_t axis,
                 std::uintptr_t stream) {
@@ -226,6 +282,35 @@ void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& 
 #ifdef ORTSPEC_WITH_CUDA
   cuda::gather_rows(src.data, index.as<std::int64_t>(), dst.data, batch, num_rows, row_bytes,
                     device.index, stream);
+#else
+  (void)stream;
+  unreachable_cuda();
+#endif
+}
+
+void advance_decode_inputs(const TensorRef& tokens, const TensorRef& ids, const TensorRef& positions,
+                           std::int64_t last_position, std::uintptr_t stream) {
+  const char* op = "advance_decode_inputs";
+  NamedTensor tokens_arg{"tokens", tokens}, ids_arg{"ids", ids}, positions_arg{"positions", positions};
+  for (const NamedTensor& arg : {tokens_arg, ids_arg, positions_arg}) {
+    require_dtype(op, arg, DType::kInt64);
+    require_rank(op, arg, 2, "[B, 1]");
+    require_shape(op, arg, {tokens.shape[0], 1}, "[B, 1]");
+  }
+  if (last_position < 0) {
+    throw std::invalid_argument(std::string(op) + ": last_position must be >= 0, got " +
+                                std::to_string(last_position));
+  }
+  Device device = require_one_device(op, {tokens_arg, ids_arg, positions_arg});
+  const std::int64_t batch = tokens.shape[0];
+  if (!device.is_cuda()) {
+    cpu::advance_decode_inputs(tokens.as<std::int64_t>(), ids.as<std::int64_t>(),
+                               positions.as<std::int64_t>(), batch, last_position);
+    return;
+  }
+#ifdef ORTSPEC_WITH_CUDA
+  cuda::advance_decode_inputs(tokens.as<std::int64_t>(), ids.as<std::int64_t>(), positions.as<std::int64_t>(),
+                              batch, last_position, device.index, stream);
 #else
   (void)stream;
   unreachable_cuda();

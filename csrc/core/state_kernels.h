@@ -15,6 +15,9 @@
 //                          (T float32/float16/bfloat16, copied bitwise; KV cache append)
 //   gather_rows            src T[B,M,...], index int64[B] -> dst T[B,...]
 //                          dst[b] = src[b, index[b]]   (T any dtype, copied bitwise)
+//   advance_decode_inputs  tokens, ids, positions int64[B,1], last_position:
+//                          ids[b] = tokens[b]; positions[b] = min(positions[b] + 1, last_position)
+//                          (the next decode step's inputs, made on the device)
 //
 // Each entry point checks devices, dtypes and shapes (DTypeError or
 // std::invalid_argument naming the function and argument), then runs the CPU
@@ -28,6 +31,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor_ref.h"
 
@@ -36,6 +41,10 @@ namespace ortspec {
 void select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live,
                   std::uintptr_t stream = 0);
 void copy_buffer(const TensorRef& dst, const TensorRef& src, std::uintptr_t stream = 0);
+// copy_buffer for every (dst, src) pair, all checked first. On CUDA the pairs on one device
+// whose addresses and sizes are multiples of 16 bytes, none overlapping another, are copied in
+// one kernel launch; the rest one by one (peer copies between GPUs among them).
+void copy_buffers(const std::vector<std::pair<TensorRef, TensorRef>>& pairs, std::uintptr_t stream = 0);
 // The checks of select_slots / copy_buffer alone (throwing what they throw), for a caller
 // that validates a whole batch of calls before it runs any.
 Device check_select_slots(const TensorRef& window, const TensorRef& index, const TensorRef& live);
@@ -50,6 +59,11 @@ void write_rows(const TensorRef& cache, const TensorRef& rows, const TensorRef& 
                 std::uintptr_t stream = 0);
 void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& dst,
                  std::uintptr_t stream = 0);
+
+// The next decode step's inputs without the host: ids <- this step's tokens, positions one on
+// (at most last_position, where a finished row stays parked inside the buffers).
+void advance_decode_inputs(const TensorRef& tokens, const TensorRef& ids, const TensorRef& positions,
+                           std::int64_t last_position, std::uintptr_t stream = 0);
 
 // The first error a CUDA state kernel recorded on `device` since the last call
 // ("" when none; always "" for the CPU). Synchronizes `stream`.
@@ -69,6 +83,9 @@ void write_rows(void* cache, const void* rows, const std::int64_t* positions,
 // src [B, M, row_bytes], index [B] -> dst [B, row_bytes].
 void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int64_t batch,
                  std::int64_t num_rows, std::size_t row_bytes);
+// tokens, ids, positions [B].
+void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
+                           std::int64_t batch, std::int64_t last_position);
 
 }  // namespace cpu
 }  // namespace ortspec

@@ -1,6 +1,7 @@
 // CPU reference implementations of the state kernels: plain loops, written to
 // be obviously right. They are the oracle for the CUDA kernels and the fast
 // path of CPU sessions (B is small, so nothing here needs to be clever).
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -86,6 +87,16 @@ void gather_rows(const void* src,            // [B, M, row_bytes]
   for (std::int64_t b = 0; b < batch; ++b) {
     std::memcpy(dst_bytes + b * row_bytes, src_bytes + (b * num_rows + index[b]) * row_bytes,
                 row_bytes);
+  }
+}
+
+void advance_decode_inputs(const std::int64_t* tokens,  // [B]
+                           std::int64_t* ids,            // [B]
+                           std::int64_t* positions,      // [B]
+                           std::int64_t batch, std::int64_t last_position) {
+  for (std::int64_t b = 0; b < batch; ++b) {
+    ids[b] = tokens[b];
+    positions[b] = std::min(positions[b] + 1, last_position);
   }
 }
 

@@ -65,6 +65,31 @@ void copy_peer_async(void* dst, int dst_device, const void* src, int src_device,
 void fill_zero_async(void* dst, std::size_t nbytes, int device, std::uintptr_t stream);
 void synchronize(int device, std::uintptr_t stream);
 
+// ---- streams, events, page-locked host memory (cuda_runtime.cu) ------------
+// What lets the host run ahead of the GPU (core/streams.h says how they are used).
+
+// A new stream on `device` created with cudaStreamNonBlocking: it never waits for the
+// legacy default stream, and CUDA graphs may be captured on it.
+std::uintptr_t create_stream(int device);
+void destroy_stream(std::uintptr_t stream, int device) noexcept;
+// Whether every piece of work enqueued on `stream` so far has finished (cudaStreamQuery);
+// never blocks.
+bool stream_idle(std::uintptr_t stream, int device);
+
+// An event without timing data (the cheapest kind to record and wait for).
+std::uintptr_t create_event(int device);
+void destroy_event(std::uintptr_t event, int device) noexcept;
+void record_event(std::uintptr_t event, std::uintptr_t stream, int device);
+// Whether the work before the event's last record has finished; never blocks.
+bool event_done(std::uintptr_t event, int device);
+// Blocks until the work before the event's last record has finished.
+void synchronize_event(std::uintptr_t event, int device);
+
+// Page-locked host memory (cudaMallocHost), zero-filled: device-to-host copies into it are
+// truly asynchronous. release_pinned never throws.
+void* allocate_pinned(std::size_t nbytes);
+void release_pinned(void* pointer) noexcept;
+
 // ---- state kernels (state_kernels.cu) ---------------------------------------
 // Same semantics as the CPU reference in core/state_kernels_cpu.cpp. Kernels
 // cannot throw: an invalid index is recorded on the device (first one wins), the
@@ -88,6 +113,22 @@ void write_rows(void* cache, const void* rows, const std::int64_t* positions,
 void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int64_t batch,
                  std::int64_t num_rows, std::size_t row_bytes, int device,
                  std::uintptr_t stream);
+
+// ids[b] = tokens[b]; positions[b] = min(positions[b] + 1, last_position); all [B].
+void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
+                           std::int64_t batch, std::int64_t last_position, int device,
+                           std::uintptr_t stream);
+
+// One byte copy of copy_many: dst, src and nbytes all multiples of 16 bytes.
+struct ByteCopy {
+  void* dst;
+  const void* src;
+  std::size_t nbytes;
+};
+
+// Every copy, in one kernel launch per 64 copies (a step commits every GDN state at once, and
+// a launch per state was a measurable share of a pipelined step). Copies must not overlap.
+void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintptr_t stream);
 
 // Synchronizes `stream`, then returns and clears the first error a state kernel
 // recorded on `device` ("" when none).

@@ -7,6 +7,7 @@
 // "no CUDA device" when called there.
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -49,6 +50,18 @@ void check(cudaError_t status, const char* what) {
 }
 
 cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+// Runs `call` with `device` current, then restores the previous device and clears any error:
+// for the release paths, which run in destructors and must never throw.
+template <typename Call>
+void on_device_quietly(int device, Call call) noexcept {
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  call();
+  if (previous >= 0) cudaSetDevice(previous);
+  cudaGetLastError();
+}
 
 }  // namespace
 
@@ -111,12 +124,7 @@ void* allocate(std::size_t nbytes, int device) {
 
 void release(void* pointer, int device) noexcept {
   if (pointer == nullptr) return;
-  int previous = -1;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device);
-  cudaFree(pointer);
-  if (previous >= 0) cudaSetDevice(previous);
-  cudaGetLastError();
+  on_device_quietly(device, [&] { cudaFree(pointer); });
 }
 
 void copy_async(void* dst, const void* src, std::size_t nbytes, CopyKind kind, int device,
@@ -160,6 +168,83 @@ void fill_zero_async(void* dst, std::size_t nbytes, int device, std::uintptr_t s
 void synchronize(int device, std::uintptr_t stream) {
   DeviceGuard guard(device);
   check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+}
+
+std::uintptr_t create_stream(int device) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return reinterpret_cast<std::uintptr_t>(stream);
+}
+
+void destroy_stream(std::uintptr_t stream, int device) noexcept {
+  if (stream == 0) return;
+  // Returns at once; work already enqueued still completes.
+  on_device_quietly(device, [&] { cudaStreamDestroy(as_stream(stream)); });
+}
+
+// cudaSuccess -> true, cudaErrorNotReady -> false, anything else throws.
+static bool ready(cudaError_t status, const char* what) {
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  check(status, what);
+  return true;
+}
+
+bool stream_idle(std::uintptr_t stream, int device) {
+  DeviceGuard guard(device);
+  return ready(cudaStreamQuery(as_stream(stream)), "cudaStreamQuery");
+}
+
+std::uintptr_t create_event(int device) {
+  DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  return reinterpret_cast<std::uintptr_t>(event);
+}
+
+void destroy_event(std::uintptr_t event, int device) noexcept {
+  if (event == 0) return;
+  on_device_quietly(device, [&] { cudaEventDestroy(reinterpret_cast<cudaEvent_t>(event)); });
+}
+
+void record_event(std::uintptr_t event, std::uintptr_t stream, int device) {
+  DeviceGuard guard(device);
+  check(cudaEventRecord(reinterpret_cast<cudaEvent_t>(event), as_stream(stream)), "cudaEventRecord");
+}
+
+bool event_done(std::uintptr_t event, int device) {
+  DeviceGuard guard(device);
+  return ready(cudaEventQuery(reinterpret_cast<cudaEvent_t>(event)), "cudaEventQuery");
+}
+
+void synchronize_event(std::uintptr_t event, int device) {
+  DeviceGuard guard(device);
+  check(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+}
+
+void* allocate_pinned(std::size_t nbytes) {
+  if (probe_devices().count == 0) {
+    throw std::runtime_error("page-locked host memory needs a CUDA device (" + probe_devices().reason +
+                             "); run on a GPU host, or use numpy arrays on the CPU.");
+  }
+  void* pointer = nullptr;
+  cudaError_t status = cudaMallocHost(&pointer, nbytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("cudaMallocHost of " + std::to_string(nbytes) +
+                             " bytes failed: " + cudaGetErrorString(status));
+  }
+  std::memset(pointer, 0, nbytes);
+  return pointer;
+}
+
+void release_pinned(void* pointer) noexcept {
+  if (pointer == nullptr) return;
+  cudaFreeHost(pointer);
+  cudaGetLastError();
 }
 
 }  // namespace ortspec::cuda

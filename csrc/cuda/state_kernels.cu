@@ -11,6 +11,7 @@
 // g_kernel_error (first one wins) and reported by take_kernel_error().
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <initializer_list>
 #include <stdexcept>
@@ -187,6 +188,37 @@ void launch_write_rows(void* cache, const void* rows, const long long* positions
   }
 }
 
+// ---- copy_many: blockIdx.y picks the copy, a grid-stride loop over its 16-byte words ----
+constexpr int kCopiesPerLaunch = 64;  // 64 x 24 bytes of table: well inside the 4 KiB of kernel parameters
+constexpr unsigned int kMaxCopyBlocks = 1024;
+
+struct CopyTable {
+  const uint4* src[kCopiesPerLaunch];
+  uint4* dst[kCopiesPerLaunch];
+  long long words[kCopiesPerLaunch];
+};
+
+__global__ void copy_many_kernel(CopyTable table) {
+  const int copy = blockIdx.y;
+  const uint4* src = table.src[copy];
+  uint4* dst = table.dst[copy];
+  const long long words = table.words[copy];
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long word = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; word < words;
+       word += stride) {
+    dst[word] = src[word];
+  }
+}
+
+// ---- advance_decode_inputs: one thread per batch row ---------------------------
+__global__ void advance_decode_inputs_kernel(const long long* tokens, long long* ids, long long* positions,
+                                             long long batch, long long last_position) {
+  long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (b >= batch) return;
+  ids[b] = tokens[b];
+  positions[b] = min(positions[b] + 1, last_position);
+}
+
 std::string describe_kernel_error(const KernelErrorRecord& record) {
   std::string row = std::to_string(record.row);
   std::string value = std::to_string(record.value);
@@ -248,6 +280,38 @@ void write_rows(void* cache, const void* rows, const std::int64_t* positions,
                                           cache_length, num_rows, row_bytes, cuda_stream);
   });
   check_launch("write_rows");
+}
+
+void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
+                           std::int64_t batch, std::int64_t last_position, int device,
+                           std::uintptr_t stream) {
+  if (batch == 0) return;
+  DeviceGuard guard(device);
+  advance_decode_inputs_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, as_stream(stream)>>>(
+      reinterpret_cast<const long long*>(tokens), reinterpret_cast<long long*>(ids),
+      reinterpret_cast<long long*>(positions), batch, last_position);
+  check_launch("advance_decode_inputs");
+}
+
+void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintptr_t stream) {
+  if (count == 0) return;
+  DeviceGuard guard(device);
+  for (std::size_t start = 0; start < count; start += kCopiesPerLaunch) {
+    const int n = static_cast<int>(std::min<std::size_t>(kCopiesPerLaunch, count - start));
+    CopyTable table{};
+    long long most = 0;
+    for (int i = 0; i < n; ++i) {
+      const ByteCopy& copy = copies[start + i];
+      table.src[i] = static_cast<const uint4*>(copy.src);
+      table.dst[i] = static_cast<uint4*>(copy.dst);
+      table.words[i] = static_cast<long long>(copy.nbytes / sizeof(uint4));
+      most = std::max(most, table.words[i]);
+    }
+    if (most == 0) continue;
+    dim3 grid(std::min(blocks_for(most), kMaxCopyBlocks), static_cast<unsigned int>(n));
+    copy_many_kernel<<<grid, kThreadsPerBlock, 0, as_stream(stream)>>>(table);
+    check_launch("copy_buffers");
+  }
 }
 
 std::string take_kernel_error(int device, std::uintptr_t stream) {

@@ -93,10 +93,11 @@ check_device_errors() raises.)doc");
         }
         std::uintptr_t stream_handle = stream_arg(stream);
         py::gil_scoped_release release;
-        for (const auto& [dst, src] : pairs) copy_buffer(dst, src, stream_handle);
+        copy_buffers(pairs, stream_handle);
       },
       py::arg("dsts"), py::arg("srcs"), py::arg("stream") = 0,
-      "copy_buffer for each (dsts[i], srcs[i]), all validated first.");
+      "copy_buffer for each (dsts[i], srcs[i]), all validated first; on CUDA the same-device "
+      "pairs in one kernel launch (core/state_kernels.h says which).");
 
   module.def(
       "select_slots_many",
@@ -166,6 +167,26 @@ the last accepted position).
 src T[B, M, ...], index int64[B] in 0..M-1, dst T[B, ...]. Any dtype T, copied
 bitwise. An index outside 0..M-1 raises ValueError on the CPU (nothing written);
 on CUDA that row of dst is left unchanged and check_device_errors() raises.)doc");
+
+  module.def(
+      "advance_decode_inputs",
+      [](py::handle tokens, py::handle ids, py::handle positions, std::int64_t last_position,
+         py::handle stream) {
+        const char* op = "advance_decode_inputs";
+        TensorRef tokens_ref = tensor_arg(tokens, op, "tokens", false);
+        TensorRef ids_ref = tensor_arg(ids, op, "ids", true);
+        TensorRef positions_ref = tensor_arg(positions, op, "positions", true);
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        advance_decode_inputs(tokens_ref, ids_ref, positions_ref, last_position, stream_handle);
+      },
+      py::arg("tokens"), py::arg("ids"), py::arg("positions"), py::arg("last_position"),
+      py::arg("stream") = 0,
+      R"doc(The next decode step's inputs, made where they live (no host round trip):
+ids[b] = tokens[b]; positions[b] = min(positions[b] + 1, last_position).
+
+tokens, ids, positions int64[B, 1] on one device; last_position >= 0 (max_length - 1: a
+finished row that keeps running stays parked inside the buffers).)doc");
 
   module.def(
       "check_device_errors",

@@ -18,6 +18,7 @@ namespace py = pybind11;
 void bind_buffers(py::module_& module);        // Buffer, StepScopedArena, PersistentBuffers
 void bind_state_kernels(py::module_& module);  // select_slots, write_rows, ...
 void bind_graph_slots(py::module_& module);    // GraphSlotKey, GraphSlotRegistry
+void bind_streams(py::module_& module);        // Stream, Event, pinned_host_buffer, copy_to_host
 
 // ---- tensor_args.cpp ---------------------------------------------------------
 

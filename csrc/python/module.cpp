@@ -99,4 +99,5 @@ PYBIND11_MODULE(_native, module) {
   bind_buffers(module);
   bind_state_kernels(module);
   bind_graph_slots(module);
+  bind_streams(module);
 }

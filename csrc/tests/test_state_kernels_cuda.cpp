@@ -4,14 +4,18 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/device_memory.h"
 #include "core/state_kernels.h"
+#include "core/streams.h"
 #include "tests/check.h"
 #include "tests/reference.h"
 #include "tests/suites.h"
@@ -298,6 +302,69 @@ void test_copy_between_devices() {
   std::printf("state_kernels_cuda: copy_buffer cuda:0 -> cuda:%d checked\n", last);
 }
 
+// copy_buffers: the 16-byte-aligned same-device pairs go in one kernel launch, the others
+// (an odd size, an offset view) one by one; all of them land bitwise.
+void test_copy_buffers_in_one_launch() {
+  ortspec::PersistentBuffers device(kGpu);
+  std::vector<std::pair<ortspec::TensorRef, ortspec::TensorRef>> pairs;
+  std::vector<Buffer> keep;
+  std::vector<std::vector<std::uint16_t>> expected;
+  const std::int64_t sizes[] = {8, 4608, 36864, 3, 70};  // elements: 16 B, ..., 6 B (odd), 140 B
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    std::vector<std::uint16_t> values(static_cast<std::size_t>(sizes[i]));
+    for (std::size_t v = 0; v < values.size(); ++v) values[v] = static_cast<std::uint16_t>(v * 7 + i);
+    Buffer src = to_device(device, "src" + std::to_string(i), values, DType::kFloat16, {sizes[i]});
+    Buffer dst = device.allocate("dst" + std::to_string(i), {sizes[i]}, DType::kFloat16);
+    pairs.emplace_back(dst.ref(), src.ref());
+    keep.push_back(dst);
+    expected.push_back(values);
+  }
+  ortspec::copy_buffers(pairs, 0);
+  for (std::size_t i = 0; i < keep.size(); ++i) CHECK(to_host<std::uint16_t>(keep[i]) == expected[i]);
+}
+
+// advance_decode_inputs on the device equals the CPU reference (a row parked at the end stays).
+void test_advance_decode_inputs_match_cpu() {
+  ortspec::PersistentBuffers device(kGpu);
+  Tokens tokens{7, 9, 4}, ids{0, 0, 0}, positions{5, 62, 63};
+  Tokens want_ids = ids, want_positions = positions;
+  ortspec::cpu::advance_decode_inputs(tokens.data(), want_ids.data(), want_positions.data(), 3, 63);
+  Buffer tokens_gpu = to_device(device, "tokens", tokens, DType::kInt64, {3, 1});
+  Buffer ids_gpu = to_device(device, "ids", ids, DType::kInt64, {3, 1});
+  Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64, {3, 1});
+  ortspec::advance_decode_inputs(tokens_gpu.ref(), ids_gpu.ref(), positions_gpu.ref(), 63);
+  CHECK(to_host<std::int64_t>(ids_gpu) == want_ids);
+  CHECK(to_host<std::int64_t>(positions_gpu) == want_positions);
+  CHECK((want_positions == Tokens{6, 63, 63}));
+}
+
+// The pipelined greedy loop's pieces: kernels on an ortspec Stream, a device-to-device copy
+// feeding the next input, a copy into page-locked memory read after an Event.
+void test_stream_event_and_pinned_readback() {
+  ortspec::Stream stream(0);
+  ortspec::Event event(0);
+  CHECK(stream.handle() != 0 && event.done());
+  ortspec::PersistentBuffers device(kGpu);
+  std::vector<float> window{0, 1, 2, 3, 4, 5, 6, 7};  // [W=2, B=2, 2]
+  Tokens index{1, 0};
+  Buffer live = device.allocate("live", {2, 2}, DType::kFloat32);
+  Buffer fed = device.allocate("fed", {2, 2}, DType::kFloat32);
+  Buffer window_gpu = to_device(device, "window", window, DType::kFloat32, {2, 2, 2});
+  Buffer index_gpu = to_device(device, "index", index, DType::kInt64, {2});
+  ortspec::synchronize(kGpu, 0);  // the uploads ran on stream 0, which our stream does not wait for
+  ortspec::select_slots(window_gpu.ref(), index_gpu.ref(), live.ref(), stream.handle());
+  ortspec::copy_buffer(fed.ref(), live.ref(), stream.handle());
+  Buffer host = ortspec::pinned_host_buffer({2, 2}, DType::kFloat32);
+  ortspec::copy_to_host_async(host.ref(), fed.ref(), stream.handle());
+  event.record(stream.handle());
+  event.synchronize();
+  CHECK(event.done() && stream.idle());
+  const float* values = host.ref().as<float>();
+  CHECK((std::vector<float>(values, values + 4) == std::vector<float>{4, 5, 2, 3}));
+  CHECK_THROWS(ortspec::copy_to_host_async(fed.ref(), live.ref(), stream.handle()), std::invalid_argument,
+               "copies a CUDA src into a CPU dst");
+}
+
 }  // namespace
 
 int run_state_kernel_cuda_tests() {
@@ -314,6 +381,9 @@ int run_state_kernel_cuda_tests() {
   test_gather_rows_match_cpu();
   test_write_and_gather_rows_errors_are_recorded();
   test_copy_between_devices();
+  test_stream_event_and_pinned_readback();
+  test_copy_buffers_in_one_launch();
+  test_advance_decode_inputs_match_cpu();
   return 0;
 }
 

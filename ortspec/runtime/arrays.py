@@ -5,9 +5,12 @@ ortspec._native (PersistentBuffers) and runs the native kernels; ONNX Runtime se
 through zero-copy OrtValues (``ortvalue_from_numpy`` / ``OrtValue.from_dlpack``). The
 state kinds and the bound graphs are written once against this interface.
 
-Ordering on CUDA: ONNX Runtime runs on its own stream and its Run returns after that stream
-is done; the native kernels run on the default stream and ``settle()`` waits for them
-before the next Run, so each side sees the other's writes.
+Ordering on CUDA: by default ONNX Runtime and ortspec share one stream per device
+(``streams.device_stream``, given to every session as ``user_compute_stream``): every native
+kernel, upload and download is enqueued on it, so the stream orders the two sides' writes and
+``settle()`` has nothing to wait for. With ``ORTSPEC_CUDA_STREAM=legacy`` (``streams.SHARED_STREAM``
+false) ONNX Runtime runs on its own stream, our kernels on the legacy stream 0, and ``settle()``
+waits for ours before each Run (ONNX Runtime's Run waits for its own stream before returning).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .._native_loader import load_native
+from .streams import SHARED_STREAM, HostReadback, Readback, device_stream
 
 DTYPES = {"float32": np.float32, "int64": np.int64, "float16": np.float16}
 
@@ -91,6 +95,11 @@ class HostArrays:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
         dst[...] = src[np.arange(len(index)), index]
 
+    def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
+        """The next decode step's inputs [B, 1]: ids = tokens, positions one on (at most last_position)."""
+        ids[...] = tokens
+        np.minimum(positions + 1, last_position, out=positions)
+
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b]."""
         for b in range(cache.shape[0]):
@@ -108,7 +117,13 @@ class HostArrays:
     def settle(self) -> None:
         pass
 
-    def begin_step(self) -> None:
+    def synchronize(self) -> None:
+        pass
+
+    def readback(self, shape, dtype) -> HostReadback:
+        return HostReadback()
+
+    def begin_step(self, check_errors: bool = True) -> None:
         pass
 
     def release(self) -> None:
@@ -116,14 +131,19 @@ class HostArrays:
 
 
 class CudaArrays:
+    """Device memory and native kernels on one CUDA device, all enqueued on ``stream`` (the
+    handle of the stream shared with ONNX Runtime, or 0, the legacy stream; module docstring)."""
+
     device = "cuda"
 
-    def __init__(self, scratch_bytes: int, device_index: int = 0) -> None:
+    def __init__(self, scratch_bytes: int, device_index: int = 0, shared_stream: bool = SHARED_STREAM) -> None:
         self.native = load_native()
         if not self.native.cuda_available():
             info = self.native.build_info()
             raise RuntimeError(f"ortspec._native has no usable CUDA device: {info.get('cuda_unavailable_reason')}")
         self.device_index = device_index
+        self.shared_stream = shared_stream
+        self.stream = device_stream(self.native, device_index).handle if shared_stream else 0
         self.pool = self.native.PersistentBuffers("cuda", device_index)  # states, bound I/O: fixed for life
         self.scratch_arena = self.native.StepScopedArena(scratch_bytes, "cuda", device_index)  # reset every step
         self._uploaded: dict = {}  # small host arrays uploaded this step (scratch), by content
@@ -132,10 +152,13 @@ class CudaArrays:
         self._views: dict = {}  # (id, start, stop) -> row view of a persistent buffer
         self._ids = 0
 
-    def begin_step(self) -> None:
-        """Per step: report any index error a kernel recorded, then hand the scratch back."""
-        self.native.synchronize(0, self.device_index)
-        self.native.check_device_errors(self.device_index)
+    def begin_step(self, check_errors: bool = True) -> None:
+        """Per step: report any index error a kernel recorded (this waits for the stream), then
+        hand the scratch back. Without check_errors nothing waits: a loop that runs ahead of the
+        GPU may reuse scratch at once, because every reader and writer of it is on the stream, in
+        order (a shared stream only); it checks the errors when it waits anyway."""
+        if check_errors or not self.shared_stream:
+            self.native.check_device_errors(self.device_index, self.stream)
         self.scratch_arena.reset()
         self._uploaded = {}
 
@@ -145,7 +168,7 @@ class CudaArrays:
     def zeros(self, shape, dtype=np.float32):
         self._ids += 1
         buf = self.pool.allocate(f"b{self._ids}", tuple(int(s) for s in shape), _dtype_name(dtype))
-        buf.zero_()
+        buf.zero_(self.stream)
         self._persistent[id(buf)] = buf
         return buf
 
@@ -171,12 +194,17 @@ class CudaArrays:
 
     def upload(self, dst, host: np.ndarray) -> None:
         if dst.dtype == "bfloat16":  # the native module takes bfloat16 as its uint16 bit pattern
-            dst.copy_from_numpy(np.ascontiguousarray(host).view(np.uint16))
+            dst.copy_from_numpy(np.ascontiguousarray(host).view(np.uint16), self.stream)
             return
-        dst.copy_from_numpy(np.ascontiguousarray(host, DTYPES[dst.dtype]))
+        dst.copy_from_numpy(np.ascontiguousarray(host, DTYPES[dst.dtype]), self.stream)
 
     def download(self, buffer) -> np.ndarray:
-        return buffer.to_numpy()
+        """A host copy; waits for the stream (so for everything enqueued before)."""
+        return buffer.to_numpy(self.stream)
+
+    def readback(self, shape, dtype) -> Readback:
+        """A host copy of a [shape] buffer made without waiting (``streams.Readback``)."""
+        return Readback(self.native, self.stream, self.device_index, shape, _dtype_name(dtype))
 
     def from_host(self, host: np.ndarray, dtype):
         """host as a step-scratch device buffer of dtype (bfloat16: host holds its uint16 bit
@@ -192,14 +220,14 @@ class CudaArrays:
                                                "cuda", self.device_index)
 
     def copy(self, dst, src) -> None:
-        self.native.copy_buffer(dst, src)
+        self.native.copy_buffer(dst, src, self.stream)
 
     def copy_many(self, dsts: list, srcs: list) -> None:
         """Every pair in one native call (validated first)."""
-        self.native.copy_buffers(dsts, srcs)
+        self.native.copy_buffers(dsts, srcs, self.stream)
 
     def zero(self, buffer) -> None:
-        buffer.zero_()
+        buffer.zero_(self.stream)
 
     def stack(self, buffers: list):
         """[W, ...] scratch holding the buffers in order (copies)."""
@@ -210,33 +238,39 @@ class CudaArrays:
 
     def clone(self, src):
         out = self.scratch(src.shape, DTYPES[src.dtype])
-        self.native.copy_buffer(out, src)
+        self.native.copy_buffer(out, src, self.stream)
         return out
 
-    def _index(self, index: np.ndarray):
+    def _index(self, index):
         """A device copy of a small int64 host array, uploaded once per step per content
-        (every attention layer and the MTP head write KV rows at the same positions)."""
+        (every attention layer and the MTP head write KV rows at the same positions); a device
+        buffer (a captured slot's static positions) as it is."""
+        if not isinstance(index, np.ndarray):
+            return index
         host = np.ascontiguousarray(index, np.int64)
         key = (host.shape, host.tobytes())
         buf = self._uploaded.get(key)
         if buf is None:
             buf = self._uploaded[key] = self.scratch_arena.allocate(host.shape, "int64")
-            buf.copy_from_numpy(host)
+            buf.copy_from_numpy(host, self.stream)
         return buf
 
     def select(self, window, index: np.ndarray, live) -> None:
-        self.native.select_slots(window, self._index(index), live)
+        self.native.select_slots(window, self._index(index), live, self.stream)
 
     def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
-        self.native.select_slots_many(windows, self._index(index), lives)
+        self.native.select_slots_many(windows, self._index(index), lives, self.stream)
 
     def gather(self, src, index: np.ndarray, dst) -> None:
-        self.native.gather_rows(src, self._index(index), dst)
+        self.native.gather_rows(src, self._index(index), dst, self.stream)
+
+    def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
+        self.native.advance_decode_inputs(tokens, ids, positions, last_position, self.stream)
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         positions = self._index(positions)
         counts = None if counts is None else self._index(counts)
-        self.native.write_rows(cache, rows, positions, counts, axis=axis)
+        self.native.write_rows(cache, rows, positions, counts, axis=axis, stream=self.stream)
 
     def staging(self, name: str, shape, dtype):
         """A buffer valid until the next staging() of this name (eager hand-overs between
@@ -252,7 +286,7 @@ class CudaArrays:
     def release(self) -> None:
         """Drops this device's buffer pool, scratch arena and every buffer held here (Session.close);
         device memory is freed once no engine or captured slot holds a buffer either."""
-        self.native.synchronize(0, self.device_index)
+        self.synchronize()
         self._persistent.clear()
         self._views.clear()
         self._staging.clear()
@@ -260,6 +294,13 @@ class CudaArrays:
         self.pool = self.scratch_arena = None
 
     def settle(self) -> None:
-        """The native kernels run on the default stream and ONNX Runtime on its own: wait for
-        ours before a Run reads what they wrote (a Run returns after its stream is done)."""
-        self.native.synchronize(0, self.device_index)
+        """Before a Run reads what our kernels and uploads wrote. On the shared stream nothing to
+        wait for (the Run comes after them on the stream); on the legacy stream 0, wait for it
+        (ONNX Runtime's own stream does not wait for stream 0)."""
+        if not self.shared_stream:
+            self.synchronize()
+
+    def synchronize(self) -> None:
+        """Waits for everything enqueued on our stream: before memory we wrote is read by anything
+        that is not ordered by that stream (a new session reading weights, the host)."""
+        self.native.synchronize(self.stream, self.device_index)

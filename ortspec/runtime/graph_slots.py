@@ -62,10 +62,16 @@ class SlotKey:
         return f"{self.slot}/M{self.tokens_per_row}/B{self.batch_bucket}/engine{self.engine}"
 
 
-def graph_id_options(graph_id: int) -> ort.RunOptions:
-    """RunOptions naming a CUDA graph (-1: run eagerly); made once per slot (~60 us each)."""
+NO_SYNC = "disable_synchronize_execution_providers"  # ONNX Runtime run config key; "1": Run does not wait for the GPU
+
+
+def graph_id_options(graph_id: int, wait: bool = True) -> ort.RunOptions:
+    """RunOptions naming a CUDA graph (-1: run eagerly); made once per slot (~60 us each).
+    wait=False: Run returns once the work is enqueued (read its outputs through the stream)."""
     options = ort.RunOptions()
     options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    if not wait:
+        options.add_run_config_entry(NO_SYNC, "1")
     return options
 
 
@@ -75,12 +81,16 @@ class CapturedSlot:
     Nothing the graph reads is written by it: states come in as inputs and leave as separate
     outputs that the runtime commits afterwards. So ONNX Runtime's warm-up runs before a
     capture (the graph runs 3 times) leave every state as it was.
+
+    Host inputs (ids, positions) are uploaded into static buffers (``uploads``). A caller that
+    writes one of them on the device itself (the next step's input_ids from this step's tokens)
+    passes that very buffer (``static_input``) as the feed, and nothing is uploaded for it.
     """
 
     def __init__(self, runner, graph_id: int, feeds: dict, first_out: dict) -> None:
         arrays = runner.arrays
         self.runner, self.arrays = runner, arrays
-        self.run_options = graph_id_options(graph_id)
+        self.run_options = {True: graph_id_options(graph_id), False: graph_id_options(graph_id, wait=False)}
         self.binding = runner.session.io_binding()
         self.uploads, self.pointers, self.outputs = {}, {}, Outputs()
         for name in runner.input_names:
@@ -99,12 +109,20 @@ class CapturedSlot:
         return all(feeds[n].data_ptr == ptr for n, ptr in self.pointers.items()) and all(
             feeds[n].shape == self.uploads[n].shape for n in self.uploads)
 
-    def replay(self, feeds: dict) -> dict:
-        """Uploads the host inputs and runs the graph (ONNX Runtime captures it on the first call)."""
+    def load_inputs(self, feeds: dict) -> None:
+        """Uploads the host inputs into the static buffers. Every run of the slot does (the first
+        and fallbacks too, which run eagerly from the feeds), so the static inputs always hold the
+        latest run's: a caller may read them on the device (the KV commit reads the positions)."""
         for name, buffer in self.uploads.items():
-            self.arrays.upload(buffer, feeds[name])
+            if feeds[name] is not buffer:  # the static buffer itself: written on the device already
+                self.arrays.upload(buffer, feeds[name])
+
+    def replay(self, feeds: dict, wait: bool = True) -> dict:
+        """Uploads the host inputs and runs the graph (ONNX Runtime captures it on the first call);
+        wait=False: returns before the GPU is done (``graph_id_options``)."""
+        self.load_inputs(feeds)
         self.arrays.settle()
-        self.runner.session.run_with_iobinding(self.binding, self.run_options)
+        self.runner.session.run_with_iobinding(self.binding, self.run_options[wait or not self.arrays.shared_stream])
         self.captured = True
         return self.outputs
 
@@ -133,9 +151,16 @@ class GraphSlots:
     def new_engine_id(self) -> int:
         return next(self._engine_ids)
 
-    def run(self, runner, key: SlotKey, feeds: dict) -> dict:
+    def static_input(self, key: SlotKey, name: str):
+        """The static buffer a captured slot uploads host input ``name`` into (None before the
+        slot's first run): a caller may write it on the device and feed it back (``CapturedSlot``)."""
+        captured = self._captured.get(key)
+        return None if captured is None else captured.uploads.get(name)
+
+    def run(self, runner, key: SlotKey, feeds: dict, wait: bool = True) -> dict:
         """The first run of a key is eager (it learns the output shapes) and binds static buffers;
-        later runs replay the graph, or run eagerly (a counted fallback) if an input moved."""
+        later runs replay the graph, or run eagerly (a counted fallback) if an input moved.
+        wait=False: a replay returns before the GPU is done (the eager runs always wait)."""
         captured = self._captured.get(key)
         if captured is None:
             self.setup_runs += 1
@@ -143,14 +168,16 @@ class GraphSlots:
             captured = self._captured[key] = CapturedSlot(runner, self.registry.graph_id(key), feeds, out)
             for name, value in out.items():  # hand out the static buffers from the start, so a
                 runner.arrays.copy(captured.outputs[name], value)  # consumer bound to them stays valid
+            captured.load_inputs(feeds)
             return captured.outputs
         if not captured.matches(feeds):
             self.setup_runs += 1
             self.registry.on_fallback(key)
+            captured.load_inputs(feeds)
             return runner.run_bound(feeds)
         first = not captured.captured
         self.setup_runs += first
-        outputs = captured.replay(feeds)
+        outputs = captured.replay(feeds, wait)
         (self.registry.on_capture if first else self.registry.on_replay)(key)
         return outputs
 

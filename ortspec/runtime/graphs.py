@@ -98,7 +98,7 @@ class SharedWeights:
         for name in names:
             if name in self.manifest.weights and self._value(name) is not None:
                 options.add_initializer(name, self._values[name])
-        self.arrays.settle()
+        self.arrays.synchronize()  # the uploads are done before the new session reads them (off the stream)
         return options
 
 
@@ -126,6 +126,8 @@ class GraphRunner:
             cuda_options = {"device_id": str(arrays.device_index), "use_tf32": "0"}
             if self.cuda_graphs:
                 cuda_options["enable_cuda_graph"] = "1"
+            if arrays.shared_stream:  # ONNX Runtime's work and our kernels in one order (arrays.py)
+                cuda_options["user_compute_stream"] = str(arrays.stream)
             providers = [(providers[0], cuda_options)]
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
@@ -138,14 +140,16 @@ class GraphRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._eager_options = graph_id_options(-1) if self.cuda_graphs else None  # made once: ~60 us each
 
-    def run(self, feeds: dict, slot: SlotKey | None = None) -> dict:
+    def run(self, feeds: dict, slot: SlotKey | None = None, wait: bool = True) -> dict:
         """Inputs as numpy arrays or backend arrays; returns backend arrays (numpy on the CPU;
-        device buffers on CUDA, kept alive by the returned dict)."""
+        device buffers on CUDA, kept alive by the returned dict). wait=False (a captured slot on
+        the shared stream): Run returns once the replay is enqueued, before the GPU is done; the
+        caller reads the outputs only through the stream (``GraphSlots.run``)."""
         if self.arrays.device == "cpu":
             values = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
             return dict(zip(self.output_names, values))
         if slot is not None and self.cuda_graphs:
-            return self.slots.run(self, slot, feeds)
+            return self.slots.run(self, slot, feeds, wait)
         return self.run_bound(feeds)
 
     def run_bound(self, feeds: dict) -> dict:
@@ -246,10 +250,11 @@ class GraphSet:
         stage = next(s for s in range(len(bounds) - 1) if bounds[s] <= layer < bounds[s + 1])
         return self.arrays_on(self.stage_device(stage))
 
-    def begin_step(self) -> None:
-        """(under device_lock) Hands every device's step scratch back."""
+    def begin_step(self, check_errors: bool = True) -> None:
+        """(under device_lock) Hands every device's step scratch back, after reporting any index
+        error a kernel recorded (which waits for the GPU; ``CudaArrays.begin_step``)."""
         for arrays, _ in list(self._placed.values()):  # a copy: another thread may place a device meanwhile
-            arrays.begin_step()
+            arrays.begin_step(check_errors)
 
     @property
     def weight_bytes(self) -> dict[int, int]:
@@ -286,6 +291,8 @@ class GraphSet:
         """Releases the captured slots, the ONNX Runtime sessions (and with them their CUDA graphs),
         and every device's buffers and weights. Later use raises ClosedError. Idempotent."""
         with self._lock:
+            for arrays, _ in self._placed.values():  # nothing queued on the shared stream may outlive
+                arrays.synchronize()                 # the sessions' memory it reads
             self.slots.release()
             self._runners.clear()
             for arrays, _ in self._placed.values():

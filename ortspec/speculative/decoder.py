@@ -24,6 +24,7 @@ from .auto_k import KChooser
 from .commits import COMMITS
 from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
+from .pipelined import PipelinedGreedy
 from .requests import Batch, Request
 from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
 from .stats import Stats
@@ -54,13 +55,17 @@ class Decoder:
     and each step's k (``step_k``, 0..k) is chosen as the previous step ends, before the MTP
     head drafts for it (``auto_k``). A plain decode step chosen that way leaves the head's
     entries for later (``deferred_entries``).
+
+    pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (the host a step ahead of
+    the GPU) where it applies (its docstring says where); None = that default, False = never,
+    True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
                  engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None,
-                 k_chooser: KChooser | None = None) -> None:
+                 k_chooser: KChooser | None = None, pipelined: bool | None = None) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
         self.chooser = k_chooser
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
@@ -76,6 +81,7 @@ class Decoder:
         self.forwards = FixedShape(self.target, exact) if exact else ShapePerCall(self.target)
         self.commit = COMMITS[commit](self.forwards)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
+        self.pipelined = PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
 
     # -- driver ----------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:
@@ -89,6 +95,8 @@ class Decoder:
         for group in self._prefill_groups(requests):
             self.prefill_group(group)
         yield
+        if self.pipelined is not None and self.pipelined.takes(requests):
+            yield from self.pipelined.steps(requests)
         while self.step(requests):
             yield
 
