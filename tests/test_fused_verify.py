@@ -12,6 +12,7 @@ import ortspec
 from ortspec import converter
 from ortspec.converter import fused_graph
 from ortspec.errors import InternalError
+from ortspec.runtime.graph_slots import SlotKey, is_captured_graph
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import window_slots
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
@@ -81,6 +82,14 @@ def test_fused_graph_computes_what_the_two_graphs_do(models, k):
         assert np.array_equal(fused[name], head[name]), name
     assert np.array_equal(fused["step_ids"], np.concatenate([verify["tokens"], fused["accepted"][:, None],
                                                               head["drafts"]], axis=1))
+
+
+def test_the_fused_graph_is_captured_under_its_own_slot_key():
+    """On CUDA it replays as a graph of its own: captured (fixed shape, like the verifies), and keyed
+    apart from verify_select_k{k} over the same engine's buffers."""
+    ids = np.zeros((4, 4), np.int64)
+    assert is_captured_graph("verify_mtp_k3")
+    assert SlotKey.for_run("verify_mtp_k3", ids, 0) != SlotKey.for_run("verify_select_k3", ids, 0)
 
 
 # -- steps ------------------------------------------------------------------------------------------
