@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         round_ += 1
     seconds = time.perf_counter() - start
     print(f"\n{total} speculative row-steps, every commit's states bitwise equal to the plain decode "
-          f"({seconds:.0f} s, batch {args.batch}, k 1..{args.k_max}, both commits)")
+          f"({seconds:.0f} s, batch {args.batch}, k 1..{args.k_max}, both commits, select in one Run and in two)")
     print("| k | commit | row-steps | accept-length histogram |")
     print("|---|---|---|---|")
     for k in range(1, args.k_max + 1):
