@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import ortspec
-from ortspec import converter
+from ortspec import InternalError, converter
 from ortspec.converter import fused_graph
-from ortspec.errors import InternalError
 from ortspec.runtime.graph_slots import SlotKey, is_captured_graph
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import window_slots
