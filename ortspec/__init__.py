@@ -8,6 +8,7 @@ from .errors import (
     ConvertOptionError,
     EnginesHeldError,
     InputError,
+    InternalError,
     MissingDependencyError,
     ModelDirError,
     OrtspecError,
@@ -46,5 +47,5 @@ def __getattr__(name):
 
 __all__ = ["Session", "convert", "verify", "OrtspecError", "CheckpointError", "CheckpointNotFoundError",
            "ClosedError", "ConfigurationError", "ConvertOptionError", "EnginesHeldError", "InputError",
-           "MissingDependencyError", "ModelDirError", "OutputDirError", "ProviderError", "UnsupportedModelError",
+           "InternalError", "MissingDependencyError", "ModelDirError", "OutputDirError", "ProviderError", "UnsupportedModelError",
            "WeightError"]

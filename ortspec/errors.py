@@ -63,3 +63,8 @@ class ConvertOptionError(CheckpointError, ConfigurationError):
 class OutputDirError(OrtspecError, OSError):
     """``convert`` cannot or will not write its output directory: it is a file, not writable, the
     checkpoint itself, or an existing directory that it must not replace."""
+
+
+class InternalError(OrtspecError, RuntimeError):
+    """ortspec's own cross-check failed: a bug, not a bad input (e.g. a converted graph's accept
+    lengths differ from the host's rule). Nothing was committed; the message says what to report."""

@@ -18,6 +18,7 @@ from .runtime.graphs import GraphSet, check_provider
 from .speculative.auto_k import KChooser
 from .speculative.commits import COMMITS
 from .speculative.decoder import Decoder
+from .speculative.head_runs import fusable_ks
 from .speculative.requests import Request
 from .speculative.sampling import GREEDY, SamplingParams, random_stream
 from .speculative.stats import Stats, StatsTotals
@@ -95,7 +96,8 @@ class Session:
 
     def _graph_names(self) -> list[str]:
         """The graphs this Session's calls run: prefill, then exact mode's one fixed graph, or
-        decode and the commit's verify graph; and the MTP head's (auto k: every k's)."""
+        decode and the commit's verify graph; the MTP head's (auto k: every k's); and the verify
+        with the head inside where a step may run it (select, one stage, converted with it)."""
         ks = list(range(1, self.k + 1)) if self.auto_k else [self.k] if self.k else []
         if self.exact:
             names = ["prefill", self.exact.graph]
@@ -103,7 +105,8 @@ class Session:
             names = ["prefill", "decode"] + [graph_name(COMMITS[self.commit].verify_graph, k) for k in ks]
         names = [g for name in names for g in ([name] if self.stages == 1 else
                                                 [stage_graph_name(name, s) for s in range(self.stages)])]
-        return names + [graph_name("mtp_propose", k) for k in ks]
+        fused = fusable_ks(self.manifest, self.commit, self.exact is not None, self.stages)
+        return names + [graph_name("mtp_propose", k) for k in ks] + [graph_name("verify_mtp", k) for k in ks if k in fused]
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -162,7 +165,7 @@ class Session:
         text pieces that never split a character) as each step commits them; joined, they equal
         what stream=False returns. The state buffers are held until it is exhausted or closed.
 
-        decoder_options: the Decoder's hooks make_drafts, on_commit, fixed_rows (tests,
+        decoder_options: the Decoder's hooks make_drafts, on_commit, fixed_rows, fused_verify (tests,
         exactness tools); any other keyword is an InputError. Every argument is checked before
         any work starts.
         """

@@ -35,8 +35,10 @@ CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPL
 REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS)  # of add_request
 # Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
 # make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
-# every row every step, as on CUDA). Decoder's engine and stages belong to the Session.
-DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined")
+# every row every step, as on CUDA), pipelined (greedy a step ahead of the GPU: speculative/pipelined.py),
+# fused_verify (False: the MTP head never runs inside the verify's graph; head_runs.py). Decoder's
+# engine and stages belong to the Session.
+DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined", "fused_verify")
 
 
 def is_integer(value) -> bool:
@@ -378,6 +380,9 @@ def decoder_options(options: dict, caller: str) -> dict:
     for flag in ("fixed_rows", "pipelined"):
         if options.get(flag) is not None and not isinstance(options[flag], (bool, np.bool_)):
             raise InputError(f"{flag}={options[flag]!r} must be True, False or None.")
+    if not isinstance(options.get("fused_verify", True), (bool, np.bool_)):
+        raise InputError(f"fused_verify={options['fused_verify']!r} must be True (one Run per greedy speculative "
+                         "step where the model has the graph) or False (the MTP head in a Run of its own).")
     return dict(options)
 
 

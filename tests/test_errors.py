@@ -180,8 +180,8 @@ def test_bad_stop_tokens(session, expected, stop_tokens, match):
 
 @pytest.mark.parametrize("keywords,match", [
     (dict(k=2), r"unknown keyword 'k'; it takes prompt, max_new_tokens, stop_tokens, temperature, top_k, top_p, "
-                r"seed, stream and the decoder hooks make_drafts, on_commit, fixed_rows, pipelined\. num_speculative_tokens is "
-                r"a Session option"),
+                r"seed, stream and the decoder hooks make_drafts, on_commit, fixed_rows, pipelined, fused_verify\. "
+                r"num_speculative_tokens is a Session option"),
     (dict(max_tokens=4), r"unknown keyword 'max_tokens'.* Did you mean 'max_new_tokens'\?"),
     (dict(engine=None), r"unknown keyword 'engine'"),
     (dict(max_new_tokens=True), r"max_new_tokens=True must be an integer >= 0; got bool"),
@@ -189,6 +189,7 @@ def test_bad_stop_tokens(session, expected, stop_tokens, match):
     (dict(on_commit=5), r"on_commit=5 must be a callable"),
     (dict(fixed_rows="yes"), r"fixed_rows='yes' must be True, False or None"),
     (dict(pipelined=1), r"pipelined=1 must be True, False or None"),
+    (dict(fused_verify=None), r"fused_verify=None must be True .* or False"),
 ])
 def test_bad_generate_keywords(session, expected, keywords, match):
     raises_before_work(session, ortspec.InputError, match,

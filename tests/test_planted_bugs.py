@@ -2,6 +2,9 @@
 
 A check that passes with a bug planted proves nothing, so each test plants one bug class
 from the peers' history and asserts that the state comparison (batch 3, k = 3) fails.
+The bugs planted in what the runtime hands the MTP head's own Run (``MTPHead.catch_up``) run
+with ``fused_verify=False``: a greedy step otherwise runs the head inside the verify's graph,
+where no runtime code hands it anything (tests/test_fused_verify.py plants that graph's bugs).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def test_token_axis_buffer_sized_by_requests(graphs, monkeypatch):
 
     monkeypatch.setattr(MTPHead, "catch_up", sized_by_requests)
     with pytest.raises(ExactnessError, match="MTP state"):
-        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6, fused_verify=False)
 
 
 def test_stale_input_on_a_preplanned_path(graphs, monkeypatch):
@@ -54,7 +57,7 @@ def test_stale_input_on_a_preplanned_path(graphs, monkeypatch):
 
     monkeypatch.setattr(MTPHead, "catch_up", stale_hidden)
     with pytest.raises(ExactnessError, match="MTP state"):
-        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6, fused_verify=False)
 
 
 def test_outputs_sliced_by_request_rows(graphs, monkeypatch):
@@ -84,4 +87,4 @@ def test_drafts_from_the_wrong_row(graphs, monkeypatch):
 
     monkeypatch.setattr(MTPHead, "catch_up", drafts_from_row_zero)
     with pytest.raises(ExactnessError, match="next drafts"):
-        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6)
+        check_speculative(graphs, PROMPTS, 24, 3, "select", p=0.6, fused_verify=False)

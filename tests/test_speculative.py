@@ -39,7 +39,9 @@ def test_speculative_tokens_equal_greedy(models, config):
 @pytest.mark.parametrize("commit", ["select", "readvance"])
 def test_states_equal_plain_decode_after_every_commit(models, commit):
     """Property test: scripted drafts drive every accept length 0..k, batch of 3, k = 2..4;
-    after every commit all states equal the plain decode's bitwise. >= 1,000 steps per strategy."""
+    after every commit all states equal the plain decode's bitwise. >= 1,000 steps per strategy.
+    select runs every step as one graph (verify_mtp_k{k}); test_fused_verify.py checks its
+    steps in two Runs too."""
     graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
     new_tokens, total_steps = 150, 0
     for k in (2, 3, 4):
@@ -47,6 +49,7 @@ def test_states_equal_plain_decode_after_every_commit(models, commit):
         histogram = np.zeros(k + 1, int)
         for p, seed in ((None, k), (0.8, 10 + k)):
             stats = check_speculative(graphs, PROMPTS, new_tokens, k, commit, p=p, seed=seed, reference=reference)
+            assert stats.fused_verify_steps == (stats.speculative_steps if commit == "select" else 0)
             total_steps += stats.speculative_row_steps
             histogram += stats.accept_histogram
         assert histogram.min() >= 15, f"k={k}: some accept length was rarely exercised: {histogram}"

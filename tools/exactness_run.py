@@ -5,7 +5,8 @@
 Makes (or reuses) a tiny random checkpoint, converts it, and runs scripted-draft speculative
 decoding for both commit strategies and k = 1..K over a batch of prompts until the requested
 number of speculative row-steps is reached, comparing every state bitwise with the plain
-decode after every commit. Prints one line per run and a summary table; exits non-zero on
+decode after every commit. select runs twice: each step in one Run (the MTP head inside the
+verify's graph, verify_mtp_k{k}) and in two ("select/2 runs": fused_verify=False). Prints one line per run and a summary table; exits non-zero on
 the first difference.
 """
 
@@ -26,6 +27,9 @@ import ortspec  # noqa: E402
 from ortspec.runtime.graphs import GraphSet  # noqa: E402
 from ortspec.speculative.exactness import check_speculative, plain_decode_states  # noqa: E402
 from tools.make_tiny_checkpoint import make_checkpoint  # noqa: E402
+
+
+VARIANTS = {"select": ("select", True), "select/2 runs": ("select", False), "readvance": ("readvance", True)}
 
 
 def main(argv=None) -> int:
@@ -50,26 +54,26 @@ def main(argv=None) -> int:
         prompts = [rng.integers(0, vocab, rng.integers(1, 40)).tolist() for _ in range(args.batch)]
         for k in range(1, args.k_max + 1):
             reference = plain_decode_states(graphs, prompts, args.new_tokens + k + 1, k)
-            for commit in ("select", "readvance"):
+            for label, (commit, fused) in VARIANTS.items():
                 p = None if round_ % 2 == 0 else float(rng.uniform(0.3, 0.95))
                 stats = check_speculative(graphs, prompts, args.new_tokens, k, commit, p=p,
-                                          seed=int(rng.integers(1 << 30)), reference=reference)
+                                          seed=int(rng.integers(1 << 30)), reference=reference, fused_verify=fused)
                 total += stats.speculative_row_steps
-                rows.append((k, commit, stats.speculative_row_steps, stats.accept_histogram))
-                print(f"k={k} {commit:9s} p={'uniform' if p is None else f'{p:.2f}':7s} "
+                rows.append((k, label, stats.speculative_row_steps, stats.accept_histogram))
+                print(f"k={k} {label:13s} p={'uniform' if p is None else f'{p:.2f}':7s} "
                       f"row-steps {stats.speculative_row_steps:5d} accept lengths {stats.accept_histogram} -> identical",
                       flush=True)
         round_ += 1
     seconds = time.perf_counter() - start
     print(f"\n{total} speculative row-steps, every commit's states bitwise equal to the plain decode "
-          f"({seconds:.0f} s, batch {args.batch}, k 1..{args.k_max}, both commits)")
+          f"({seconds:.0f} s, batch {args.batch}, k 1..{args.k_max}, both commits, select in one Run and in two)")
     print("| k | commit | row-steps | accept-length histogram |")
     print("|---|---|---|---|")
     for k in range(1, args.k_max + 1):
-        for commit in ("select", "readvance"):
-            steps = sum(r[2] for r in rows if r[:2] == (k, commit))
-            hist = np.sum([r[3] for r in rows if r[:2] == (k, commit)], axis=0).tolist()
-            print(f"| {k} | {commit} | {steps} | {hist} |")
+        for label in VARIANTS:
+            steps = sum(r[2] for r in rows if r[:2] == (k, label))
+            hist = np.sum([r[3] for r in rows if r[:2] == (k, label)], axis=0).tolist()
+            print(f"| {k} | {label} | {steps} | {hist} |")
     return 0
 
 

@@ -18,6 +18,7 @@ from ..manifest import GRAPH_FILES, MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
+from .fused_graph import make_verify_mtp_graph
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
@@ -124,6 +125,7 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             builders[graph_name("mtp_propose", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k)
             builders[graph_name("mtp_sample", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k,
                                                                                       sample=True)
+            builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k)
     return builders
 
 

@@ -54,10 +54,11 @@ def state_shapes(spec: ModelSpec, batch="B") -> dict[str, list]:
     return shapes
 
 
-def mtp_state_shapes(spec: ModelSpec, batch="B") -> dict[str, list]:
+def mtp_state_shapes(spec: ModelSpec, batch="B", window=WINDOW) -> dict[str, list]:
+    """window: the name of the slots dimension (a graph with target caches too names its own)."""
     return {
-        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, WINDOW],
-        "value.mtp": [batch, spec.num_key_value_heads, WINDOW, spec.head_dim],
+        "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, window],
+        "value.mtp": [batch, spec.num_key_value_heads, window, spec.head_dim],
     }
 
 
@@ -183,7 +184,7 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
 def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
                            sample: bool = False) -> GraphBuilder:
     """The MTP head's whole share of a step in one graph (one Run instead of k): the catch-up
-    over M rows of target hiddens, then k-1 recursive draft passes.
+    over M rows of target hiddens, then k-1 recursive draft passes (``add_mtp_propose``).
 
       in   input_ids [B, M] (x_{p+1} per row), hidden [B, M, H], positions [B, M],
            last int64 [B] (row a: the last real row of each request), key.mtp, value.mtp
@@ -195,6 +196,28 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     rows with temperature > 0 (converter/sampling_graph.py):
       in   temperature float [B] (0: greedy row), top_k int64 [B], top_p float [B], uniforms [B, k]
       out  draft_probs [B, k, V]: the distribution each draft was drawn from
+    """
+    g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store)
+    ids = g.input("input_ids", I64, ["B", "M"])
+    hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
+    positions = g.input("positions", I64, ["B", "M"])
+    last = g.input("last", I64, ["B"])
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
+    choose = _draft_sampler(g, spec, k) if sample else draft_argmax(g)
+    drafts, draft_probs = add_mtp_propose(g, spec, max_length, k, ids, hidden, positions, last, states, choose)
+    g.output(drafts, "drafts", I64, ["B", k])
+    if sample:
+        g.output(draft_probs, "draft_probs", F32, ["B", k, spec.vocab_size])
+    return g
+
+
+def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, ids: str, hidden: str,
+                    positions: str, last: str, states: dict[str, str], choose) -> tuple[str, str | None]:
+    """The head's catch-up over M rows and its k drafts, added to graph g (``mtp_propose_k{k}``,
+    and the head's share of ``verify_mtp_k{k}``). ids [B, M] x_{p+1}, hidden [B, M, H], positions
+    [B, M], last [B] int64 (row a), states: key.mtp and value.mtp inputs; choose(logits, j) ->
+    (draft [B, 1], probs [B, 1, V] or None). Declares new_key.mtp and new_value.mtp (the catch-up's
+    rows); returns (drafts [B, k], their probabilities [B, k, V] or None).
 
     Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
     past a are padding: their slots lie after every draft's position, so the mask hides them.
@@ -202,14 +225,8 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     or all L slots: near the end of max_length those drafts go unused). Every value feeding a
     compute op is a constant or an input, never derived from a shape (CUDA-graph capture).
     """
-    g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store)
-    ids = g.input("input_ids", I64, ["B", "M"])
-    hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
-    positions = g.input("positions", I64, ["B", "M"])
-    last = g.op("Unsqueeze", [g.input("last", I64, ["B"]), g.const([1])])  # [B, 1]
-    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
-    choose = _draft_sampler(g, spec, k) if sample else _draft_argmax(g)
-    step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
+    last = g.op("Unsqueeze", [last, g.const([1])])  # [B, 1]
+    step = make_step_inputs(g, spec, positions, max_length, window=states["key.mtp"])
     out, new_key, new_value, key_view, value_view = _mtp_pass(
         g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
     g.output(new_key, "new_key.mtp", F32, None)
@@ -219,7 +236,7 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
     def draft_from(out, j):  # the lm_head on one row per request: [B, 1, H] -> [B, 1], [B, 1, V] or None
-        return choose(g.linear(out, mtp_lm_head(store)), j)
+        return choose(g.linear(out, mtp_lm_head(g.weights)), j)
 
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
     # A draft's position stays below max_length; it needs no clamp to the window W: the runtime
@@ -236,15 +253,14 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
         draft, probs = draft_from(out, j)
         drafts.append(draft)
         draft_probs.append(probs)
-    g.output(g.op("Concat", drafts, axis=1) if k > 1 else draft, "drafts", I64, ["B", k])
-    if sample:
-        g.output(g.op("Concat", draft_probs, axis=1) if k > 1 else probs, "draft_probs", F32,
-                 ["B", k, spec.vocab_size])
-    return g
+    drafts_out = g.op("Concat", drafts, axis=1) if k > 1 else draft
+    if probs is None:
+        return drafts_out, None
+    return drafts_out, g.op("Concat", draft_probs, axis=1) if k > 1 else probs
 
 
-def _draft_argmax(g: GraphBuilder):
-    """(logits [B, 1, V], pass j) -> (the argmax draft [B, 1], None): mtp_propose_k{k}'s choice."""
+def draft_argmax(g: GraphBuilder):
+    """(logits [B, 1, V], pass j) -> (the argmax draft [B, 1], None): mtp_propose_k{k}'s (and verify_mtp_k{k}'s) choice."""
     return lambda logits, j: (g.op("ArgMax", [logits], axis=-1, keepdims=0), None)
 
 

@@ -42,6 +42,7 @@ class Forward(dict):
     this one joins (``forward_shapes.FixedShape``), which keep the logits of their rows."""
 
     tokens: np.ndarray
+    downloaded: np.ndarray  # the int64 output read to the host: tokens [B, M], or more columns after them
     positions: np.ndarray
     arrays: object  # the backend the outputs live in
     parts: list["Forward"] | None = None
@@ -63,10 +64,13 @@ class Forward(dict):
         return self.arrays.download(rows)
 
 
-def _forward(graphs: GraphSet, out: dict, positions: np.ndarray) -> Forward:
+def _forward(graphs: GraphSet, out: dict, positions: np.ndarray, download: str = "tokens") -> Forward:
+    """download: the int64 output [B, >= M] the host reads, whose first M columns are the tokens
+    (``verify_mtp_k{k}`` packs its accept lengths and drafts after them: one download per step)."""
     result = Forward(out)
     result.keep_alive = getattr(out, "keep_alive", None)
-    result.tokens = graphs.arrays.download(out["tokens"])
+    result.downloaded = graphs.arrays.download(out[download])
+    result.tokens = result.downloaded[:, : positions.shape[1]]
     result.positions = positions
     result.arrays = graphs.arrays
     return result
@@ -109,10 +113,12 @@ class TargetModel:
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
-    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False) -> Forward:
-        """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them."""
+    def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False,
+             head_feeds: dict | None = None, download: str = "tokens") -> Forward:
+        """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them.
+        head_feeds: the MTP head's cache inputs, for a graph that runs the head too (``verify_with_head``)."""
         feeds = {"input_ids": ids, "positions": positions,
-                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1))}
+                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(head_feeds or {})}
         merged, keep_alive = {}, []
         for stage, graph in enumerate(self.graph_names(name)):
             key = SlotKey.for_run(graph, ids, self.slot_id(rows)) if graphed else None
@@ -122,7 +128,7 @@ class TargetModel:
             if stage + 1 < self.stages:
                 handed = self.hand_overs[stage](proxies(out), key)
                 feeds = {**{n: v for n, v in feeds.items() if not n.startswith("proxy.")}, **handed}
-        result = _forward(self.graphs, merged, positions)
+        result = _forward(self.graphs, merged, positions, download)
         result.keep_alive = keep_alive
         return result
 
@@ -150,6 +156,18 @@ class TargetModel:
     def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """Like verify, but leaves the states untouched; the outputs hold the state after each row."""
         return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions, graphed=True)
+
+    def verify_with_head(self, rows: Rows, ids: np.ndarray, positions: np.ndarray,
+                         head: "MTPHead") -> tuple[Forward, np.ndarray, np.ndarray]:
+        """verify_windows, the greedy accept lengths and the head's catch-up with its next k drafts,
+        in one graph (``verify_mtp_k{k}``; one stage only): ids/positions [B, k+1]. No state is
+        touched; the head's new KV rows stay in the outputs (``MTPHead.write_entries``). Returns
+        (the forward, accepted [B], drafts [B, k]), all three from one download."""
+        k = ids.shape[1] - 1
+        out = self._run(graph_name("verify_mtp", k), rows, ids, positions, graphed=True,
+                        head_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids")
+        step_ids = out.downloaded  # [B, 2k+2]: tokens g_0..g_k | accepted | drafts
+        return out, step_ids[:, k + 1], step_ids[:, k + 2:]
 
     def select(self, out: Forward, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
         self.states.select(out, rows, positions, accepted)
@@ -206,13 +224,22 @@ class MTPHead:
 
     def _catch_up(self, graph: str, drafts: int, extra: dict, rows: Rows, hidden, next_ids, positions, last,
                   graphed: bool):
-        window = attention_window(self.graphs, positions, reach=drafts)  # drafts d2..dk: k-1 slots past row a
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
-                 "last": np.ascontiguousarray(last, np.int64), **extra, **self.states.feeds(rows, window)}
+                 "last": np.ascontiguousarray(last, np.int64), **extra, **self.cache_feeds(rows, positions, drafts)}
         key = SlotKey.for_run(graph, next_ids, self.engine) if graphed else None
         out = self.graphs[graph].run(feeds, slot=key)
-        self.states.write(out, rows, positions, counts=last + 1)
+        self.write_entries(out, rows, positions, last)
         return out
+
+    def cache_feeds(self, rows: Rows, positions: np.ndarray, drafts: int) -> dict:
+        """The head's cache as inputs of a run over positions [B, M] that then drafts ``drafts``
+        tokens: on the CPU a window reaching k slots past the last position (drafts d2..dk sit
+        k-1 slots past row a), on CUDA all max_length slots."""
+        return self.states.feeds(rows, attention_window(self.graphs, positions, reach=drafts))
+
+    def write_entries(self, out, rows: Rows, positions: np.ndarray, last: np.ndarray) -> None:
+        """Keeps a catch-up's entries T..T+last[j] of row j: new_key.mtp / new_value.mtp rows 0..last[j]."""
+        self.states.write(out, rows, positions, counts=last + 1)
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         return self.states.row_state(row, length)

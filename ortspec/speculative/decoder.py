@@ -24,6 +24,7 @@ from .auto_k import KChooser
 from .commits import COMMITS
 from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
+from .head_runs import CatchUpAfterVerify, CatchUpInVerify
 from .pipelined import PipelinedGreedy
 from .requests import Batch, Request
 from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
@@ -52,20 +53,24 @@ class Decoder:
     Tokens are chosen by ``sampler``: the argmax for greedy requests, draws for sampled ones.
 
     k_chooser (``num_speculative_tokens="auto"``): k is then the most drafts a step may verify,
-    and each step's k (``step_k``, 0..k) is chosen as the previous step ends, before the MTP
-    head drafts for it (``auto_k``). A plain decode step chosen that way leaves the head's
-    entries for later (``deferred_entries``).
+    and each step's k (``step_k``, 0..k) is chosen during the previous step, before the MTP
+    head drafts for it (a speculative step: before its verify, whose graph may run the head;
+    ``auto_k``). A plain decode step chosen that way leaves the head's entries for later
+    (``deferred_entries``).
 
     pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (the host a step ahead of
     the GPU) where it applies (its docstring says where); None = that default, False = never,
     True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
+
+    fused_verify: where it can (``head_runs.CatchUpInVerify``), a speculative step runs the
+    verify and the MTP head's catch-up in one graph (one Run); False: always two Runs.
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
                  engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None,
-                 k_chooser: KChooser | None = None, pipelined: bool | None = None) -> None:
+                 k_chooser: KChooser | None = None, pipelined: bool | None = None, fused_verify: bool = True) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
         self.chooser = k_chooser
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
@@ -81,6 +86,9 @@ class Decoder:
         self.forwards = FixedShape(self.target, exact) if exact else ShapePerCall(self.target)
         self.commit = COMMITS[commit](self.forwards)
         self.drafts = make_drafts(self.mtp) if k > 0 else None
+        self.catch_up_after = CatchUpAfterVerify(self.commit, self._catch_up)  # the head in a Run of its own,
+        self.catch_up_in = (CatchUpInVerify.create(self.engine, graphs.manifest, commit, exact is not None)
+                            if fused_verify else None)  # or inside the verify's graph (None: never)
         self.pipelined = PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
 
     # -- driver ----------------------------------------------------------------------------
@@ -194,16 +202,18 @@ class Decoder:
                 self._emit(req, [t])
 
     def speculative_step(self, batch: Batch, k: int) -> None:
-        T, rows = batch.processed, batch.rows
+        T = batch.processed
         self._check_positions(batch)
         # 1. propose: k drafts per request                                         [B, k]
         with self.stats.timed("propose"):
             drafts = self.drafts.propose(batch, k)
+        self.step_k = self.chooser.choose(len(batch)) if self.chooser else k  # the next step's k
+        head = self._head_runs(batch, k)  # the MTP head in its own Run, or in the verify's graph
         # 2. verify: one target forward over [x_T, d_1..d_k] at positions T..T+k   [B, k+1]
         ids = np.concatenate([batch.pending[:, None], drafts], axis=1)
         positions = T[:, None] + np.arange(k + 1)
         with self.stats.timed("verify"):
-            verified = self.commit.verify(batch, ids, positions)
+            verified = head.verify(batch, ids, positions)
         # 3. accept: greedy rows: a = longest prefix with d_i == g_{i-1} (g: the target's argmaxes),
         #    bonus g_a. Sampled rows: d_i kept with probability min(1, p_{i-1}(d_i) / q_i(d_i)),
         #    bonus drawn from norm(max(0, p_a - q_{a+1})), or from p_k when a = k (sampling.py).
@@ -212,14 +222,10 @@ class Decoder:
         # 4. commit every state to T + a + 1 tokens, as if decoded one by one: the MTP head
         #    first (it reads the verify's hiddens, which readvance's re-runs may overwrite)
         with self.stats.timed("commit"):
-            next_ids = np.concatenate([drafts, bonus[:, None]], axis=1)  # x_{p+1} for p = T..T+k
-            next_ids[np.arange(len(batch)), accepted] = bonus
-            self.step_k = self.chooser.choose(len(batch)) if self.chooser else k
-            out = verified.out
-            self._catch_up(rows, out["hidden"], next_ids, out.positions, accepted, batch.requests, max(self.step_k, 1))
+            head.catch_up(batch, verified, accepted, bonus, max(self.step_k, 1))
             self.commit.commit(batch, verified, accepted, self.stats)
         live = np.array([not r.done for r in batch.requests])
-        self.stats.record_speculative_step(accepted[live], k)
+        self.stats.record_speculative_step(accepted[live], k, fused=head is self.catch_up_in)
         if self.chooser:
             self.chooser.record_accepts(accepted[live], k)
         for j, req in enumerate(batch.requests):
@@ -228,6 +234,11 @@ class Decoder:
                 self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
 
     # -- MTP catch-up and bookkeeping -------------------------------------------------------
+    def _head_runs(self, batch: Batch, k: int) -> CatchUpAfterVerify | CatchUpInVerify:
+        """One Run for this step where the fused graph applies (``head_runs``), else two."""
+        fused = self.catch_up_in
+        return fused if fused is not None and fused.applies(batch.requests, k, self.step_k) else self.catch_up_after
+
     def _defer_or_catch_up(self, batch: Batch, out: Forward, tokens: np.ndarray) -> None:
         """Auto k after a plain decode: choose the next step's k; for k = 0 leave the head's entry
         for later, else catch up over every entry left so far and this one, drafting k."""

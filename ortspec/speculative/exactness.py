@@ -85,7 +85,7 @@ def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, 
 def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, commit: str, *,
                       p: float | None = None, seed: int = 0, reference=None, fixed_rows: bool | None = None,
                       atol: float = 0.0, stages: int = 1, exact: ExactShape | None = None,
-                      k_chooser=None) -> Stats:
+                      k_chooser=None, fused_verify: bool = True) -> Stats:
     """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
 
     p=None draws each step's accept length uniformly from 0..k; else each draft is right with
@@ -94,7 +94,8 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     the all-rows batching CUDA uses; ``atol`` > 0 compares states within a tolerance (GPU);
     ``exact`` runs the speculative side in exact mode at that fixed shape; ``k_chooser`` runs
     it with auto k (k is then the most drafts per step), the head's state compared whenever no
-    entries wait for it.
+    entries wait for it; ``fused_verify=False`` keeps the MTP head out of the verify's graph
+    (``head_runs``; by default every step that can runs as one graph: ``stats.fused_verify_steps``).
     """
     oracle, table = reference or plain_decode_states(graphs, prompts, max_new_tokens + k + 1, k)
     stats, finished = Stats(), set()
@@ -117,7 +118,8 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     requests = make_requests(prompts, max_new_tokens, exact.rows_for(len(prompts)) if exact else None)
     truth = lambda r: r.tokens if r.placeholder else oracle[r.row]  # noqa: E731  (placeholders: any tokens)
     decoder = Decoder(graphs, len(requests), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
-                      exact=exact, k_chooser=k_chooser, make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
+                      exact=exact, k_chooser=k_chooser, fused_verify=fused_verify,
+                      make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
     for req, out in zip(requests[: len(prompts)], decoder.generate(requests)):
         want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]
         if out != want:

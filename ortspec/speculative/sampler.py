@@ -25,6 +25,11 @@ def _sampled(requests: list[Request]) -> list[int]:
     return [j for j, r in enumerate(requests) if r.samples and not r.done]
 
 
+def all_greedy(requests: list[Request]) -> bool:
+    """No live request samples: every token is an argmax (finished rows draw nothing)."""
+    return not _sampled(requests)
+
+
 def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(temperature, top_k, top_p) [B] of these requests."""
     return (np.array([r.sampling.temperature for r in requests], np.float64),

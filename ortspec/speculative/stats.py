@@ -48,6 +48,9 @@ class Stats:
     (its token dropped) is not counted."""
     speculative_steps: int = 0
     """Speculative steps (propose, verify, accept, commit), each counted once for the batch."""
+    fused_verify_steps: int = 0
+    """Speculative steps that ran the MTP head inside the verify's graph (``verify_mtp_k{k}``:
+    one Run per step; ``speculative.head_runs``); the others ran it in a Run of its own."""
     speculative_row_steps: int = 0
     """Row-steps: the unfinished requests of each speculative step, summed over the steps
     (= sum(accept_histogram))."""
@@ -71,9 +74,10 @@ class Stats:
     """Wall seconds per phase, the phases disjoint. prefill: target and MTP head over prompts.
     decode: plain decode steps (with the MTP head's entry for the new token when speculating).
     propose: collecting the drafts (the MTP head drafted them in the previous commit's graph run,
-    so this is near zero). verify: the target over [x_T, d1..dk] (and the readvance snapshot).
+    so this is near zero). verify: the target over [x_T, d1..dk] (and the readvance snapshot;
+    in a fused step also the MTP head's catch-up and drafts, which run in the verify's graph).
     commit: states to the accepted length (readvance re-runs included) and the MTP head's
-    catch-up, which also drafts the next step's d1..dk."""
+    catch-up, which also drafts the next step's d1..dk (a fused step: only the writing of its entries)."""
 
     _running: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -95,14 +99,16 @@ class Stats:
         self.decode_steps += 1
         _count(self.steps_by_k, 0, 1)
 
-    def record_speculative_step(self, accepted, k: int) -> None:
-        """One speculative step; ``accepted`` [rows] holds the accept lengths of its unfinished rows."""
+    def record_speculative_step(self, accepted, k: int, fused: bool = False) -> None:
+        """One speculative step; ``accepted`` [rows] holds the accept lengths of its unfinished rows;
+        fused: the MTP head ran inside the verify's graph."""
         _count(self.accept_histogram, k, 0)
         for a in accepted:
             self.accept_histogram[int(a)] += 1
         _count(self.steps_by_k, k, 1)
         self.steps += 1
         self.speculative_steps += 1
+        self.fused_verify_steps += fused
         self.speculative_row_steps += len(accepted)
         self.drafted += k * len(accepted)
         self.accepted += int(sum(accepted))

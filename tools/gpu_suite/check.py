@@ -81,18 +81,21 @@ def speculative_identity(dtype: str, model: Path, n: int, checks: Checks) -> Non
 
 
 def state_check(model: Path, checks: Checks, atol: float = 1e-5) -> None:
-    """Scripted drafts (uniform accept lengths, and p=0.7), k = 1..4, select; states vs a CUDA plain decode."""
+    """Scripted drafts (uniform accept lengths, and p=0.7), k = 1..4, select, each step in one Run
+    (verify_mtp_k{k}) and in two (fused_verify=False); states vs a CUDA plain decode."""
     graphs = GraphSet(ortspec.Session(model, provider="cuda").manifest, provider="cuda")
     steps, prompts = 0, IDENTITY_PROMPTS[:3]
     for k in (1, 2, 3, 4):
         reference = plain_decode_states(graphs, prompts, 60 + k + 1, k)
         for p in (None, 0.7):
-            row_steps = state_check_row_steps(graphs, prompts, 60, k, "select", p=p, seed=k, reference=reference,
-                                              atol=atol)
-            steps += row_steps or 0
-            checks.fail(row_steps is None)
+            for fused in (True, False):
+                row_steps = state_check_row_steps(graphs, prompts, 60, k, "select", p=p, seed=k, reference=reference,
+                                                  atol=atol, fused_verify=fused)
+                steps += row_steps or 0
+                checks.fail(row_steps is None)
     checks.results["cuda_state_check_row_steps"] = steps
-    print(f"CUDA state check: {steps} row-steps checked, states within {atol} x (1 + |value|) of the CUDA plain decode")
+    print(f"CUDA state check: {steps} row-steps checked (one-Run and two-Run steps), states within {atol} x "
+          "(1 + |value|) of the CUDA plain decode")
 
 
 def memory_with_and_without_sharing(model_dir: Path) -> dict:
