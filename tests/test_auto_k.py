@@ -63,29 +63,32 @@ def time_all(chooser: KChooser, rows: int, costs: dict, times: int = 4) -> None:
             chooser.record_time(rows, k, seconds)
 
 
-def test_every_k_is_timed_before_the_chooser_trusts_its_costs():
+def run_steps(chooser: KChooser, rows: int, steps: int, seconds) -> list[int]:
+    """Steps as the Decoder runs them: each step's k chosen before it, and its time recorded
+    only when the steps before and after it ran the same k (steady). seconds(k) -> a step's time."""
+    chosen = [chooser.choose(rows)]
+    for _ in range(steps):
+        chosen.append(chooser.choose(rows))
+        if len(chosen) >= 3 and chosen[-3] == chosen[-2] == chosen[-1]:
+            chooser.record_time(rows, chosen[-2], seconds(chosen[-2]))
+    return chosen
+
+
+def test_every_k_is_tried_in_a_run_whose_inner_steps_time_it():
     chooser = KChooser(3)
-    chosen = []
-    for _ in range(4 * (auto_k.MIN_SAMPLES + 1)):
-        k = chooser.choose(1)
-        chosen.append(k)
-        chooser.record_time(1, k, 0.01)
-    assert sorted(set(chosen)) == [0, 1, 2, 3]
-    assert all(chooser.cost(1, k) is not None for k in range(4))
+    chosen = run_steps(chooser, 1, 4 * auto_k.RUN_STEPS, lambda k: 0.01)
+    runs = [list(group) for _, group in itertools.groupby(chosen[: 4 * auto_k.RUN_STEPS])]
+    assert [len(r) for r in runs] == [auto_k.RUN_STEPS] * 4 and sorted(r[0] for r in runs) == [0, 1, 2, 3]
+    assert all(chooser.cost(1, k) == 0.01 for k in range(4))
 
 
-def test_the_first_step_of_each_k_is_left_out():
+def test_a_median_of_three_outlasts_one_outlier():
     chooser = KChooser(1)
-    time_all(chooser, 4, {1: 0.01}, times=1)
-    for seconds in (5.0, 0.02, 0.03):  # warm-up already left out: these count
-        chooser.record_time(4, 1, seconds)
-    assert chooser.cost(4, 1) == pytest.approx(0.03)
-    chooser = KChooser(1)
-    chooser.record_time(4, 1, 5.0)  # the first: warm-up
-    time_all(chooser, 4, {1: 0.01}, times=2)
+    chooser.record_time(4, 1, 0.01)
+    chooser.record_time(4, 1, 5.0)  # a capture, say
     assert chooser.cost(4, 1) is None  # 2 < MIN_SAMPLES
-    chooser.record_time(4, 1, 9.0)  # one outlier among three does not move the median
-    assert chooser.cost(4, 1) == pytest.approx(0.01)
+    chooser.record_time(4, 1, 0.02)
+    assert chooser.cost(4, 1) == pytest.approx(0.02)
 
 
 def test_chooses_the_most_tokens_per_second():
@@ -110,29 +113,36 @@ def test_costs_are_per_row_count():
     assert chooser.choose(1) == 1 and chooser.choose(16) == 0
 
 
-def test_a_neighbour_is_timed_again_every_probe_interval():
+def test_a_neighbour_is_tried_again_every_probe_interval():
     chooser = KChooser(3)
     for _ in range(50):
         chooser.record_accepts(np.array([1, 2]), 3)
-    time_all(chooser, 2, {0: 1.0, 1: 1.0, 2: 1.05, 3: 1.5})
-    chosen = [chooser.choose(2) for _ in range(4 * auto_k.PROBE_EVERY)]
+    costs = {0: 1.0, 1: 1.0, 2: 1.05, 3: 1.5}
+    time_all(chooser, 2, costs)
+    chosen = run_steps(chooser, 2, 4 * auto_k.PROBE_EVERY + auto_k.RUN_STEPS, costs.get)
     best = max(set(chosen), key=chosen.count)
-    probes = [k for k in chosen if k != best]
-    assert len(probes) == 4 and set(probes) == {best - 1, best + 1}
+    trials = [(k, len(list(group))) for k, group in itertools.groupby(chosen) if k != best]
+    assert len(trials) == 4 and {k for k, _ in trials} == {best - 1, best + 1}
+    assert all(n == auto_k.RUN_STEPS for _, n in trials)
 
 
 class TimeSpy(ScriptedK):
     def __init__(self, max_k, script) -> None:
         super().__init__(max_k, script)
-        self.timed = []
+        self.timed, self.chosen = [], []
+
+    def choose(self, rows: int) -> int:
+        self.chosen.append(super().choose(rows))
+        return self.chosen[-1]
 
     def record_time(self, rows, k, seconds):
         self.timed.append((k, seconds))
 
 
-def test_steps_that_set_a_graph_up_or_switch_from_k0_are_not_timed(models, monkeypatch):
-    """A CUDA graph's first run and capture cost far more than a replay: such steps (counted by
-    GraphSlots.setup_runs) must not become a k's cost; nor the catch-up that ends k = 0 steps."""
+def test_only_steady_steps_are_timed(models, monkeypatch):
+    """A step between two k's (on CUDA the head then runs in a Run of its own; a k = 0 stretch
+    ends with a catch-up) or one that set a CUDA graph up (counted by GraphSlots.setup_runs)
+    costs more than a run of its k: only the steps inside a run of one k are timed."""
     import time
 
     from ortspec.runtime.model import MTPHead
@@ -141,23 +151,24 @@ def test_steps_that_set_a_graph_up_or_switch_from_k0_are_not_timed(models, monke
     from ortspec.speculative.stats import Stats
 
     graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
-    original, calls = MTPHead.catch_up, []
+    original, setups = MTPHead.catch_up, []
 
     def slow_setup(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
-        calls.append(graphed)
-        if len(calls) % 5 == 0:  # as if this run had captured a graph
-            graphs.slots.setup_runs += 1
         if not graphed:  # the deferred catch-up (and the prefill's): make it stand out
             time.sleep(0.05)
+        if graphed and len(setups) < 3 and np.random.default_rng(len(setups)).random() < 0.5:
+            graphs.slots.setup_runs += 1  # as if this run had captured a graph
+            setups.append(1)
         return original(self, rows, hidden, next_ids, positions, last, drafts, graphed)
 
     monkeypatch.setattr(MTPHead, "catch_up", slow_setup)
-    spy = TimeSpy(3, [0, 0, 2, 0, 1, 3])
+    spy = TimeSpy(3, [2] * 5 + [0] * 5 + [3] * 4 + [1])
     stats = Stats()
-    Decoder(graphs, 2, 3, "select", stats, k_chooser=spy).generate(make_requests(PROMPTS[:2], 30))
-    setups = sum(1 for i in range(1, len(calls) + 1) if i % 5 == 0)
-    assert setups >= 3 and len(spy.timed) <= stats.steps - setups + 1
-    assert spy.timed and max(seconds for _, seconds in spy.timed) < 0.05  # the switching catch-ups left out
+    Decoder(graphs, 2, 3, "select", stats, k_chooser=spy, fused_verify=False).generate(make_requests(PROMPTS[:2], 40))
+    steady = sum(a == b == c for a, b, c in zip(spy.chosen, spy.chosen[1:], spy.chosen[2:]))
+    assert spy.timed and len(spy.timed) <= steady < stats.steps
+    assert {k for k, _ in spy.timed} >= {0, 2, 3} and 1 not in {k for k, _ in spy.timed}  # a run of one is never steady
+    assert max(seconds for _, seconds in spy.timed) < 0.05  # the switching catch-ups left out
 
 
 # -- exactness under any choice ------------------------------------------------------------------

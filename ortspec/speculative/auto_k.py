@@ -13,15 +13,17 @@ E(k) / cost(rows, k). Both are measured while generating:
   HALF_LIFE_ROW_STEPS row-steps), so recent text weighs most; a prior of PRIOR_ROW_STEPS
   row-steps at rate 0.5 keeps an unseen depth from reading 0 or 1.
 - cost(rows, k) as the median of the last WINDOW step times of that k at that many rows
-  (rounded up to a power of two). Left out: the first step of each (warm-up: allocations), any
-  step that set a CUDA graph up (its first run or its capture: ``GraphSlots.setup_runs``; the
-  head's catch-up graph has a slot per verify width and draft count, so captures keep coming
-  for a while), and the catch-up that ends a stretch of k = 0 (a switching cost, not a step's).
+  (rounded up to a power of two). Only steady steps count (the Decoder reports them): a step
+  whose previous and next step ran the same k, so it costs what a long run of that k costs.
+  A step between two k's is dearer (on CUDA the head then runs in a Run of its own, not inside
+  the verify's graph: ``head_runs``; a k = 0 stretch ends with a catch-up), and so is a step
+  that set a CUDA graph up (its first run or its capture: ``GraphSlots.setup_runs``).
 
-Until every k has MIN_SAMPLES times at a row count, the chooser tries the k with the fewest.
-After that, every PROBE_EVERY steps at that row count it times a neighbour of its choice again
-(k-1 and k+1 in turn), so that a k that became better (the text grew predictable, the KV window
-grew) is found, and an acceptance that was only measured at small k is measured deeper.
+So the chooser tries a k in runs of RUN_STEPS steps, whose inner steps are steady: until every
+k has MIN_SAMPLES times at a row count it runs the k with the fewest; after that, every
+PROBE_EVERY steps at that row count it runs a neighbour of its choice again (k-1 and k+1 in
+turn), so that a k that became better (the text grew predictable, the KV window grew) is found,
+and an acceptance that was only measured at small k is measured deeper.
 
 k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps the target's
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
@@ -42,7 +44,8 @@ import numpy as np
 
 MIN_SAMPLES = 3  # timed steps per (row count, k) before the chooser trusts its cost (a median of 3 outlasts one outlier)
 WINDOW = 8  # step times kept per (row count, k); their median is the cost
-PROBE_EVERY = 32  # steps between re-timings of a neighbour of the chosen k
+RUN_STEPS = MIN_SAMPLES + 2  # a trial of one k: its first and last steps border another k, the rest are steady
+PROBE_EVERY = 64  # steps between trials of a neighbour of the chosen k
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
 
@@ -58,21 +61,18 @@ class KChooser:
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
         self._lock = threading.Lock()
-        self._times: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> recent step seconds
-        self._warmed: set[tuple[int, int]] = set()  # (bucket, k) whose first step was left out
+        self._times: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> recent steady step seconds
+        self._trials: dict[int, list[int]] = {}  # bucket -> the k of the trial running there, one per step left
         self._steps: dict[int, int] = {}  # bucket -> choices made there
-        self._probes: dict[int, int] = {}  # bucket -> re-timings made there (odd: k+1 next, even: k-1)
+        self._probes: dict[int, int] = {}  # bucket -> trials of a neighbour made there (odd: k+1 next, even: k-1)
         self._tried = np.zeros(max_k + 1)  # [K+1], index i: row-steps that tried draft i (decayed)
         self._kept = np.zeros(max_k + 1)  # [K+1], index i: row-steps that accepted draft i (decayed)
 
     # -- measurements ----------------------------------------------------------------------
     def record_time(self, rows: int, k: int, seconds: float) -> None:
-        key = (row_bucket(rows), k)
+        """One steady step's seconds (the module docstring says which steps are)."""
         with self._lock:
-            if key not in self._warmed:
-                self._warmed.add(key)
-                return
-            self._times.setdefault(key, collections.deque(maxlen=WINDOW)).append(seconds)
+            self._times.setdefault((row_bucket(rows), k), collections.deque(maxlen=WINDOW)).append(seconds)
 
     def record_accepts(self, accepted: np.ndarray, k: int) -> None:
         """accepted [rows]: the accept lengths of one speculative step's live rows, of k drafts."""
@@ -107,20 +107,29 @@ class KChooser:
         """The k of the next step over this many rows (the module docstring says how)."""
         bucket = row_bucket(rows)
         costs = [self.cost(rows, k) for k in range(self.max_k + 1)]
-        untimed = [k for k, c in enumerate(costs) if c is None]
         with self._lock:
             self._steps[bucket] = self._steps.get(bucket, 0) + 1
+            trial = self._trials.get(bucket)
+            if trial:
+                return trial.pop()
+            untimed = [k for k, c in enumerate(costs) if c is None]
             if untimed:
-                return min(untimed, key=lambda k: len(self._times.get((bucket, k), ())) + ((bucket, k) in self._warmed))
+                return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
             probe = self._steps[bucket] % PROBE_EVERY == 0
             if probe:
                 self._probes[bucket] = self._probes.get(bucket, 0) + 1
         best = max(range(self.max_k + 1), key=lambda k: self.expected_tokens(k) / costs[k])
-        if probe:
-            step = 1 if self._probes[bucket] % 2 else -1
-            neighbour = best + step if 0 <= best + step <= self.max_k else best - step
-            return min(max(neighbour, 0), self.max_k)
-        return best
+        if not probe:
+            return best
+        step = 1 if self._probes[bucket] % 2 else -1
+        neighbour = best + step if 0 <= best + step <= self.max_k else best - step
+        with self._lock:
+            return self._start_trial(bucket, min(max(neighbour, 0), self.max_k))
+
+    def _start_trial(self, bucket: int, k: int) -> int:
+        """(under the lock) RUN_STEPS steps of k from now: this one and RUN_STEPS - 1 more."""
+        self._trials[bucket] = [k] * (RUN_STEPS - 1)
+        return k
 
     def snapshot(self) -> dict:
         """What the chooser believes now (``Session.stats["auto_k"]``): acceptance per depth,

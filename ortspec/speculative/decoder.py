@@ -75,7 +75,7 @@ class Decoder:
         self.chooser = k_chooser
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
         self.deferred = DeferredEntries(graphs.arrays)
-        self._switch_seconds = 0.0  # this step's time spent catching the head up after k = 0 steps
+        self._last_k: int | None = None  # the k the last step ran (None: none yet, or a plain step for want of room)
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
@@ -133,18 +133,20 @@ class Decoder:
             return False
         batch = Batch(occupants if self.fixed_rows else active)
         batch.park_finished(self.max_length - self.forwards.positions_used(self.k))
-        k = self.step_k
+        k, previous_k = self.step_k, self._last_k
         with self.graphs.device_lock:
             self.graphs.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-            start, setups, self._switch_seconds = time.perf_counter(), self.graphs.slots.setup_runs, 0.0
+            start, setups = time.perf_counter(), self.graphs.slots.setup_runs
             if k > 0 and room >= k:
                 self.speculative_step(batch, k)
             else:
                 self.greedy_step(batch)
-            if self.chooser and (k == 0 or room >= k) and self.graphs.slots.setup_runs == setups:
-                # a step that set a CUDA graph up is no measure; nor is switching back from k = 0
-                self.chooser.record_time(len(batch), k, time.perf_counter() - start - self._switch_seconds)
+            ran = k if k == 0 or room >= k else None
+            if self.chooser and previous_k == ran == self.step_k and self.graphs.slots.setup_runs == setups:
+                # only a steady step measures k: neither k changed around it nor was a CUDA graph set up
+                self.chooser.record_time(len(batch), k, time.perf_counter() - start)
+            self._last_k = ran
             if self.on_commit:
                 self.on_commit(self, batch)
         return True
@@ -248,12 +250,9 @@ class Decoder:
             self._catch_up_deferred(self.step_k)
 
     def _catch_up_deferred(self, drafts: int) -> None:
-        """The head over the entries plain decode steps left (``DeferredEntries``), in one run.
-        Its time is the price of switching from k = 0, not of the step it ends (``_switch_seconds``)."""
-        start = time.perf_counter()
+        """The head over the entries plain decode steps left (``DeferredEntries``), in one run."""
         requests, rows, hidden, next_ids, positions, last = self.deferred.take()
         self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
-        self._switch_seconds += time.perf_counter() - start
 
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, drafts: int, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target forward's hiddens [B, W, H] at positions
