@@ -118,13 +118,15 @@ def _ms(op: str, inputs, outputs, **attrs) -> helper.NodeProto:
 def cases(seed: int = 0) -> list[Case]:
     rng = np.random.default_rng(seed)
     H, L, hd, nk, nv, dk, C = 384, 1024, 64, 4, 8, 48, 768
-    packed, scales = quantize_int4(_normal(rng, H, 1168, scale=0.05))
+    weight = _normal(rng, H, 1168, scale=0.05)
 
-    def nbits(level: int) -> Case:
-        return Case(f"MatMulNBits accuracy_level {level}", "int4 projections" if level == 4 else "not used",
-                    _ms("MatMulNBits", ["x", "w", "s"], ["y"], K=H, N=1168, bits=4, block_size=32,
+    def nbits(level: int, block: int = 32) -> Case:
+        packed, scales = quantize_int4(weight, block)
+        used = "int4 projections" if (level, block) == (4, 32) else "not used"
+        return Case(f"MatMulNBits accuracy_level {level}" + (f", block {block}" if block != 32 else ""), used,
+                    _ms("MatMulNBits", ["x", "w", "s"], ["y"], K=H, N=1168, bits=4, block_size=block,
                         accuracy_level=level), lambda r, m: {"x": _normal(r, BATCH, m, H)}, ("x",),
-                    {"w": packed, "s": scales}, relied_on=level == 4)
+                    {"w": packed, "s": scales}, relied_on=used != "not used")
 
     # attention products: queries of one KV head as rows [B, kvh, R, hd] against the merged cache
     keys, values = _normal(rng, BATCH, 2, hd, L), _normal(rng, BATCH, 2, L, hd)
@@ -141,7 +143,7 @@ def cases(seed: int = 0) -> list[Case]:
         Case("FusedMatMul alpha=2, computed right operand", "attention context (o_proj stored halved)",
              _ms("FusedMatMul", ["p", "v"], ["y"], alpha=2.0),
              lambda r, m: {"p": np.abs(_normal(r, BATCH, 2, m, L)) / L, "v": values}, ("p",), row_axis=2),
-        nbits(4), nbits(0),
+        nbits(4), nbits(0), nbits(4, 64), nbits(4, 128),
         Case("LinearAttention gated_delta, 4 q/k heads for 8 v heads", "GDN recurrence", _ms(
             "LinearAttention", ["q", "k", "v", "s", "g", "b"], ["o", "so"], q_num_heads=nk, kv_num_heads=nv,
             update_rule="gated_delta", scale=float(dk ** -0.5)),
