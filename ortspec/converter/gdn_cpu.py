@@ -4,7 +4,7 @@ Why a second formulation: ONNX Runtime's CPU kernels of the fused ops that make 
 layer (layers.make_gated_deltanet) one kernel each on CUDA cost far more per row than the same
 math as plain ops. Per GDN layer, batch 4, one thread (BENCHMARKS.md, issue 13):
 
-    LinearAttention, one row of 4 requests    ~97 us    the per-row ops below        ~60 us
+    LinearAttention, 4 rows of 4 requests     389 us    the per-row ops below       ~260 us
     CausalConvWithState, 4 rows               116 us    gathered taps, Mul, ReduceSum  34 us
     GatedRMSNorm, 4 rows                      148 us    RMSNorm per head, QuickGelu    13 us
 
