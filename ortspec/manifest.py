@@ -32,6 +32,11 @@ _FIELDS = (("model", dict), ("max_length", int), ("num_speculative_tokens", int)
            ("tokenizer.files", list), ("files", dict))
 
 
+def graph_file(name: str, variant: str | None = None) -> str:
+    """decode.onnx; a graph's variant for one provider: decode.cpu.onnx."""
+    return GRAPH_FILES.format(name=name if variant is None else f"{name}.{variant}")
+
+
 def graph_name(kind: str, k: int) -> str:
     """verify graphs exist once per k: verify_k2, verify_select_k2, ..."""
     return f"{kind}_k{k}"
@@ -71,6 +76,7 @@ def state_bytes(states: dict[str, dict]) -> int:
 
 
 _ITEMSIZE = {"float32": 4}  # every state is float32 (state_table)
+_VARIANTS = ("cpu",)  # providers a graph entry may hold a variant for (Manifest.graph_entry)
 
 
 @dataclasses.dataclass
@@ -102,10 +108,18 @@ class Manifest:
     def tokenizer_path(self) -> Path | None:
         return self.dir / "tokenizer.json" if "tokenizer.json" in self.tokenizer_files else None
 
-    def graph_path(self, name: str) -> Path:
+    def graph_entry(self, name: str, provider: str | None = None) -> dict:
+        """{"file", "weights"} of the graph a session on ``provider`` runs: the graph's variant for
+        that provider where the model has one (``graphs[name]["cpu"]``: built with what the CPU EP
+        runs fastest, converter/gdn_cpu.py), else the portable graph (models converted before
+        variants existed have only that)."""
         if name not in self.graphs:
             raise ModelDirError(f"graph {name!r} is not in {self.dir}/manifest.json; reconvert the model.")
-        return self.dir / self.graphs[name]["file"]
+        entry = self.graphs[name]
+        return entry.get(provider, entry) if provider is not None else entry
+
+    def graph_path(self, name: str, provider: str | None = None) -> Path:
+        return self.dir / self.graph_entry(name, provider)["file"]
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
@@ -202,11 +216,15 @@ def _check_files(doc: dict, path: Path) -> None:
     """Every graph entry names its file and weights; every file a load reads (graphs, weights.bin)
     has a well-formed size and checksum record."""
     files, reconvert = doc["files"], _reconvert(path.parent, doc)
+    entries = []  # every graph file a session may load: the portable graphs and their provider variants
     for name, graph in doc["graphs"].items():
-        if not (isinstance(graph, dict) and isinstance(graph.get("file"), str)
-                and isinstance(graph.get("weights"), list)):
-            raise ModelDirError(f"{path} has an invalid entry for graph {name!r}: {graph!r}; {reconvert}")
-    for name in [doc["weights"]["file"], *(g["file"] for g in doc["graphs"].values())]:
+        variants = [graph] + [graph[p] for p in _VARIANTS if isinstance(graph, dict) and p in graph]
+        for entry in variants:
+            if not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+                    and isinstance(entry.get("weights"), list)):
+                raise ModelDirError(f"{path} has an invalid entry for graph {name!r}: {graph!r}; {reconvert}")
+        entries += variants
+    for name in [doc["weights"]["file"], *(g["file"] for g in entries)]:
         if name not in files:
             raise ModelDirError(f"{path} records no size for {name!r} among its files; {reconvert}")
     for name, record in files.items():

@@ -11,8 +11,9 @@ import torch
 from onnx import TensorProto
 
 import ortspec
-from ortspec.converter.builder import GraphBuilder, WeightStore
+from ortspec.converter.builder import CPU, GraphBuilder, WeightStore
 from ortspec.converter.checkpoint import CheckpointReader
+from ortspec.converter.gdn_cpu import make_gated_deltanet_rows
 from ortspec.converter.layers import make_attention, make_gated_deltanet, make_step_inputs
 from ortspec.converter.weights import WeightPreparer, rope_tables
 from ortspec.model_spec import FULL, LINEAR, ModelSpec
@@ -55,6 +56,52 @@ def layer_session(checkpoint, tmp_path, layer: int):
     return spec, ort.InferenceSession(str(tmp_path / "layer.onnx"), providers=["CPUExecutionProvider"])
 
 
+def cpu_gdn_session(checkpoint, tmp_path, layer: int, rows: int, windows: bool):
+    """GDN layer ``layer`` as the CPU graphs build it (converter/gdn_cpu.py), at a static row count."""
+    spec = ModelSpec.from_checkpoint(checkpoint)
+    store = WeightStore()
+    WeightPreparer(spec, CheckpointReader(checkpoint), store).decoder_layer(f"layers.{layer}", "L", LINEAR)
+    g = GraphBuilder("gdn_rows", store, CPU)
+    x = g.input("x", F32, ["B", rows, spec.hidden_size])
+    conv = g.input("conv", F32, ["B", spec.linear_conv_kernel_dim - 1, spec.conv_dim])
+    rec = g.input("rec", F32, ["B", spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim])
+    for value, name in zip(make_gated_deltanet_rows(g, spec, x, "L", conv, rec, rows, windows),
+                           ("out", "conv_out", "rec_out")):
+        g.output(value, name, F32, None)
+    import onnx
+
+    path = tmp_path / f"gdn_{rows}_{windows}.onnx"
+    onnx.save(g.build(store.save(tmp_path)), str(path))
+    return spec, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("config,layer", [("base", 0), ("mixed", 2)])  # 2 value heads per key head; 1 (dk != dv)
+def test_cpu_gdn_layer_matches_transformers_and_its_verify_its_decodes(models, tmp_path, config, layer):
+    """The CPU graphs' GDN layer: one-row decodes from zero states match transformers' module
+    over the sequence, and a verify over the last 4 rows gives each row's output and the states
+    after it bit for bit as those decodes did."""
+    checkpoint = models.checkpoint(config)
+    spec, decode = cpu_gdn_session(checkpoint, tmp_path, layer, 1, False)
+    _, verify = cpu_gdn_session(checkpoint, tmp_path, layer, 4, True)
+    T = 12
+    x = np.random.default_rng(layer).standard_normal((2, T, spec.hidden_size)).astype(np.float32)  # 2 requests
+    want = np.concatenate([hf_layer_output(target_model(checkpoint), layer, x[b: b + 1], LINEAR) for b in range(2)])
+    states, outs, after = zero_states(spec, decode, 2), [], []
+    for t in range(T):
+        out = run_layer(decode, x[:, t: t + 1], None, states)
+        if t == T - 4:
+            before = dict(states)
+        states = {"conv": out["conv_out"], "rec": out["rec_out"]}
+        outs.append(out["out"])
+        after.append(states)
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), want, atol=ATOL, rtol=1e-4)
+    windows = run_layer(verify, x[:, T - 4:], None, before)
+    assert np.array_equal(windows["out"], np.concatenate(outs[T - 4:], axis=1))
+    for j in range(4):
+        assert np.array_equal(windows["conv_out"][j], after[T - 4 + j]["conv"])
+        assert np.array_equal(windows["rec_out"][j], after[T - 4 + j]["rec"])
+
+
 def zero_states(spec, session, batch):
     return {i.name: np.zeros([batch] + list(i.shape[1:]), np.float32) for i in session.get_inputs()
             if i.name not in ("x", "positions")}
@@ -75,7 +122,8 @@ def hf_layer_output(model, layer, x, kind):
 
 def run_layer(session, x, positions, states):
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, {"x": x, "positions": positions, **states})))
+    feeds = {"x": x, **states} if positions is None else {"x": x, "positions": positions, **states}
+    return dict(zip(names, session.run(None, feeds)))
 
 
 @pytest.mark.parametrize("config,layer", [("base", 0), ("base", 3), ("attn_first", 0), ("mixed", 1), ("mixed", 2)])

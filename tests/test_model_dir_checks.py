@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -61,11 +62,13 @@ def test_a_truncated_graph_is_refused_at_load(model):
 
 
 def test_a_same_size_corrupt_graph_is_a_typed_error_and_found_by_verify(model):
-    path = model / "decode.onnx"
+    name = Manifest.load(model).graph_entry("decode", "cpu")["file"]  # the graph a CPU session loads
+    assert name == "decode.cpu.onnx"
+    path = model / name
     path.write_bytes(np.random.default_rng(0).bytes(path.stat().st_size))
-    with pytest.raises(ortspec.ModelDirError, match=r"cannot load graph decode\.onnx.*ortspec verify"):
+    with pytest.raises(ortspec.ModelDirError, match=r"cannot load graph decode\.cpu\.onnx.*ortspec verify"):
         load(model)
-    with pytest.raises(ortspec.ModelDirError, match=r"decode\.onnx does not match its sha256"):
+    with pytest.raises(ortspec.ModelDirError, match=r"decode\.cpu\.onnx does not match its sha256"):
         ortspec.verify(model)
 
 
@@ -95,6 +98,9 @@ def test_cli_verify_passes_an_intact_model(converted, capsys):
     (lambda text: _edit(text, lambda d: d.pop("files")), "lacks 'files'"),
     (lambda text: _edit(text, lambda d: d["weights"].update(tensors=[])), "'weights.tensors' of type list"),
     (lambda text: _edit(text, lambda d: d["graphs"].update(decode="decode.onnx")), "invalid entry for graph 'decode'"),
+    (lambda text: _edit(text, lambda d: d["graphs"]["decode"].update(cpu="decode.cpu.onnx")),
+     "invalid entry for graph 'decode'"),
+    (lambda text: _edit(text, lambda d: d["files"].pop("decode.cpu.onnx")), "records no size for 'decode.cpu.onnx'"),
     (lambda text: _edit(text, lambda d: d["files"].pop("weights.bin")), "records no size for 'weights.bin'"),
     (lambda text: _edit(text, lambda d: d["files"]["weights.bin"].update(size="12")), "invalid file record"),
     (lambda text: _edit(text, lambda d: d["model"].update(hidden_size=None, colour=1)), "invalid 'model' section"),
@@ -127,9 +133,10 @@ def _edit(text: str, change) -> str:
     return json.dumps(doc)
 
 
-def test_a_missing_file_is_named(model):
-    (model / "mtp_propose_k1.onnx").unlink()
-    with pytest.raises(ortspec.ModelDirError, match=r"missing mtp_propose_k1\.onnx"):
+@pytest.mark.parametrize("name", ["mtp_propose_k1.onnx", "mtp_propose_k1.cpu.onnx"])
+def test_a_missing_file_is_named(model, name):
+    (model / name).unlink()
+    with pytest.raises(ortspec.ModelDirError, match=f"missing {re.escape(name)}"):
         load(model)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tools.row_invariance import cases, row_invariant, window_invariant
+from ortspec.converter.layers import make_gated_deltanet
+from tools import row_invariance
+from tools.row_invariance import cases, gdn_rows_invariant, row_invariant, window_invariant
 
 RELIED_ON = [c for c in cases() if c.relied_on]
 
@@ -26,3 +28,23 @@ def test_the_check_detects_a_row_dependent_kernel():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_attention_bits_do_not_depend_on_the_cache_window(threads):
     assert window_invariant(threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_graphs_gdn_layer_gives_a_verify_row_its_decode_bits(threads):
+    assert gdn_rows_invariant(threads)
+
+
+def test_the_gdn_check_detects_a_verify_of_another_formulation(monkeypatch):
+    """Planted: verify windows from the portable layer (LinearAttention per row, the fused conv
+    and norm) against the CPU layer's decodes: each is exact alone, the mix is not."""
+    original = row_invariance.make_gated_deltanet_rows
+
+    def portable_verify(g, spec, x, prefix, conv, rec, rows, windows):
+        if rows == 1:
+            return original(g, spec, x, prefix, conv, rec, rows, windows)
+        g.weights.add(f"{prefix}.conv", g.weights.arrays[f"{prefix}.conv_taps"].T[:, None])  # [K, C] -> [C, 1, K]
+        return make_gated_deltanet(g, spec, x, prefix, conv, rec, per_position=rows)
+
+    monkeypatch.setattr(row_invariance, "make_gated_deltanet_rows", portable_verify)
+    assert not gdn_rows_invariant(threads=1)

@@ -2,11 +2,15 @@
 
     python tools/cpu_op_profile.py MODEL_DIR [--graphs decode,verify_select_k1,verify_select_k3]
                                    [--batch 1] [--threads 1] [--runs 30] [--position 100]
+                                   [--variant cpu|portable]
 
 Each graph gets its own ONNX Runtime session (the shared weights, as in a Session) and runs on
 --batch requests at positions --position.. (the step shape of the graph: M=1 for decode, k+1
 for verify_*_k{k} and the catch-up of mtp_propose_k{k}), with random states and the KV window
 the CPU runtime would pass (all max_length slots for a model converted without windows).
+A graph name may end in @portable or @cpu to pick that variant (default: --variant, i.e. the
+graph a CPU Session loads: the CPU variant where the model has one), e.g.
+``--graphs decode@portable,decode@cpu`` times both in one interleaved run.
 
 Two tables:
 - wall ms per Run without the profiler, graphs interleaved round by round (so machine noise
@@ -81,14 +85,17 @@ class GraphProbe:
     """One graph's session and feeds, with and without ONNX Runtime's profiler."""
 
     def __init__(self, manifest: Manifest, weights: SharedWeights, name: str, args, profile: bool) -> None:
-        options = weights.session_options(manifest.graphs[name]["weights"], args.threads)
+        graph, _, variant = name.partition("@")
+        entry = manifest.graph_entry(graph, _provider(variant or args.variant))
+        options = weights.session_options(entry["weights"], args.threads)
         if profile:
             options.enable_profiling = True
-            options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"ortspec_profile_{name}")
+            options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"ortspec_profile_{graph}")
         self.name = name
-        self.session = ort.InferenceSession(str(manifest.graph_path(name)), options,
+        self.session = ort.InferenceSession(str(manifest.dir / entry["file"]), options,
                                             providers=["CPUExecutionProvider"])
-        self.feeds = make_feeds(self.session, manifest, name, step_rows(self.session, name), args.batch, args.position)
+        self.feeds = make_feeds(self.session, manifest, graph, step_rows(self.session, graph), args.batch,
+                                args.position)
         for _ in range(3):  # warm-up: first runs allocate
             self.run()
 
@@ -108,6 +115,16 @@ class GraphProbe:
             by_op[op][0] += statistics.median(durations)
             by_op[op][1] += 1
         return {op: (us, n) for op, (us, n) in by_op.items()}
+
+
+def _provider(variant: str) -> str | None:
+    """--variant -> the provider whose graph to load: "cpu" its variant, "portable" none (the portable graph)."""
+    if variant not in VARIANTS:
+        raise SystemExit(f"variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    return "cpu" if variant == "cpu" else None
+
+
+VARIANTS = ("cpu", "portable")
 
 
 def wall_table(probes: list[GraphProbe], runs: int) -> str:
@@ -150,6 +167,9 @@ def main(argv=None) -> int:
     parser.add_argument("--position", type=int, default=100, help="first position of the step (KV slots in use)")
     parser.add_argument("--top", type=int, default=14, help="op types listed")
     parser.add_argument("--no-ops", action="store_true", help="wall times only")
+    parser.add_argument("--variant", default="cpu", choices=VARIANTS,
+                        help="graphs a CPU Session loads (cpu: the CPU variant where the model has one) or the "
+                             "portable ones CUDA runs")
     args = parser.parse_args(argv)
     manifest = Manifest.load(args.model)
     weights = SharedWeights(manifest, HostArrays())

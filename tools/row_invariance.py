@@ -11,8 +11,11 @@ the converter avoids, so the table shows why. tests/test_row_invariance.py asser
 graphs rely on.
 
 For a recurrent op (LinearAttention, CausalConvWithState) "one call each" means row after row
-through the state, and the state after the last row must match too. The last line checks that
-the attention's bits do not depend on how many cache slots past the rows' positions it is given.
+through the state, and the state after the last row must match too. The last lines check that
+the attention's bits do not depend on how many cache slots past the rows' positions it is given,
+and that the GDN layer of the CPU graphs (converter/gdn_cpu.py: ops chained per row, built at
+a static M) gives the same bits in a verify over M rows (outputs, and the state after each row)
+as in M one-row decodes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -27,10 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from ortspec.converter.builder import CPU, GraphBuilder, WeightStore  # noqa: E402
+from ortspec.converter.gdn_cpu import make_gated_deltanet_rows  # noqa: E402
 from ortspec.converter.quantize import quantize_int4  # noqa: E402
+from ortspec.model_spec import ModelSpec  # noqa: E402
 
 F32 = TensorProto.FLOAT
 ROWS = range(1, 6)
@@ -110,13 +118,15 @@ def _ms(op: str, inputs, outputs, **attrs) -> helper.NodeProto:
 def cases(seed: int = 0) -> list[Case]:
     rng = np.random.default_rng(seed)
     H, L, hd, nk, nv, dk, C = 384, 1024, 64, 4, 8, 48, 768
-    packed, scales = quantize_int4(_normal(rng, H, 1168, scale=0.05))
+    weight = _normal(rng, H, 1168, scale=0.05)
 
-    def nbits(level: int) -> Case:
-        return Case(f"MatMulNBits accuracy_level {level}", "int4 projections" if level == 4 else "not used",
-                    _ms("MatMulNBits", ["x", "w", "s"], ["y"], K=H, N=1168, bits=4, block_size=32,
+    def nbits(level: int, block: int = 32) -> Case:
+        packed, scales = quantize_int4(weight, block)
+        used = "int4 projections" if (level, block) == (4, 32) else "not used"
+        return Case(f"MatMulNBits accuracy_level {level}" + (f", block {block}" if block != 32 else ""), used,
+                    _ms("MatMulNBits", ["x", "w", "s"], ["y"], K=H, N=1168, bits=4, block_size=block,
                         accuracy_level=level), lambda r, m: {"x": _normal(r, BATCH, m, H)}, ("x",),
-                    {"w": packed, "s": scales}, relied_on=level == 4)
+                    {"w": packed, "s": scales}, relied_on=used != "not used")
 
     # attention products: queries of one KV head as rows [B, kvh, R, hd] against the merged cache
     keys, values = _normal(rng, BATCH, 2, hd, L), _normal(rng, BATCH, 2, L, hd)
@@ -133,7 +143,7 @@ def cases(seed: int = 0) -> list[Case]:
         Case("FusedMatMul alpha=2, computed right operand", "attention context (o_proj stored halved)",
              _ms("FusedMatMul", ["p", "v"], ["y"], alpha=2.0),
              lambda r, m: {"p": np.abs(_normal(r, BATCH, 2, m, L)) / L, "v": values}, ("p",), row_axis=2),
-        nbits(4), nbits(0),
+        nbits(4), nbits(0), nbits(4, 64), nbits(4, 128),
         Case("LinearAttention gated_delta, 4 q/k heads for 8 v heads", "GDN recurrence", _ms(
             "LinearAttention", ["q", "k", "v", "s", "g", "b"], ["o", "so"], q_num_heads=nk, kv_num_heads=nv,
             update_rule="gated_delta", scale=float(dk ** -0.5)),
@@ -156,8 +166,14 @@ def cases(seed: int = 0) -> list[Case]:
             "RotaryEmbedding", ["x", "p", "cos", "sin"], ["y"], num_heads=6, rotary_embedding_dim=16, interleaved=0),
              lambda r, m: {"x": _normal(r, BATCH, m, 6 * hd), "p": r.integers(0, L, (BATCH, m))}, ("x", "p"),
              {"cos": np.cos(angles), "sin": np.sin(angles)}, int64_inputs=("p",)),
-        Case("ScaledSiLU alpha=1", "MLP activation", _ms("ScaledSiLU", ["x"], ["y"], alpha=1.0),
+        Case("ScaledSiLU alpha=1", "MLP activation (portable graphs)", _ms("ScaledSiLU", ["x"], ["y"], alpha=1.0),
              lambda r, m: {"x": _normal(r, BATCH, m, 1024)}, ("x",)),
+        Case("QuickGelu alpha=1", "SiLU of the CPU graphs (MLP, GDN conv and gate)", _ms("QuickGelu", ["x"], ["y"],
+                                                                                         alpha=1.0),
+             lambda r, m: {"x": _normal(r, BATCH, m, 1024)}, ("x",)),
+        Case("ReduceSum over the conv taps", "GDN conv of the CPU graphs ([B, M, K, C] -> [B, M, C])",
+             helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0),
+             lambda r, m: {"x": _normal(r, BATCH, m, 4, C)}, ("x",), {"axes": np.array([2])}),
         Case("Softmax", "attention", helper.make_node("Softmax", ["x"], ["y"], axis=-1),
              lambda r, m: {"x": _normal(r, BATCH, 2, m, L)}, ("x",), row_axis=2),
     ]
@@ -193,6 +209,69 @@ def window_invariant(threads: int = 1, seed: int = 0) -> bool:
     return all(np.array_equal(outputs[0], o) for o in outputs[1:])
 
 
+GDN_ROWS = range(1, 6)  # verify widths M checked for the CPU graphs' GDN layer
+
+
+def gdn_rows_invariant(threads: int = 1, seed: int = 0, batch: int = 2) -> bool:
+    """The CPU graphs' GDN layer (gdn_cpu.make_gated_deltanet_rows, the model's own shapes,
+    random weights) over M rows with state windows gives each row the same bits, output and
+    states after it, as M one-row decodes chained through the states, for M in GDN_ROWS."""
+    decode, rng = _gdn_session(1, False, threads, seed), np.random.default_rng(seed)
+    for m in GDN_ROWS:
+        feeds = _gdn_feeds(rng, batch, m)
+        out, conv, rec = _gdn_session(m, True, threads, seed).run(None, feeds)  # [B,M,H], [M,...], [M,...]
+        state = {"conv": feeds["conv"], "rec": feeds["rec"]}
+        for j in range(m):
+            one, state["conv"], state["rec"] = decode.run(None, {"x": feeds["x"][:, j: j + 1], **state})
+            if not (np.array_equal(one, out[:, j: j + 1]) and np.array_equal(state["conv"], conv[j])
+                    and np.array_equal(state["rec"], rec[j])):
+                return False
+    return True
+
+
+def _gdn_spec() -> ModelSpec:
+    """One GDN layer of the model's own GDN shapes (hidden 384, 4 key heads and 8 value heads of 48, kernel 4)."""
+    return ModelSpec.from_hf_config({
+        "model_type": "qwen3_5_text", "hidden_size": 384, "num_hidden_layers": 1, "layer_types": ["linear_attention"],
+        "vocab_size": 64, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 48,
+        "linear_value_head_dim": 48, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6})
+
+
+def _gdn_session(rows: int, windows: bool, threads: int, seed: int) -> ort.InferenceSession:
+    """The CPU graphs' GDN layer alone: x [B, rows, H], conv, rec -> y, conv_out, rec_out (windows: after each row)."""
+    spec, store, rng = _gdn_spec(), WeightStore(), np.random.default_rng(seed)
+    H, C, nv, dv, vd = spec.hidden_size, spec.conv_dim, spec.linear_num_value_heads, spec.linear_value_head_dim, \
+        spec.linear_value_dim
+    store.add("L.in_proj", _normal(rng, H, C + vd + 2 * nv, scale=H ** -0.5))
+    store.add("L.conv_taps", _normal(rng, spec.linear_conv_kernel_dim, C, scale=0.5))
+    store.add("L.dt_bias", _normal(rng, nv))
+    store.add("L.decay_scale", -np.exp(_normal(rng, nv, scale=0.5)))
+    store.add("L.gdn_norm", 1 + _normal(rng, dv, scale=0.1))
+    store.add("L.out", _normal(rng, vd, H, scale=vd ** -0.5))
+    g = GraphBuilder("gdn_rows", store, CPU)
+    x = g.input("x", F32, ["B", rows, H])
+    conv = g.input("conv", F32, ["B", spec.linear_conv_kernel_dim - 1, C])
+    rec = g.input("rec", F32, ["B", nv, spec.linear_key_head_dim, dv])
+    outputs = make_gated_deltanet_rows(g, spec, x, "L", conv, rec, rows, windows)
+    for value, name in zip(outputs, ("y", "conv_out", "rec_out")):
+        g.output(value, name, F32, None)
+    directory = Path(tempfile.mkdtemp(prefix="row_invariance_"))
+    onnx.save(g.build(store.save(directory)), str(directory / "gdn.onnx"))  # weights.bin beside it
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(directory / "gdn.onnx"), options, providers=["CPUExecutionProvider"])
+
+
+def _gdn_feeds(rng, batch: int, rows: int) -> dict:
+    spec = _gdn_spec()
+    return {"x": _normal(rng, batch, rows, spec.hidden_size),
+            "conv": _normal(rng, batch, spec.linear_conv_kernel_dim - 1, spec.conv_dim),
+            "rec": _normal(rng, batch, spec.linear_num_value_heads, spec.linear_key_head_dim,
+                           spec.linear_value_head_dim, scale=0.1)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,2")
@@ -206,6 +285,9 @@ def main(argv=None) -> int:
                                                           for t in threads) + " |")
     print(f"| attention over the first W cache slots, W = {', '.join(map(str, WINDOWS))} | KV window (CPU runtime) | "
           + " | ".join("same bits" if window_invariant(t) else "**differs**" for t in threads) + " |")
+    print(f"| GDN layer of the CPU graphs, M = {GDN_ROWS.start}..{GDN_ROWS.stop - 1} rows vs one-row decodes | "
+          "decode / verify_select (*.cpu.onnx) | " + " | ".join("yes" if gdn_rows_invariant(t) else "**no**"
+                                                                for t in threads) + " |")
     return 0
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import ConvertOptionError, UnsupportedModelError
-from ..manifest import GRAPH_FILES, MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_name, stage_graph_name
+from ..manifest import MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_file, graph_name, stage_graph_name
 from ..model_spec import ModelSpec, read_hf_config
-from .builder import WeightStore
+from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader
 from .fused_graph import make_verify_mtp_graph
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
@@ -45,6 +45,10 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     mtp_quant="int4" does that for the MTP draft head alone (with its own int4 copy of the
     lm_head): drafts get cheaper, the output stays exactly the target's.
 
+    Every graph is written portable (fused ops: what CUDA runs) and, for float32 models, also
+    as a CPU variant ({graph}.cpu.onnx, built with what ONNX Runtime's CPU EP runs fastest:
+    converter/gdn_cpu.py), which a CPU Session loads instead.
+
     out_dir is written whole or not at all (see converter/output_dir.py for what may be
     replaced): an existing model there is refused unless overwrite=True, which replaces it.
     """
@@ -68,12 +72,19 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
         store = _prepare_weights(spec, reader, options, with_mtp)
         with staging.create(WEIGHTS_FILE) as f:
             layout = store.write(f)
-        builders = _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries)
+        builders = {(name, target): build for target in _targets(options)
+                    for name, build in _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries,
+                                                       target).items()}
         graphs = {}
-        for name, build in tqdm(builders.items(), desc="ortspec convert", unit="graph", disable=not options.progress):
+        for (name, target), build in tqdm(builders.items(), desc="ortspec convert", unit="graph",
+                                          disable=not options.progress):
             g = build()
-            graphs[name] = {"file": GRAPH_FILES.format(name=name), "weights": g.used_weights}
-            staging.write_bytes(graphs[name]["file"], g.build(layout).SerializeToString())
+            entry = {"file": graph_file(name, None if target == PORTABLE else target), "weights": g.used_weights}
+            staging.write_bytes(entry["file"], g.build(layout).SerializeToString())
+            if target == PORTABLE:
+                graphs[name] = entry
+            else:  # the portable entry came first (_targets)
+                graphs[name][target] = entry
         tokenizer_files = [name for name in TOKENIZER_FILES if (checkpoint_dir / name).is_file()]
         for name in tokenizer_files:
             staging.copy(checkpoint_dir / name, name)
@@ -105,27 +116,36 @@ def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: Convert
     return store
 
 
+def _targets(options: ConvertOptions) -> tuple[str, ...]:
+    """The graph sets written: portable always; the CPU variants for float32 models (an fp16 or
+    bf16 model is a GPU model: the CPU has no bfloat16 MatMul, QuickGelu's CPU kernel is float32)."""
+    return (PORTABLE, CPU) if options.dtype == "float32" else (PORTABLE,)
+
+
 def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,
-                    boundaries: list[int]) -> dict:
-    """Graph name -> a function building it (graphs are built one at a time, then written)."""
+                    boundaries: list[int], target: str = PORTABLE) -> dict:
+    """Graph name -> a function building it for ``target`` (graphs are built one at a time, then written)."""
     shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
         shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True)
     builders = {}
     for name, shape in shapes.items():
+        shape["target"] = target
         builders[name] = lambda name=name, shape=shape: make_target_graph(spec, store, max_length, name, **shape)
         if len(boundaries) > 2:
             for s, (start, stop) in enumerate(zip(boundaries, boundaries[1:])):
                 builders[stage_graph_name(name, s)] = lambda name=name, shape=shape, s=s, r=range(start, stop): (
                     make_target_graph(spec, store, max_length, stage_graph_name(name, s), layers=r, stage=s, **shape))
     if with_mtp:
-        builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length)
+        builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length, target)
         for k in range(1, K + 1):
-            builders[graph_name("mtp_propose", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k)
+            builders[graph_name("mtp_propose", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k,
+                                                                                       target=target)
             builders[graph_name("mtp_sample", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k,
-                                                                                      sample=True)
-            builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k)
+                                                                                      sample=True, target=target)
+            builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k,
+                                                                                       target=target)
     return builders
 
 

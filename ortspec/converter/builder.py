@@ -19,6 +19,7 @@ from ..manifest import WEIGHTS_FILE
 
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
+PORTABLE, CPU = "portable", "cpu"  # GraphBuilder.target: the formulations a graph is built with (see GraphBuilder)
 IR_VERSION = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 would default to 14
 _ALIGN = 64
 
@@ -83,11 +84,21 @@ class WeightStore:
 
 
 class GraphBuilder:
-    """Accumulates nodes; ``op`` returns output names so graphs read like straight-line code."""
+    """Accumulates nodes; ``op`` returns output names so graphs read like straight-line code.
 
-    def __init__(self, name: str, weights: WeightStore) -> None:
+    target: PORTABLE builds with the fused com.microsoft ops (GatedRMSNorm, ScaledSiLU,
+    LinearAttention, CausalConvWithState), one kernel each on CUDA; what a CUDA Session runs.
+    CPU builds with what ONNX Runtime's CPU EP runs fastest (converter/gdn_cpu.py says what and
+    why); what a CPU Session runs where the model has such graphs (manifest "cpu" entries). Every
+    graph of one target uses one formulation, so a decode and a verify of that target compute a
+    token's row the same way."""
+
+    def __init__(self, name: str, weights: WeightStore, target: str = PORTABLE) -> None:
+        if target not in (PORTABLE, CPU):
+            raise ValueError(f"target {target!r}: use {PORTABLE!r} or {CPU!r}")
         self.name = name
         self.weights = weights
+        self.target = target
         self.nodes: list[onnx.NodeProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []

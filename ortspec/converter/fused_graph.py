@@ -29,16 +29,19 @@ from onnx import TensorProto
 
 from ..manifest import graph_name
 from ..model_spec import ModelSpec
-from .builder import GraphBuilder, WeightStore
+from .builder import PORTABLE, GraphBuilder, WeightStore
 from .graphs import add_mtp_propose, draft_argmax, make_target_graph, mtp_state_shapes
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 MTP_WINDOW = "Wm"  # the head's cache slots: its own dimension, apart from the target caches' W
 
 
-def make_verify_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int) -> GraphBuilder:
-    """verify_select_k{k}, the greedy acceptance and mtp_propose_k{k} in one graph (module docstring)."""
-    g = make_target_graph(spec, store, max_length, graph_name("verify_mtp", k), rows=k + 1, windows=True)
+def make_verify_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
+                          target: str = PORTABLE) -> GraphBuilder:
+    """verify_select_k{k}, the greedy acceptance and mtp_propose_k{k} in one graph (module docstring);
+    target: the formulations (``builder``: the CPU variant runs the same ops as the CPU's other graphs)."""
+    g = make_target_graph(spec, store, max_length, graph_name("verify_mtp", k), rows=k + 1, windows=True,
+                          target=target)
     accepted = make_greedy_acceptance(g, "input_ids", "tokens", k)  # [B]
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, window=MTP_WINDOW).items()}
     drafts, _ = add_mtp_propose(g, spec, max_length, k, "tokens", "hidden", "positions", accepted, states,

@@ -23,7 +23,8 @@ from onnx import TensorProto
 
 from ..manifest import graph_name
 from ..model_spec import FULL, ModelSpec
-from .builder import GraphBuilder, WeightStore
+from .builder import CPU, PORTABLE, GraphBuilder, WeightStore
+from .gdn_cpu import make_gated_deltanet_rows
 from .layers import (
     make_add_rms_norm,
     make_attention,
@@ -84,16 +85,18 @@ def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
 
 def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
                       rows: int | None, windows: bool = False, layers: range | None = None,
-                      stage: int = 0) -> GraphBuilder:
+                      stage: int = 0, target: str = PORTABLE) -> GraphBuilder:
     """rows=None: any M (prefill); rows=M: static M (decode M=1, verify M=k+1).
     windows=True (needs static rows): GDN states after every row, for the select commit.
+    target: the formulations (builder.GraphBuilder); a CPU graph of static M runs its GDN
+    layers as converter/gdn_cpu.py builds them.
     layers: a pipeline stage (a contiguous range of layers). The first stage embeds the ids;
     a later stage takes the proxies ``proxy.hidden`` and ``proxy.residual`` [B, M, H] (token
     rows) from the stage before; every stage but the last hands its own on. A stage after one
     that ran no layer gets no residual: that proxy is legitimately absent."""
     layers = range(spec.num_layers) if layers is None else layers
     first, last = stage == 0, layers.stop == spec.num_layers
-    g = GraphBuilder(name, store)
+    g = GraphBuilder(name, store, target)
     dim_m = rows if rows is not None else "M"
     positions = g.input("positions", I64, ["B", dim_m])
     if first:
@@ -115,8 +118,13 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                 return out
         else:
             def mixer(h, i=i, prefix=prefix):
-                out, conv, rec = make_gated_deltanet(g, spec, h, prefix, states[f"conv.{i}"], states[f"recurrent.{i}"],
-                                                     per_position=rows if windows else 0)
+                conv_state, recurrent_state = states[f"conv.{i}"], states[f"recurrent.{i}"]
+                if target == CPU and rows is not None:
+                    out, conv, rec = make_gated_deltanet_rows(g, spec, h, prefix, conv_state, recurrent_state, rows,
+                                                              windows)
+                else:
+                    out, conv, rec = make_gated_deltanet(g, spec, h, prefix, conv_state, recurrent_state,
+                                                         per_position=rows if windows else 0)
                 kind_of = "window" if windows else "out"
                 state_outputs.append((conv, f"conv_{kind_of}.{i}"))
                 state_outputs.append((rec, f"recurrent_{kind_of}.{i}"))
@@ -158,14 +166,14 @@ def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, pas
     return (hidden_out, *cache)
 
 
-def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> GraphBuilder:
+def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, target: str = PORTABLE) -> GraphBuilder:
     """MTP head, one pass (the layer-level reference the tests compare with torch):
 
            input_ids ─ embed ─ pre_embed norm ─┐
                                                Concat ─ MatMul(fc) ─ decoder layer (own KV) ─ mtp.norm ─ lm_head
            hidden ──────────── pre_hidden norm ┘
     """
-    g = GraphBuilder("mtp", store)
+    g = GraphBuilder("mtp", store, target)
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
@@ -182,7 +190,7 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int) -> Grap
 
 
 def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
-                           sample: bool = False) -> GraphBuilder:
+                           sample: bool = False, target: str = PORTABLE) -> GraphBuilder:
     """The MTP head's whole share of a step in one graph (one Run instead of k): the catch-up
     over M rows of target hiddens, then k-1 recursive draft passes (``add_mtp_propose``).
 
@@ -197,7 +205,7 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
       in   temperature float [B] (0: greedy row), top_k int64 [B], top_p float [B], uniforms [B, k]
       out  draft_probs [B, k, V]: the distribution each draft was drawn from
     """
-    g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store)
+    g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store, target)
     ids = g.input("input_ids", I64, ["B", "M"])
     hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..model_spec import ModelSpec
-from .builder import GraphBuilder
+from .builder import CPU, GraphBuilder
 
 F32 = TensorProto.FLOAT
 CONTEXT_ALPHA = 2.0  # attention context product: any alpha != 1 keeps the CPU GEMM off its one-row kernel
@@ -72,8 +72,35 @@ def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
     low = g.matmul_dtype(f"{prefix}.gate_up")
     gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up", out_dtype=low), g.const([spec.intermediate_size] * 2)],
                     num_outputs=2, axis=-1)  # [B, M, I] each, in low
-    act = g.ms("ScaledSiLU", [gate], alpha=1.0)  # gate * sigmoid(gate)
+    act = make_silu(g, gate, low)  # gate * sigmoid(gate)
     return g.linear(g.op("Mul", [act, up]), f"{prefix}.down", hint=f"{prefix}.mlp_out", x_dtype=low)
+
+
+def make_silu(g: GraphBuilder, x: str, dtype: int = F32) -> str:
+    """x * sigmoid(x) in one kernel. ScaledSiLU (alpha 1) rounds like transformers in fp16/bf16;
+    on the CPU, in float32, QuickGelu (alpha 1: the same function) runs on MLAS's vectorized
+    logistic and is ~6x faster (9.5 vs 55.6 us at [4, 4, 1024]); its CPU kernel is float32 only."""
+    if g.target == CPU and dtype == F32:
+        return g.ms("QuickGelu", [x], alpha=1.0)
+    return g.ms("ScaledSiLU", [x], alpha=1.0)
+
+
+def make_gated_norm(g: GraphBuilder, spec: ModelSpec, core: str, z: str, weight: str) -> str:
+    """The GDN output norm: RMSNorm per value head (plain weight) times silu(z). core and z
+    [.., nv*dv] float32, the result too. One GatedRMSNorm, except on the CPU: there it costs
+    2-12x the chain of RMSNorm per head, QuickGelu(z) and Mul (batch 4 x 4 rows: 148 vs 13 us)."""
+    if g.target != CPU:
+        return g.ms("GatedRMSNorm", [core, g.weight(weight), z], activation="silu", epsilon=spec.rms_norm_eps)
+    heads = g.op("Reshape", [core, g.const([0, 0, spec.linear_num_value_heads, spec.linear_value_head_dim])])
+    return make_gated_norm_chain(g, spec, heads, z, weight)
+
+
+def make_gated_norm_chain(g: GraphBuilder, spec: ModelSpec, heads: str, z: str, weight: str) -> str:
+    """make_gated_norm on the CPU, from the heads apart: heads [B, M, nv, dv], z [B, M, nv*dv]."""
+    normed = g.op("SimplifiedLayerNormalization", [heads, g.weight(weight)], axis=-1, epsilon=spec.rms_norm_eps,
+                  stash_type=1)  # [B, M, nv, dv]
+    packed = g.op("Reshape", [normed, g.const([0, 0, spec.linear_value_dim])])
+    return g.op("Mul", [packed, make_silu(g, z)])
 
 
 def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, heads: int, step: StepInputs) -> str:
@@ -137,12 +164,14 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
 L2NORM_EPS = 1e-6  # transformers' l2norm(x, eps=1e-6) on the GDN queries and keys
 
 
-def _l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:
-    """x / sqrt(sum(x^2) + eps) per head, as transformers' l2norm (LinearAttention expects it),
-    in one kernel: RMSNorm divides by sqrt(sum(x^2)/d + eps'), so with eps' = eps/d and the
-    weight 1/sqrt(d) it is the same quotient (up to rounding). [B, M, heads*d] -> [B, M, heads, d]."""
-    xh = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])])
-    weight = g.const([head_dim ** -0.5] * head_dim, dtype=np.float32, hint="l2norm_weight")
+def l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int, scale: float = 1.0,
+                 shape: list[int] | None = None) -> str:
+    """scale * x / sqrt(sum(x^2) + eps) per head, as transformers' l2norm (LinearAttention expects
+    it), in one kernel: RMSNorm divides by sqrt(sum(x^2)/d + eps'), so with eps' = eps/d and the
+    weight scale/sqrt(d) it is the same quotient (up to rounding). [B, M, heads*d] -> [B, M, heads, d]
+    (or to ``shape``, a Reshape target whose last axis is the head's d)."""
+    xh = g.op("Reshape", [x, g.const(shape or [0, 0, heads, head_dim])])
+    weight = g.const([scale * head_dim ** -0.5] * head_dim, dtype=np.float32, hint="l2norm_weight")
     return g.op("SimplifiedLayerNormalization", [xh, weight], axis=-1, epsilon=L2NORM_EPS / head_dim, stash_type=1)
 
 
@@ -177,8 +206,8 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
     # transformers' repeat_interleave does: LinearAttention maps heads so itself (kv_num_heads
     # a multiple of the key's heads, fewer query heads: "inverse GQA"), so no head is repeated
-    q = g.op("Reshape", [_l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
-    k = g.op("Reshape", [_l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
+    q = g.op("Reshape", [l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
+    k = g.op("Reshape", [l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
 
     def recurrence(state, q, k, v, decay, beta):
         return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nk, kv_num_heads=nv,
@@ -190,8 +219,7 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
         conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
         core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
                                                   per_position)
-    normed = g.ms("GatedRMSNorm", [core, g.weight(f"{prefix}.gdn_norm"), z], activation="silu", epsilon=spec.rms_norm_eps)
-    out = g.linear(normed, f"{prefix}.out", hint=f"{prefix}.gdn_out")
+    out = g.linear(make_gated_norm(g, spec, core, z, f"{prefix}.gdn_norm"), f"{prefix}.out", hint=f"{prefix}.gdn_out")
     return out, conv_out, recurrent_out
 
 

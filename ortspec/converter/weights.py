@@ -11,7 +11,7 @@ Store names (i = layer index, "mtp.L0" for the MTP layer):
   {p}.in_norm, {p}.post_norm [H]            (1 + w)
   {p}.qkv [H, 2*nh*hd + 2*kvh*hd]  columns: all query heads | all output-gate heads | k | v
   {p}.o [nh*hd, H] (o_proj / CONTEXT_ALPHA)  {p}.q_norm, {p}.k_norm [hd]  (1 + w)
-  {p}.in_proj [H, C + vd + 2*nv]  columns: qkv | z | b | a     {p}.conv [C, 1, K]
+  {p}.in_proj [H, C + vd + 2*nv]  columns: qkv | z | b | a     {p}.conv [C, 1, K]  {p}.conv_taps [K, C]
   {p}.dt_bias, {p}.decay_scale [nv]  {p}.gdn_norm [dv] (plain w)  {p}.out [vd, H]
   {p}.gate_up [H, 2*I]  {p}.down [I, H]
   mtp.fc [2H, H]  mtp.pre_embed, mtp.pre_hidden, mtp.norm [H]  (1 + w)
@@ -114,7 +114,8 @@ class WeightPreparer:
             axis=1,
         )
         self.store.add(f"{dst}.in_proj", in_proj)
-        self.store.add(f"{dst}.conv", self.reader.get(f"{src}.conv1d.weight", (C, 1, K)))
+        conv = self.store.add(f"{dst}.conv", self.reader.get(f"{src}.conv1d.weight", (C, 1, K)))
+        self.store.add(f"{dst}.conv_taps", self.store.arrays[conv][:, 0].T)  # [K, C]: gdn_cpu.py
         self.store.add(f"{dst}.dt_bias", self.reader.get(f"{src}.dt_bias", (nv,)))
         a_log = self.reader.get(f"{src}.A_log", (nv,))
         self.store.add(f"{dst}.decay_scale", (-torch.from_numpy(a_log).float().exp()).numpy())

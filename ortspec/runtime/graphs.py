@@ -118,8 +118,9 @@ class GraphRunner:
                  threads: int | None = None, cuda_graphs: bool = False, slots: GraphSlots | None = None) -> None:
         self.name, self.arrays, self.slots = name, arrays, slots
         self.cuda_graphs = cuda_graphs and provider == "cuda"
-        path = manifest.graph_path(name)
-        options = weights.session_options(manifest.graphs[name]["weights"], threads)
+        entry = manifest.graph_entry(name, provider)  # the CPU variant on the CPU, where the model has one
+        path = manifest.dir / entry["file"]
+        options = weights.session_options(entry["weights"], threads)
         providers = [check_provider(provider)]
         if provider == "cuda":
             # use_tf32=0: fp32 graphs compute in fp32 (TF32 would make M=1 and M=k+1 differ far more)

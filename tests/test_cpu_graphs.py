@@ -1,0 +1,74 @@
+"""The CPU variants of the graphs ({graph}.cpu.onnx, converter/gdn_cpu.py): written for float32
+models beside the portable ones, loaded by CPU sessions, and exact only as a set: a verify of
+the other formulation than the decode breaks the bitwise state check."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from ortspec.manifest import Manifest
+from ortspec.runtime.graphs import GraphSet
+from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
+from tests.small_models import convert_small
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7]]
+FUSED_GDN = {"LinearAttention", "CausalConvWithState", "GatedRMSNorm"}
+
+
+def op_types(manifest: Manifest, name: str, provider: str | None) -> set[str]:
+    path = manifest.graph_path(name, provider)
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def test_float32_models_carry_a_cpu_variant_of_every_graph(models):
+    manifest = Manifest.load(models.converted("base"))
+    for name, entry in manifest.graphs.items():
+        assert entry["cpu"]["file"] == f"{name}.cpu.onnx" and entry["file"] == f"{name}.onnx"
+        assert manifest.graph_entry(name, "cuda") is entry  # CUDA runs the portable graph
+    for name in ("decode", "verify_k2", "verify_select_k2"):
+        assert not op_types(manifest, name, "cpu") & (FUSED_GDN | {"ScaledSiLU"})
+        assert FUSED_GDN | {"ScaledSiLU"} <= op_types(manifest, name, None)
+    assert {"LinearAttention", "CausalConvWithState", "QuickGelu"} <= op_types(manifest, "prefill", "cpu")
+    assert "GatedRMSNorm" not in op_types(manifest, "prefill", "cpu")
+    assert "QuickGelu" in op_types(manifest, "mtp_propose_k2", "cpu")
+
+
+def test_float16_models_have_portable_graphs_only(tmp_path, models):
+    out = convert_small(models.checkpoint("base"), tmp_path / "f16", dtype="float16")
+    manifest = Manifest.load(out)
+    assert not any("cpu" in entry for entry in manifest.graphs.values())
+    assert manifest.graph_path("decode", "cpu") == out / "decode.onnx"
+
+
+def test_a_model_without_cpu_variants_still_runs_exact_on_the_cpu(models):
+    """Models converted before the variants (portable graphs only) keep working: the CPU then
+    runs the portable set, which is exact on its own."""
+    manifest = Manifest.load(models.converted("base"))
+    for entry in manifest.graphs.values():
+        del entry["cpu"]
+    check_speculative(GraphSet(manifest), PROMPTS, 16, 3, "select", p=0.6)
+
+
+def test_planted_bug_a_verify_of_the_other_formulation_is_caught(models):
+    """Each formulation is exact with itself only: a CPU decode with a portable verify
+    (LinearAttention per row) leaves GDN states that differ in their last bits."""
+    manifest = Manifest.load(models.converted("base"))
+    check_speculative(GraphSet(manifest), PROMPTS, 16, 3, "select", p=0.6)
+    for name in ("verify_select_k3", "verify_mtp_k3"):  # the two-Run and the one-Run step's verify
+        verify = manifest.graphs[name]
+        verify["cpu"] = {"file": verify["file"], "weights": verify["weights"]}
+    for fused in (True, False):
+        with pytest.raises(ExactnessError, match="target state recurrent"):
+            check_speculative(GraphSet(manifest), PROMPTS, 16, 3, "select", p=0.6, fused_verify=fused)
+
+
+def test_cpu_and_portable_graphs_agree_on_tokens(models):
+    """Two formulations of one model: the same greedy tokens on these prompts (they differ in
+    the last bits of a state, not in what the model says)."""
+    manifest = Manifest.load(models.converted("base"))
+    cpu, _ = plain_decode_states(GraphSet(manifest), PROMPTS, 12, 1)
+    for entry in manifest.graphs.values():
+        del entry["cpu"]
+    portable, _ = plain_decode_states(GraphSet(manifest), PROMPTS, 12, 1)
+    assert portable == cpu
