@@ -21,9 +21,12 @@ E(k) / cost(rows, k). Both are measured while generating:
 
 So the chooser tries a k in runs of RUN_STEPS steps, whose inner steps are steady: until every
 k has MIN_SAMPLES times at a row count it runs the k with the fewest; after that, every
-PROBE_EVERY steps at that row count it runs a neighbour of its choice again (k-1 and k+1 in
-turn), so that a k that became better (the text grew predictable, the KV window grew) is found,
-and an acceptance that was only measured at small k is measured deeper.
+PROBE_EVERY steps at that row count it runs another k again, each in turn, nearest to its
+choice first, so that a k that became better (the text grew predictable, the KV window grew) is
+found, a cost first measured on a cold or busy machine is measured again (k = 0 included: on a
+CPU it measured 1.42 ms per step in the first call against 1.2 later, and a chooser that only
+re-tried neighbours of k = 4 never saw it again), and an acceptance that was only measured at
+small k is measured deeper.
 
 k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps the target's
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
@@ -45,7 +48,7 @@ import numpy as np
 MIN_SAMPLES = 3  # timed steps per (row count, k) before the chooser trusts its cost (a median of 3 outlasts one outlier)
 WINDOW = 8  # step times kept per (row count, k); their median is the cost
 RUN_STEPS = MIN_SAMPLES + 2  # a trial of one k: its first and last steps border another k, the rest are steady
-PROBE_EVERY = 64  # steps between trials of a neighbour of the chosen k
+PROBE_EVERY = 64  # steps between trials of another k than the chosen one (each k in turn, nearest first)
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
 
@@ -56,23 +59,31 @@ def row_bucket(rows: int) -> int:
 
 
 class KChooser:
-    """Chooses k per step (``choose``) from what ``record_time`` and ``record_accepts`` measured."""
+    """Chooses k per step (``choose``) from what ``record_time`` and ``record_accepts`` measured.
+    choose runs inside every step, so it reads costs and expected tokens kept up to date by the
+    records (a few microseconds), not recomputed from the samples."""
 
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
         self._lock = threading.Lock()
         self._times: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> recent steady step seconds
+        self._costs: dict[tuple[int, int], float] = {}  # (bucket, k) -> their median, once MIN_SAMPLES exist
         self._trials: dict[int, list[int]] = {}  # bucket -> the k of the trial running there, one per step left
         self._steps: dict[int, int] = {}  # bucket -> choices made there
-        self._probes: dict[int, int] = {}  # bucket -> trials of a neighbour made there (odd: k+1 next, even: k-1)
+        self._probes: dict[int, int] = {}  # bucket -> trials made there after every k was timed
         self._tried = np.zeros(max_k + 1)  # [K+1], index i: row-steps that tried draft i (decayed)
         self._kept = np.zeros(max_k + 1)  # [K+1], index i: row-steps that accepted draft i (decayed)
+        self._expected = self._expected_tokens()  # [K+1] E(k), kept in step with the counts
 
     # -- measurements ----------------------------------------------------------------------
     def record_time(self, rows: int, k: int, seconds: float) -> None:
         """One steady step's seconds (the module docstring says which steps are)."""
+        key = (row_bucket(rows), k)
         with self._lock:
-            self._times.setdefault((row_bucket(rows), k), collections.deque(maxlen=WINDOW)).append(seconds)
+            times = self._times.setdefault(key, collections.deque(maxlen=WINDOW))
+            times.append(seconds)
+            if len(times) >= MIN_SAMPLES:
+                self._costs[key] = statistics.median(times)
 
     def record_accepts(self, accepted: np.ndarray, k: int) -> None:
         """accepted [rows]: the accept lengths of one speculative step's live rows, of k drafts."""
@@ -86,45 +97,43 @@ class KChooser:
         with self._lock:
             self._tried = self._tried * decay + tried.sum(0)
             self._kept = self._kept * decay + kept.sum(0)
+            self._expected = self._expected_tokens()
 
     # -- the model -------------------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
         """[K] ai for i = 1..K: the rate draft i is accepted when drafts 1..i-1 were."""
-        with self._lock:
-            return ((self._kept + 0.5 * PRIOR_ROW_STEPS) / (self._tried + PRIOR_ROW_STEPS))[1:]
+        return ((self._kept + 0.5 * PRIOR_ROW_STEPS) / (self._tried + PRIOR_ROW_STEPS))[1:]
+
+    def _expected_tokens(self) -> list[float]:
+        return [1.0] + [float(e) for e in 1.0 + np.cumsum(np.cumprod(self.acceptance()))]
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a request gains per step with k drafts."""
-        return float(1.0 + np.cumprod(self.acceptance()[:k]).sum())
+        return self._expected[k]
 
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
-        with self._lock:
-            times = self._times.get((row_bucket(rows), k))
-            return statistics.median(times) if times and len(times) >= MIN_SAMPLES else None
+        return self._costs.get((row_bucket(rows), k))
 
     def choose(self, rows: int) -> int:
         """The k of the next step over this many rows (the module docstring says how)."""
         bucket = row_bucket(rows)
-        costs = [self.cost(rows, k) for k in range(self.max_k + 1)]
         with self._lock:
-            self._steps[bucket] = self._steps.get(bucket, 0) + 1
+            steps = self._steps[bucket] = self._steps.get(bucket, 0) + 1
             trial = self._trials.get(bucket)
             if trial:
                 return trial.pop()
-            untimed = [k for k, c in enumerate(costs) if c is None]
-            if untimed:
+            costs = [self._costs.get((bucket, k)) for k in range(self.max_k + 1)]
+            if None in costs:
+                untimed = [k for k, c in enumerate(costs) if c is None]
                 return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
-            probe = self._steps[bucket] % PROBE_EVERY == 0
-            if probe:
-                self._probes[bucket] = self._probes.get(bucket, 0) + 1
-        best = max(range(self.max_k + 1), key=lambda k: self.expected_tokens(k) / costs[k])
-        if not probe:
-            return best
-        step = 1 if self._probes[bucket] % 2 else -1
-        neighbour = best + step if 0 <= best + step <= self.max_k else best - step
-        with self._lock:
-            return self._start_trial(bucket, min(max(neighbour, 0), self.max_k))
+            expected = self._expected
+            best = max(range(self.max_k + 1), key=lambda k: expected[k] / costs[k])
+            if steps % PROBE_EVERY:
+                return best
+            self._probes[bucket] = probe = self._probes.get(bucket, 0) + 1
+            others = sorted((k for k in range(self.max_k + 1) if k != best), key=lambda k: (abs(k - best), k))
+            return self._start_trial(bucket, others[(probe - 1) % len(others)])
 
     def _start_trial(self, bucket: int, k: int) -> int:
         """(under the lock) RUN_STEPS steps of k from now: this one and RUN_STEPS - 1 more."""
@@ -136,10 +145,11 @@ class KChooser:
         expected tokens per k, and per row count the median step milliseconds per k."""
         with self._lock:
             times = {key: statistics.median(t) for key, t in self._times.items() if t}
+            acceptance, expected = self.acceptance(), list(self._expected)
         buckets = sorted({b for b, _ in times})
         return {
-            "acceptance_by_depth": [round(float(a), 4) for a in self.acceptance()],
-            "expected_tokens": [round(self.expected_tokens(k), 3) for k in range(self.max_k + 1)],
+            "acceptance_by_depth": [round(float(a), 4) for a in acceptance],
+            "expected_tokens": [round(e, 3) for e in expected],
             "step_ms": {b: {k: round(times[(b, k)] * 1e3, 3) for k in range(self.max_k + 1) if (b, k) in times}
                         for b in buckets},
         }
