@@ -26,7 +26,9 @@ choice first, so that a k that became better (the text grew predictable, the KV 
 found, a cost first measured on a cold or busy machine is measured again (k = 0 included: on a
 CPU it measured 1.42 ms per step in the first call against 1.2 later, and a chooser that only
 re-tried neighbours of k = 4 never saw it again), and an acceptance that was only measured at
-small k is measured deeper.
+small k is measured deeper. Only one probe slot in FAR_PROBES goes to every k in turn; the others
+go to the ks estimated within NEAR x the best's tokens per second (none: no probe), so a k far
+behind costs RUN_STEPS of every PROBE_EVERY * FAR_PROBES * K steps, not of every PROBE_EVERY * K.
 
 k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps the target's
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
@@ -49,6 +51,7 @@ MIN_SAMPLES = 3  # timed steps per (row count, k) before the chooser trusts its 
 WINDOW = 8  # step times kept per (row count, k); their median is the cost
 RUN_STEPS = MIN_SAMPLES + 2  # a trial of one k: its first and last steps border another k, the rest are steady
 PROBE_EVERY = 64  # steps between trials of another k than the chosen one (each k in turn, nearest first)
+NEAR, FAR_PROBES = 0.8, 4  # a k slower than NEAR x the best's tokens/s is tried in one probe slot of FAR_PROBES
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
 
@@ -132,8 +135,12 @@ class KChooser:
             if steps % PROBE_EVERY:
                 return best
             self._probes[bucket] = probe = self._probes.get(bucket, 0) + 1
+            rate = expected[best] / costs[best]
             others = sorted((k for k in range(self.max_k + 1) if k != best), key=lambda k: (abs(k - best), k))
-            return self._start_trial(bucket, others[(probe - 1) % len(others)])
+            if probe % FAR_PROBES:  # most probe slots go to a k within reach of the best, in turn
+                near = [k for k in others if expected[k] / costs[k] >= NEAR * rate]
+                return self._start_trial(bucket, near[(probe - 1) % len(near)]) if near else best
+            return self._start_trial(bucket, others[(probe // FAR_PROBES - 1) % len(others)])  # every k, in turn
 
     def _start_trial(self, bucket: int, k: int) -> int:
         """(under the lock) RUN_STEPS steps of k from now: this one and RUN_STEPS - 1 more."""
