@@ -45,9 +45,9 @@ class DeviceVerify:
         self.last_start = self.graphs.manifest.max_length - (k + 1)
         self._key = SlotKey(self.graph, k + 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, k+1]
         shape = (len(rows), k + 1)
-        self._own = {"input_ids": self.arrays.zeros(shape, np.int64), "positions": self.arrays.zeros(shape, np.int64)}
-        self._verified = self.arrays.zeros(shape, np.int64)  # [B, k+1]: the positions a step commits at
-        self._counts = self.arrays.zeros((len(rows),), np.int64)  # [B]: a + 1
+        self._own = {name: target.control_buffer(name, rows, shape) for name in ("input_ids", "positions")}
+        self._verified = target.control_buffer("verified", rows, shape)  # [B, k+1]: the positions a step commits at
+        self._counts = target.control_buffer("counts", rows, (len(rows),))  # [B]: a + 1
         self._readbacks = StepReadbacks(self.arrays, (len(rows), 2 * k + 2), np.int64)
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
 
