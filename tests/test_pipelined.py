@@ -100,17 +100,12 @@ def test_a_request_may_fill_max_length(models):
     assert piped == plain and len(piped[0]) == graphs.manifest.max_length - len(long)
 
 
-def test_the_captured_slot_path_equals_the_plain_loop(models, monkeypatch):
-    """DeviceDecode's CUDA path (next inputs written into a captured slot's static buffers, the
-    positions advanced where they live, the KV commit reading them) run on the CPU over a
-    stand-in slot table that loads each run's host inputs into the static buffers, as
-    CapturedSlot.load_inputs does; with a request parked at max_length."""
-    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
-    long = list(np.arange(200) % 300 + 1)
-    specs = [(long, graphs.manifest.max_length - len(long), ()), (PROMPTS[1], 70, ()), (PROMPTS[2], 9, ())]
-    plain, _ = decode(graphs, specs, pipelined=False)
+def stand_in_static_inputs(monkeypatch, graphs, graph: str) -> dict:
+    """On the CPU, a slot table for ``graph``'s runs: each run with a slot key loads its host
+    input_ids and positions into static buffers of that key (as CapturedSlot.load_inputs does), which
+    ``slots.static_input`` hands out. Returns the table {key: {name: buffer}}."""
     statics: dict = {}
-    runner = graphs["decode"]
+    runner = graphs[graph]
     run = runner.run
 
     def run_with_static_inputs(feeds, slot=None, wait=True):
@@ -123,6 +118,19 @@ def test_the_captured_slot_path_equals_the_plain_loop(models, monkeypatch):
 
     monkeypatch.setattr(runner, "run", run_with_static_inputs)
     monkeypatch.setattr(graphs.slots, "static_input", lambda key, name: statics.get(key, {}).get(name))
+    return statics
+
+
+def test_the_captured_slot_path_equals_the_plain_loop(models, monkeypatch):
+    """DeviceDecode's CUDA path (next inputs written into a captured slot's static buffers, the
+    positions advanced where they live, the KV commit reading them) run on the CPU over a
+    stand-in slot table that loads each run's host inputs into the static buffers, as
+    CapturedSlot.load_inputs does; with a request parked at max_length."""
+    graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
+    long = list(np.arange(200) % 300 + 1)
+    specs = [(long, graphs.manifest.max_length - len(long), ()), (PROMPTS[1], 70, ()), (PROMPTS[2], 9, ())]
+    plain, _ = decode(graphs, specs, pipelined=False)
+    statics = stand_in_static_inputs(monkeypatch, graphs, "decode")
     piped, _ = decode(graphs, specs, pipelined=True)
     assert statics and piped == plain
 
@@ -161,7 +169,7 @@ def test_where_it_does_not_apply_the_plain_loop_runs(models, graphs):
     assert session.generate(PROMPTS, **sampled, pipelined=True) == session.generate(PROMPTS, **sampled)
     assert session.stats["pipelined_steps"] == 0
     speculative = Decoder(graphs, 3, 2, "select", Stats(), fixed_rows=True, pipelined=True)
-    assert speculative.pipelined is None
+    assert not isinstance(speculative.pipelined, PipelinedGreedy)  # k >= 1: test_pipelined_speculation.py
 
 
 @pytest.mark.parametrize("shared_stream,expected", [(True, True), (False, False)])

@@ -9,8 +9,9 @@ subcommands replace the former scripts: check (tools/gpu_check.py), batch
 tokens); each makes the checks and measurements its script made. Four have no former script:
 exact (float16/bfloat16 identity in exact mode, and its cost), agree (LARGE with drafts
 scripted to agree with the target at a set rate: speculation's speed-up and efficiency at 1B),
-stream_probe (the plain greedy loop against replays on an ortspec stream) and greedy_loop (the
-pipelined greedy loop against the plain one: tokens, states, speed). Every subcommand takes
+stream_probe (the plain greedy loop against replays on an ortspec stream), greedy_loop (the
+pipelined greedy loop against the plain one: tokens, states, speed) and spec_loop (the pipelined
+speculative loop against the plain one, k = 1..4: tokens, states, speed). Every subcommand takes
 --json FILE for its results; a failed identity check makes the exit status 1.
 """
 
@@ -30,7 +31,7 @@ from ortspec.cli import HelpFormatter  # noqa: E402  (after the path: the tree's
 SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scale": "scale",
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
                "soak": "soak", "exact": "exact", "agree": "agree", "stream_probe": "stream_probe",
-               "greedy_loop": "greedy_loop"}
+               "greedy_loop": "greedy_loop", "spec_loop": "spec_loop"}
 
 
 def subcommand_module(name: str):

@@ -317,6 +317,45 @@ void advance_decode_inputs(const TensorRef& tokens, const TensorRef& ids, const 
 #endif
 }
 
+void advance_speculative_inputs(const TensorRef& step_ids, const TensorRef& ids, const TensorRef& positions,
+                                const TensorRef& verified, const TensorRef& counts, std::int64_t last_start,
+                                std::uintptr_t stream) {
+  const char* op = "advance_speculative_inputs";
+  NamedTensor step_ids_arg{"step_ids", step_ids}, ids_arg{"ids", ids}, positions_arg{"positions", positions},
+      verified_arg{"verified", verified}, counts_arg{"counts", counts};
+  for (const NamedTensor& arg : {step_ids_arg, ids_arg, positions_arg, verified_arg, counts_arg}) {
+    require_dtype(op, arg, DType::kInt64);
+  }
+  require_rank(op, ids_arg, 2, "[B, k+1]");
+  const std::int64_t batch = ids.shape[0], k = ids.shape[1] - 1;
+  if (k < 1) {
+    throw std::invalid_argument(std::string(op) + ": ids must be [B, k+1] with k >= 1, got " +
+                                shape_to_string(ids.shape));
+  }
+  require_shape(op, step_ids_arg, {batch, 2 * k + 2}, "[B, 2k+2]");
+  require_shape(op, positions_arg, {batch, k + 1}, "[B, k+1]");
+  require_shape(op, verified_arg, {batch, k + 1}, "[B, k+1]");
+  require_shape(op, counts_arg, {batch}, "[B]");
+  if (last_start < 0) {
+    throw std::invalid_argument(std::string(op) + ": last_start must be >= 0, got " + std::to_string(last_start));
+  }
+  Device device = require_one_device(op, {step_ids_arg, ids_arg, positions_arg, verified_arg, counts_arg});
+  if (!device.is_cuda()) {
+    cpu::advance_speculative_inputs(step_ids.as<std::int64_t>(), ids.as<std::int64_t>(),
+                                    positions.as<std::int64_t>(), verified.as<std::int64_t>(),
+                                    counts.as<std::int64_t>(), batch, k, last_start);
+    return;
+  }
+#ifdef ORTSPEC_WITH_CUDA
+  cuda::advance_speculative_inputs(step_ids.as<std::int64_t>(), ids.as<std::int64_t>(),
+                                   positions.as<std::int64_t>(), verified.as<std::int64_t>(),
+                                   counts.as<std::int64_t>(), batch, k, last_start, device.index, stream);
+#else
+  (void)stream;
+  unreachable_cuda();
+#endif
+}
+
 std::string take_kernel_error(Device device, std::uintptr_t stream) {
   if (!device.is_cuda()) return "";
 #ifdef ORTSPEC_WITH_CUDA

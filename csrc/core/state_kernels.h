@@ -18,6 +18,11 @@
 //   advance_decode_inputs  tokens, ids, positions int64[B,1], last_position:
 //                          ids[b] = tokens[b]; positions[b] = min(positions[b] + 1, last_position)
 //                          (the next decode step's inputs, made on the device)
+//   advance_speculative_inputs  step_ids int64[B,2k+2] (tokens g_0..g_k | accepted a | drafts),
+//                          ids, positions, verified int64[B,k+1], counts int64[B], last_start:
+//                          counts[b] = a + 1; verified[b] = positions[b] (what the commit writes at);
+//                          ids[b] = [g_a, drafts]; positions[b, j] = min(T + a + 1, last_start) + j
+//                          with T = positions[b, 0] (the next speculative step's inputs, on the device)
 //
 // Each entry point checks devices, dtypes and shapes (DTypeError or
 // std::invalid_argument naming the function and argument), then runs the CPU
@@ -65,6 +70,14 @@ void gather_rows(const TensorRef& src, const TensorRef& index, const TensorRef& 
 void advance_decode_inputs(const TensorRef& tokens, const TensorRef& ids, const TensorRef& positions,
                            std::int64_t last_position, std::uintptr_t stream = 0);
 
+// The next speculative step's inputs and this step's commit counts without the host, from the
+// step_ids a verify_mtp_k{k} run wrote (module comment above). A row whose accepted length is
+// outside 0..k: the CPU throws before anything is written; CUDA records it, leaves that row's ids
+// and positions as they were and sets its count to 0 (the commit then writes nothing for it).
+void advance_speculative_inputs(const TensorRef& step_ids, const TensorRef& ids, const TensorRef& positions,
+                                const TensorRef& verified, const TensorRef& counts, std::int64_t last_start,
+                                std::uintptr_t stream = 0);
+
 // The first error a CUDA state kernel recorded on `device` since the last call
 // ("" when none; always "" for the CPU). Synchronizes `stream`.
 std::string take_kernel_error(Device device, std::uintptr_t stream = 0);
@@ -86,6 +99,10 @@ void gather_rows(const void* src, const std::int64_t* index, void* dst, std::int
 // tokens, ids, positions [B].
 void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::int64_t* positions,
                            std::int64_t batch, std::int64_t last_position);
+// step_ids [B, 2k+2], ids / positions / verified [B, k+1], counts [B].
+void advance_speculative_inputs(const std::int64_t* step_ids, std::int64_t* ids, std::int64_t* positions,
+                                std::int64_t* verified, std::int64_t* counts, std::int64_t batch,
+                                std::int64_t k, std::int64_t last_start);
 
 }  // namespace cpu
 }  // namespace ortspec

@@ -100,4 +100,34 @@ void advance_decode_inputs(const std::int64_t* tokens,  // [B]
   }
 }
 
+void advance_speculative_inputs(const std::int64_t* step_ids,  // [B, 2k+2]: g_0..g_k | a | d_1..d_k
+                                std::int64_t* ids,              // [B, k+1]
+                                std::int64_t* positions,        // [B, k+1]
+                                std::int64_t* verified,         // [B, k+1]
+                                std::int64_t* counts,           // [B]
+                                std::int64_t batch, std::int64_t k, std::int64_t last_start) {
+  const std::int64_t width = 2 * k + 2;
+  for (std::int64_t b = 0; b < batch; ++b) {  // check every row before writing any
+    const std::int64_t accepted = step_ids[b * width + k + 1];
+    if (accepted < 0 || accepted > k) {
+      throw std::invalid_argument("advance_speculative_inputs: step_ids[" + std::to_string(b) + ", " +
+                                  std::to_string(k + 1) + "] (the accept length) = " +
+                                  std::to_string(accepted) + " is out of range 0..k=" + std::to_string(k) +
+                                  "; nothing was written");
+    }
+  }
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t* row = step_ids + b * width;
+    const std::int64_t accepted = row[k + 1];
+    const std::int64_t start = std::min(positions[b * (k + 1)] + accepted + 1, last_start);
+    counts[b] = accepted + 1;
+    ids[b * (k + 1)] = row[accepted];  // the bonus g_a
+    for (std::int64_t j = 0; j <= k; ++j) {
+      verified[b * (k + 1) + j] = positions[b * (k + 1) + j];
+      positions[b * (k + 1) + j] = start + j;
+      if (j < k) ids[b * (k + 1) + 1 + j] = row[k + 2 + j];  // the head's drafts d_1..d_k
+    }
+  }
+}
+
 }  // namespace ortspec::cpu

@@ -119,6 +119,12 @@ void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::i
                            std::int64_t batch, std::int64_t last_position, int device,
                            std::uintptr_t stream);
 
+// core/state_kernels.h's advance_speculative_inputs, one thread per batch row; an accept length
+// outside 0..k is recorded (that row: ids and positions unchanged, count 0).
+void advance_speculative_inputs(const std::int64_t* step_ids, std::int64_t* ids, std::int64_t* positions,
+                                std::int64_t* verified, std::int64_t* counts, std::int64_t batch,
+                                std::int64_t k, std::int64_t last_start, int device, std::uintptr_t stream);
+
 // One byte copy of copy_many: dst, src and nbytes all multiples of 16 bytes.
 struct ByteCopy {
   void* dst;

@@ -28,6 +28,7 @@ enum KernelId : int {
   kWriteRowsCount = 4,
   kWriteRowsPosition = 5,
   kGatherRows = 6,
+  kAdvanceSpeculative = 7,
 };
 
 struct KernelErrorRecord {
@@ -219,6 +220,33 @@ __global__ void advance_decode_inputs_kernel(const long long* tokens, long long*
   positions[b] = min(positions[b] + 1, last_position);
 }
 
+// ---- advance_speculative_inputs: one thread per batch row (k+1 <= a few columns) -------
+__global__ void advance_speculative_inputs_kernel(const long long* step_ids, long long* ids, long long* positions,
+                                                  long long* verified, long long* counts, long long batch,
+                                                  long long k, long long last_start) {
+  long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (b >= batch) return;
+  const long long* row = step_ids + b * (2 * k + 2);
+  long long* ids_row = ids + b * (k + 1);
+  long long* positions_row = positions + b * (k + 1);
+  long long* verified_row = verified + b * (k + 1);
+  const long long accepted = row[k + 1];
+  const long long first = positions_row[0];
+  for (long long j = 0; j <= k; ++j) verified_row[j] = positions_row[j];
+  if (accepted < 0 || accepted > k) {
+    record_kernel_error(kAdvanceSpeculative, b, accepted, k + 1, k + 1);
+    counts[b] = 0;
+    return;
+  }
+  const long long start = min(first + accepted + 1, last_start);
+  counts[b] = accepted + 1;
+  ids_row[0] = row[accepted];  // the bonus g_a
+  for (long long j = 0; j <= k; ++j) {
+    positions_row[j] = start + j;
+    if (j < k) ids_row[1 + j] = row[k + 2 + j];  // the head's drafts d_1..d_k
+  }
+}
+
 std::string describe_kernel_error(const KernelErrorRecord& record) {
   std::string row = std::to_string(record.row);
   std::string value = std::to_string(record.value);
@@ -291,6 +319,18 @@ void advance_decode_inputs(const std::int64_t* tokens, std::int64_t* ids, std::i
       reinterpret_cast<const long long*>(tokens), reinterpret_cast<long long*>(ids),
       reinterpret_cast<long long*>(positions), batch, last_position);
   check_launch("advance_decode_inputs");
+}
+
+void advance_speculative_inputs(const std::int64_t* step_ids, std::int64_t* ids, std::int64_t* positions,
+                                std::int64_t* verified, std::int64_t* counts, std::int64_t batch,
+                                std::int64_t k, std::int64_t last_start, int device, std::uintptr_t stream) {
+  if (batch == 0) return;
+  DeviceGuard guard(device);
+  advance_speculative_inputs_kernel<<<blocks_for(batch), kThreadsPerBlock, 0, as_stream(stream)>>>(
+      reinterpret_cast<const long long*>(step_ids), reinterpret_cast<long long*>(ids),
+      reinterpret_cast<long long*>(positions), reinterpret_cast<long long*>(verified),
+      reinterpret_cast<long long*>(counts), batch, k, last_start);
+  check_launch("advance_speculative_inputs");
 }
 
 void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintptr_t stream) {

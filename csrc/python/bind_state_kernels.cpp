@@ -189,6 +189,34 @@ tokens, ids, positions int64[B, 1] on one device; last_position >= 0 (max_length
 finished row that keeps running stays parked inside the buffers).)doc");
 
   module.def(
+      "advance_speculative_inputs",
+      [](py::handle step_ids, py::handle ids, py::handle positions, py::handle verified, py::handle counts,
+         std::int64_t last_start, py::handle stream) {
+        const char* op = "advance_speculative_inputs";
+        TensorRef step_ids_ref = tensor_arg(step_ids, op, "step_ids", false);
+        TensorRef ids_ref = tensor_arg(ids, op, "ids", true);
+        TensorRef positions_ref = tensor_arg(positions, op, "positions", true);
+        TensorRef verified_ref = tensor_arg(verified, op, "verified", true);
+        TensorRef counts_ref = tensor_arg(counts, op, "counts", true);
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        advance_speculative_inputs(step_ids_ref, ids_ref, positions_ref, verified_ref, counts_ref, last_start,
+                                   stream_handle);
+      },
+      py::arg("step_ids"), py::arg("ids"), py::arg("positions"), py::arg("verified"), py::arg("counts"),
+      py::arg("last_start"), py::arg("stream") = 0,
+      R"doc(A speculative step's control without the host, from the step_ids [B, 2k+2] a
+verify_mtp_k{k} run wrote (tokens g_0..g_k | accept length a | drafts d_1..d_k):
+counts[b] = a + 1 and verified[b] = positions[b] (this step's commit: KV rows 0..a at the
+positions it verified); then the next step's inputs in place: ids[b] = [g_a, d_1..d_k],
+positions[b, j] = min(positions[b, 0] + a + 1, last_start) + j.
+
+ids, positions, verified int64[B, k+1] (k >= 1), counts int64[B], all on one device;
+last_start >= 0 (max_length - k - 1: a finished row that keeps running stays inside the
+buffers). An a outside 0..k raises ValueError on the CPU (nothing written); on CUDA that
+row's ids and positions are left unchanged, its count is 0, and check_device_errors() raises.)doc");
+
+  module.def(
       "check_device_errors",
       [](int device_index, py::handle stream) {
         std::uintptr_t stream_handle = stream_arg(stream);

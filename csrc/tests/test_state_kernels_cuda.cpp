@@ -338,6 +338,41 @@ void test_advance_decode_inputs_match_cpu() {
   CHECK((want_positions == Tokens{6, 63, 63}));
 }
 
+// advance_speculative_inputs on the device equals the CPU reference (k = 2: a = 0, 2, and a row
+// parked at last_start); an accept length out of range is recorded, its row left unchanged.
+void test_advance_speculative_inputs_match_cpu() {
+  ortspec::PersistentBuffers device(kGpu);
+  Tokens step_ids{10, 11, 12, 0, 20, 21,   // a = 0: bonus g_0 = 10
+                  30, 31, 32, 2, 40, 41,   // a = 2: bonus g_2 = 32
+                  50, 51, 52, 1, 60, 61};  // a = 1, parked at last_start = 61
+  Tokens ids(9, 0), positions{5, 6, 7, 9, 10, 11, 60, 61, 62}, verified(9, -1), counts(3, -1);
+  Tokens want_ids = ids, want_positions = positions, want_verified = verified, want_counts = counts;
+  ortspec::cpu::advance_speculative_inputs(step_ids.data(), want_ids.data(), want_positions.data(),
+                                           want_verified.data(), want_counts.data(), 3, 2, 61);
+  CHECK((want_ids == Tokens{10, 20, 21, 32, 40, 41, 51, 60, 61}));
+  CHECK((want_positions == Tokens{6, 7, 8, 12, 13, 14, 61, 62, 63}));
+  CHECK((want_counts == Tokens{1, 3, 2}) && want_verified == positions);
+  Buffer step_ids_gpu = to_device(device, "step_ids", step_ids, DType::kInt64, {3, 6});
+  Buffer ids_gpu = to_device(device, "ids", ids, DType::kInt64, {3, 3});
+  Buffer positions_gpu = to_device(device, "positions", positions, DType::kInt64, {3, 3});
+  Buffer verified_gpu = to_device(device, "verified", verified, DType::kInt64, {3, 3});
+  Buffer counts_gpu = to_device(device, "counts", counts, DType::kInt64, {3});
+  ortspec::advance_speculative_inputs(step_ids_gpu.ref(), ids_gpu.ref(), positions_gpu.ref(), verified_gpu.ref(),
+                                      counts_gpu.ref(), 61);
+  CHECK(to_host<std::int64_t>(ids_gpu) == want_ids);
+  CHECK(to_host<std::int64_t>(positions_gpu) == want_positions);
+  CHECK(to_host<std::int64_t>(verified_gpu) == want_verified);
+  CHECK(to_host<std::int64_t>(counts_gpu) == want_counts);
+  CHECK(ortspec::take_kernel_error(kGpu).empty());
+  step_ids[3] = 3;  // row 0 accepts 3 > k = 2
+  Buffer bad = to_device(device, "bad", step_ids, DType::kInt64, {3, 6});
+  Tokens before = to_host<std::int64_t>(ids_gpu);
+  ortspec::advance_speculative_inputs(bad.ref(), ids_gpu.ref(), positions_gpu.ref(), verified_gpu.ref(),
+                                      counts_gpu.ref(), 61);
+  CHECK(to_host<std::int64_t>(counts_gpu)[0] == 0 && to_host<std::int64_t>(ids_gpu)[0] == before[0]);
+  CHECK(ortspec::take_kernel_error(kGpu).find("step_ids[0, 3] (the accept length) = 3") != std::string::npos);
+}
+
 // The pipelined greedy loop's pieces: kernels on an ortspec Stream, a device-to-device copy
 // feeding the next input, a copy into page-locked memory read after an Event.
 void test_stream_event_and_pinned_readback() {
@@ -384,6 +419,7 @@ int run_state_kernel_cuda_tests() {
   test_stream_event_and_pinned_readback();
   test_copy_buffers_in_one_launch();
   test_advance_decode_inputs_match_cpu();
+  test_advance_speculative_inputs_match_cpu();
   return 0;
 }
 

@@ -100,6 +100,21 @@ class HostArrays:
         ids[...] = tokens
         np.minimum(positions + 1, last_position, out=positions)
 
+    def advance_speculative_inputs(self, step_ids, ids, positions, verified, counts, last_start: int) -> None:
+        """From a verify_mtp_k{k} run's step_ids [B, 2k+2] (g_0..g_k | a | d_1..d_k): this step's
+        commit, counts [B] = a + 1 at verified [B, k+1] = positions; then the next step's inputs
+        in place, ids [B, k+1] = [g_a, d_1..d_k] and positions = min(T + a + 1, last_start) + 0..k."""
+        k = ids.shape[1] - 1
+        accepted = step_ids[:, k + 1]  # [B]
+        if ((accepted < 0) | (accepted > k)).any():
+            raise ValueError(f"advance_speculative_inputs: accept lengths {accepted.tolist()} outside 0..k={k}; "
+                             "nothing was written")
+        verified[...] = positions
+        counts[...] = accepted + 1
+        ids[:, 0] = step_ids[np.arange(len(ids)), accepted]  # the bonus g_a
+        ids[:, 1:] = step_ids[:, k + 2:]
+        positions[...] = np.minimum(positions[:, :1] + accepted[:, None] + 1, last_start) + np.arange(k + 1)
+
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b]."""
         for b in range(cache.shape[0]):
@@ -266,6 +281,9 @@ class CudaArrays:
 
     def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
         self.native.advance_decode_inputs(tokens, ids, positions, last_position, self.stream)
+
+    def advance_speculative_inputs(self, step_ids, ids, positions, verified, counts, last_start: int) -> None:
+        self.native.advance_speculative_inputs(step_ids, ids, positions, verified, counts, last_start, self.stream)
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         positions = self._index(positions)

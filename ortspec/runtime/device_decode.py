@@ -24,6 +24,7 @@ import numpy as np
 from .graph_slots import SlotKey
 from .model import TargetModel, attention_window
 from .states import Rows
+from .streams import StepReadbacks
 
 GRAPH = "decode"
 
@@ -36,7 +37,7 @@ class DeviceDecode:
         self.arrays = self.graphs.arrays
         self.last_position = self.graphs.manifest.max_length - 1
         self._key = SlotKey(GRAPH, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
-        self._readbacks = [self.arrays.readback((len(rows), 1), np.int64) for _ in range(2)]
+        self._readbacks = StepReadbacks(self.arrays, (len(rows), 1), np.int64)
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
 
     def step(self, n: int, ids, positions) -> dict:
@@ -48,7 +49,7 @@ class DeviceDecode:
         out = self.graphs[GRAPH].run(feeds, slot=self._key, wait=False)
         static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run
         self.target.states.advance(out, self.rows, positions if static is None else static)
-        self._readbacks[n % 2].start(out["tokens"])
+        self._readbacks.start(n, out["tokens"])
         self._outputs[n % 2] = out
         return out
 
@@ -66,9 +67,10 @@ class DeviceDecode:
 
     def tokens(self, n: int) -> np.ndarray:
         """int64 [B]: the argmax of step n, once it is on the host."""
-        return self._readbacks[n % 2].wait()[:, 0]
+        return self._readbacks.wait(n)[:, 0]
 
     def close(self) -> None:
         """Frees the page-locked memory and events (under the device lock: freeing page-locked
         memory may synchronise the device, which no thread may do while another captures a graph)."""
-        self._readbacks, self._outputs = [], [None, None]
+        self._readbacks.close()
+        self._outputs = [None, None]

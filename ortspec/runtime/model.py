@@ -101,6 +101,7 @@ class TargetModel:
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
         self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
         self._slot_ids = {0: self.engine}  # first row of a bound row range -> the id its graph slots use
+        self._control: dict = {}  # (name, first row, shape) -> an int64 buffer of a loop's step control
 
     def slot_id(self, rows: Rows) -> int:
         """The engine id of the slot keys of a forward over these rows: the model's own for rows
@@ -109,6 +110,16 @@ class TargetModel:
         if first not in self._slot_ids:
             self._slot_ids[first] = self.graphs.slots.new_engine_id()
         return self._slot_ids[first]
+
+    def control_buffer(self, name: str, rows: Rows, shape: tuple):
+        """A persistent int64 buffer named ``name`` for a step's control over these rows (the next
+        inputs and commit counts a loop ahead of the GPU makes on the device), made once per name,
+        first row and shape: device pool memory is not handed back before Session.close, so a buffer
+        per generate call would grow without bound."""
+        key = (name, int(rows.indices[0]), tuple(shape))
+        if key not in self._control:
+            self._control[key] = self.graphs.arrays.zeros(shape, np.int64)
+        return self._control[key]
 
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
@@ -179,8 +190,9 @@ class TargetModel:
         self.states.restore(snap, rows, lengths)
 
     def release(self) -> None:
-        """Drops the state and hand-over buffers (Session.close), even while stale objects still hold this model."""
+        """Drops the state, control and hand-over buffers (Session.close), even while stale objects still hold this model."""
         self.states.release()
+        self._control.clear()
         for hand_over in self.hand_overs:
             hand_over.release()
 

@@ -237,9 +237,11 @@ class StateSet:
         for arrays, layers in self._layers_by_device:
             arrays.copy_many([rows.take(arrays, s.buffer) for s in layers], [outputs[s.out_name] for s in layers])
 
-    def select(self, outputs, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
-        """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a."""
-        self.write(outputs, rows, positions, counts=accepted + 1)
+    def select(self, outputs, rows: Rows, positions: np.ndarray, accepted, counts=None) -> None:
+        """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a.
+        counts: accepted + 1, where the caller has it already (a device buffer: the loop that runs
+        ahead of the GPU never has the accept lengths on the host; ``runtime.device_verify``)."""
+        self.write(outputs, rows, positions, counts=accepted + 1 if counts is None else counts)
         if rows.slice is None:
             for layer in self.layers:
                 layer.select_window(outputs[layer.window_name], rows, accepted)

@@ -16,7 +16,8 @@ legacy stream 0, a synchronisation before every Run, and no pipelined greedy loo
 ``Readback`` (CUDA) / ``HostReadback`` (CPU): a small result copied to the host without
 waiting. ``start(buffer)`` enqueues a copy into page-locked memory behind an event and returns
 at once; ``wait()`` blocks until that copy has landed. A loop that starts step n's copy, then
-enqueues step n+1, then waits for step n reads every result a step late while the GPU works.
+enqueues step n+1, then waits for step n reads every result a step late while the GPU works;
+``StepReadbacks`` holds the two such copies that loop needs (steps n and n+1 in flight).
 """
 
 from __future__ import annotations
@@ -75,3 +76,22 @@ class HostReadback:
 
     def wait(self) -> np.ndarray:
         return self._value
+
+
+class StepReadbacks:
+    """A per-step result read a step late: step n copies into readback n % 2, so step n+1's copy
+    can start before step n's is read (two in flight, never more in a loop one step ahead)."""
+
+    def __init__(self, arrays, shape, dtype) -> None:
+        self._readbacks = [arrays.readback(shape, dtype) for _ in range(2)]
+
+    def start(self, n: int, buffer) -> None:
+        self._readbacks[n % 2].start(buffer)
+
+    def wait(self, n: int) -> np.ndarray:
+        """Step n's result on the host (waits for that copy only)."""
+        return self._readbacks[n % 2].wait()
+
+    def close(self) -> None:
+        """Drops the page-locked memory and events (a caller holds the device lock: ``DeviceDecode.close``)."""
+        self._readbacks = []

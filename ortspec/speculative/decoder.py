@@ -26,6 +26,7 @@ from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
 from .head_runs import CatchUpAfterVerify, CatchUpInVerify
 from .pipelined import PipelinedGreedy
+from .pipelined_speculation import PipelinedSpeculation
 from .requests import Batch, Request
 from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
 from .stats import Stats
@@ -58,9 +59,10 @@ class Decoder:
     ``auto_k``). A plain decode step chosen that way leaves the head's entries for later
     (``deferred_entries``).
 
-    pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (the host a step ahead of
-    the GPU) where it applies (its docstring says where); None = that default, False = never,
-    True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
+    pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (k = 0) or
+    ``PipelinedSpeculation`` (fixed k >= 1) (the host a step ahead of the GPU) where they apply
+    (their docstrings say where); None = that default, False = never, True = also on the CPU
+    (tests). Batchers (``step``) always run the plain loop.
 
     fused_verify: where it can (``head_runs.CatchUpInVerify``), a speculative step runs the
     verify and the MTP head's catch-up in one graph (one Run); False: always two Runs.
@@ -89,7 +91,8 @@ class Decoder:
         self.catch_up_after = CatchUpAfterVerify(self.commit, self._catch_up)  # the head in a Run of its own,
         self.catch_up_in = (CatchUpInVerify.create(self.engine, graphs.manifest, commit, exact is not None)
                             if fused_verify else None)  # or inside the verify's graph (None: never)
-        self.pipelined = PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
+        self.pipelined = (PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
+                          or PipelinedSpeculation.for_decoder(self, pipelined, exact, stages, on_commit))
 
     # -- driver ----------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:

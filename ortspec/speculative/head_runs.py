@@ -93,9 +93,16 @@ class CatchUpInVerify:
     def check_acceptance(self, verified: Verified, accepted: np.ndarray) -> None:
         """The graph's accept lengths must be the host's ([B] ints each): the head drafted from row a."""
         if not np.array_equal(verified.accepted, accepted):
-            raise InternalError(
-                f"the graph {graph_name('verify_mtp', verified.ids.shape[1] - 1)} accepted "
-                f"{verified.accepted.tolist()} drafts where the greedy rule accepts {accepted.tolist()} (drafts "
-                f"{verified.ids[:, 1:].tolist()}, target tokens {verified.out.tokens.tolist()}); nothing was "
-                "committed. The model's fused graph is wrong: report it with the model directory; "
-                "generate(..., fused_verify=False) runs without it.")
+            raise acceptance_mismatch(verified.ids.shape[1] - 1, verified.accepted, accepted, verified.ids[:, 1:],
+                                      verified.out.tokens, "nothing was committed")
+
+
+def acceptance_mismatch(k: int, graph: np.ndarray, host: np.ndarray, drafts: np.ndarray, tokens: np.ndarray,
+                        consequence: str) -> InternalError:
+    """The error for a fused graph whose accept lengths graph [B] differ from the host rule's host [B]
+    over drafts [B, k] and target tokens [B, k+1]; consequence: what that left behind."""
+    return InternalError(
+        f"the graph {graph_name('verify_mtp', k)} accepted {graph.tolist()} drafts where the greedy rule "
+        f"accepts {host.tolist()} (drafts {drafts.tolist()}, target tokens {tokens.tolist()}); {consequence}. "
+        "The model's fused graph is wrong: report it with the model directory; "
+        "generate(..., fused_verify=False) runs without it.")

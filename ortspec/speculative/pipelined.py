@@ -40,6 +40,29 @@ from ..runtime.device_decode import DeviceDecode
 from .requests import Batch, Request
 
 
+def runs_ahead(decoder, pipelined: bool | None, exact, stages: int, on_commit) -> bool:
+    """Whether a loop one step ahead of the GPU may run this Decoder's steps (greedy here, speculative
+    in ``pipelined_speculation``): wanted (pipelined None: on CUDA only; True: also on the CPU, where
+    the tests check the loops bitwise; False: never), one stage, not exact, fixed rows, no on_commit
+    hook, and on CUDA the stream shared with ONNX Runtime."""
+    arrays = decoder.graphs.arrays
+    wanted = arrays.device != "cpu" if pipelined is None else pipelined
+    return bool(wanted and stages == 1 and exact is None and decoder.fixed_rows and on_commit is None
+                and (arrays.device == "cpu" or arrays.shared_stream))
+
+
+def drain(graphs, device_steps) -> None:
+    """The end of a loop one step ahead: waits for a step run past the end and reports any index
+    error a kernel recorded (``begin_step``), then closes ``device_steps`` (DeviceDecode or
+    DeviceVerify, None if never made), under the device lock, even if the check raised."""
+    with graphs.device_lock:
+        try:
+            graphs.begin_step()
+        finally:
+            if device_steps is not None:
+                device_steps.close()
+
+
 class PipelinedGreedy:
     """The pipelined loop of one Decoder (module docstring)."""
 
@@ -51,11 +74,8 @@ class PipelinedGreedy:
     def for_decoder(cls, decoder, pipelined: bool | None, exact, stages: int, on_commit) -> "PipelinedGreedy | None":
         """The loop for this Decoder, or None when it runs the plain loop. pipelined: None (default)
         on CUDA only; True also on the CPU (tests check the loop there bitwise); False never."""
-        arrays = decoder.graphs.arrays
-        wanted = arrays.device != "cpu" if pipelined is None else pipelined
-        supported = (decoder.k == 0 and stages == 1 and exact is None and decoder.fixed_rows and on_commit is None
-                     and (arrays.device == "cpu" or arrays.shared_stream))
-        return cls(decoder, decoder._emit) if wanted and supported else None
+        return cls(decoder, decoder._emit) if decoder.k == 0 and runs_ahead(decoder, pipelined, exact, stages,
+                                                                             on_commit) else None
 
     def takes(self, requests: list[Request]) -> bool:
         """Whether it runs these requests: some still running, none sampling."""
@@ -87,13 +107,8 @@ class PipelinedGreedy:
                 yield
                 if all(r.done for r in occupants):
                     return
-        finally:  # drains a step run past the end, reports any index error a kernel recorded
-            with self.graphs.device_lock:
-                try:
-                    self.graphs.begin_step()
-                finally:
-                    if decode is not None:
-                        decode.close()
+        finally:
+            drain(self.graphs, decode)
 
     def _may_need_another(self, occupants: list[Request]) -> bool:
         """Whether a step after the one being read can matter: some request still running will

@@ -1,0 +1,91 @@
+"""The fused speculative step (``verify_mtp_k{k}``) for a host that runs ahead of the GPU.
+
+``TargetModel.verify_with_head`` downloads each step's step_ids before it returns, and the host
+then works out the commit's indices and the next step's inputs and uploads them: the GPU idles
+while it does. ``DeviceVerify.step`` enqueues the same Run and the same commit and returns
+before the GPU is done; everything a step's control needs is made on the device from the
+step_ids [B, 2k+2] (g_0..g_k | a | d_1..d_k) the graph wrote:
+
+    out = step(n, ids, positions)   the Run of step n over ids / positions [B, k+1]; then one
+                                    kernel (``advance_speculative_inputs``): counts = a + 1 and
+                                    the positions just verified (for the commit), then the next
+                                    step's ids [g_a, d_1..d_k] and positions T + a + 1 + 0..k,
+                                    written in place into the inputs the next Run reads; then
+                                    the commit (GDN window slot a, target KV and MTP entries
+                                    0..a, reading a and the counts where the kernels wrote them);
+                                    then starts the copy of step_ids to the host
+    step_ids(n)                     step n's step_ids on the host [B, 2k+2]; waits for step n only
+
+The inputs the next Run reads are the captured slot's static input_ids / positions (so a
+replay uploads nothing), or, without a captured slot (the CPU, CUDA without graphs), buffers
+of this object's own. Same graph, slot key, feeds and commit as ``CatchUpInVerify``'s step,
+so the two are interchangeable step by step, bit for bit. A finished row keeps running:
+its positions stop at ``last_start`` = max_length - k - 1, where k+1 positions still fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..manifest import graph_name
+from .graph_slots import SlotKey
+from .model import MTPHead, TargetModel, attention_window
+from .states import Rows
+from .streams import StepReadbacks
+
+
+class DeviceVerify:
+    """Fused speculative steps of k drafts over fixed batch ``rows``, nothing downloaded."""
+
+    def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int) -> None:
+        self.target, self.mtp, self.rows, self.k = target, mtp, rows, k
+        self.graphs = target.graphs
+        self.arrays = self.graphs.arrays
+        self.graph = graph_name("verify_mtp", k)
+        self.last_start = self.graphs.manifest.max_length - (k + 1)
+        self._key = SlotKey(self.graph, k + 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, k+1]
+        shape = (len(rows), k + 1)
+        self._own = {name: target.control_buffer(name, rows, shape) for name in ("input_ids", "positions")}
+        self._verified = target.control_buffer("verified", rows, shape)  # [B, k+1]: the positions a step commits at
+        self._counts = target.control_buffer("counts", rows, (len(rows),))  # [B]: a + 1
+        self._readbacks = StepReadbacks(self.arrays, (len(rows), 2 * k + 2), np.int64)
+        self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
+
+    def step(self, n: int, ids, positions) -> dict:
+        """Enqueues step n over ids / positions [B, k+1] (step 0: host arrays; later: ``inputs()``),
+        the kernel that makes the commit's counts and the next step's inputs, and the commit;
+        starts the copy of step_ids to the host."""
+        feeds = {"input_ids": ids, "positions": positions,
+                 **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1)),
+                 **self.mtp.cache_feeds(self.rows, positions, drafts=self.k)}
+        out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
+        next_ids, next_positions = self.inputs(ids, positions)
+        self.arrays.advance_speculative_inputs(out["step_ids"], next_ids, next_positions, self._verified,
+                                               self._counts, self.last_start)
+        self.target.states.select(out, self.rows, self._verified, out["accepted"], counts=self._counts)
+        self.mtp.states.write(out, self.rows, self._verified, counts=self._counts)
+        self._readbacks.start(n, out["step_ids"])
+        self._outputs[n % 2] = out
+        return out
+
+    def inputs(self, ids=None, positions=None) -> tuple:
+        """(input_ids, positions) [B, k+1] the next Run reads, holding the last Run's until the
+        kernel advances them: the captured slot's static inputs (loaded by its run), else this
+        object's own, loaded here from ids / positions when they are what the run was fed."""
+        static = self.graphs.slots.static_input(self._key, "input_ids")
+        if static is not None:
+            return static, self.graphs.slots.static_input(self._key, "positions")
+        own_ids, own_positions = self._own["input_ids"], self._own["positions"]
+        if ids is not None and ids is not own_ids:  # the host inputs of a first step
+            self.arrays.upload(own_ids, ids)
+            self.arrays.upload(own_positions, positions)
+        return own_ids, own_positions
+
+    def step_ids(self, n: int) -> np.ndarray:
+        """int64 [B, 2k+2]: step n's tokens g_0..g_k, accept lengths a, drafts d_1..d_k, once on the host."""
+        return self._readbacks.wait(n)
+
+    def close(self) -> None:
+        """Frees the page-locked memory and events (under the device lock, as ``DeviceDecode.close``)."""
+        self._readbacks.close()
+        self._outputs = [None, None]
