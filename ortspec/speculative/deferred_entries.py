@@ -33,11 +33,17 @@ class DeferredEntries:
 
     def add(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray) -> None:
         """One plain decode step: hidden [B, W, H] on its device (row 0 is the step's token),
-        next_ids [B], positions [B]."""
-        host = self.arrays.download(hidden)[:, 0]  # [B, H]
-        self._dtype = hidden.dtype
+        next_ids [B], positions [B]. Downloads the hidden rows (the host waits for the step)."""
+        self.add_host(requests, rows, self.arrays.download(hidden)[:, 0], hidden.dtype, next_ids, positions)
+
+    def add_host(self, requests: list, rows: Rows, hidden: np.ndarray, dtype, next_ids: np.ndarray,
+                 positions: np.ndarray) -> None:
+        """One plain decode step whose hidden rows are on the host already: hidden [B, H] as
+        ``arrays.download`` gives them (bfloat16: its uint16 bit pattern), dtype: theirs on the
+        device. The pipelined loop reads them back a step late (``auto_stretch``)."""
+        self._dtype = dtype
         for j, row in enumerate(rows.indices):
-            self._rows.setdefault(int(row), []).append((host[j], int(next_ids[j]), int(positions[j])))
+            self._rows.setdefault(int(row), []).append((hidden[j], int(next_ids[j]), int(positions[j])))
         self._last = (requests, rows)
 
     def take(self):
