@@ -39,7 +39,9 @@ class Decoder:
     One Decoder per generate call or batcher, over an ``Engine`` (state buffers for the batch)
     that its caller leased from the Session, or its own when none is given. Each step and
     prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
-    ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
+    ``on_commit(decoder, batch)`` (tests) is called after every step's commit; in an auto
+    decoder's pipelined stretch of k = 0 steps, whose states run a step ahead, only where the
+    stretch ends (``pipelined``).
 
     On the CPU each step runs only the unfinished requests. On CUDA and in exact mode
     (``fixed_rows``) every step runs all rows, so the rows stay one contiguous range at fixed
@@ -59,8 +61,9 @@ class Decoder:
     (``deferred_entries``).
 
     pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (the host a step ahead of
-    the GPU) where it applies (its docstring says where); None = that default, False = never,
-    True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
+    the GPU) where it applies (its docstring says where), and so do an auto decoder's stretches
+    of k = 0 steps; None = that default, False = never, True = also on the CPU (tests).
+    Batchers (``step``) always run the plain loop.
 
     fused_verify: where it can (``head_runs.CatchUpInVerify``), a speculative step runs the
     verify and the MTP head's catch-up in one graph (one Run); False: always two Runs.
@@ -103,9 +106,11 @@ class Decoder:
         for group in self._prefill_groups(requests):
             self.prefill_group(group)
         yield
-        if self.pipelined is not None and self.pipelined.takes(requests):
-            yield from self.pipelined.steps(requests)
-        while self.step(requests):
+        while True:
+            if self.pipelined is not None and self.pipelined.takes(requests, self.step_k):
+                yield from self._pipelined_steps(requests)
+            if not self.step(requests):
+                return
             yield
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
@@ -148,6 +153,18 @@ class Decoder:
             if self.on_commit:
                 self.on_commit(self, batch)
         return True
+
+    def _pipelined_steps(self, requests: list[Request]):
+        """k = 0 steps a step ahead of the GPU (``pipelined``) until every request is done or, auto
+        k, the chooser asks for drafts: then the head catches up over the stretch's entries."""
+        end = yield from self.pipelined.steps(requests)
+        if end.next_k:
+            self.step_k = end.next_k
+            with self.graphs.device_lock, self.stats.timed("commit"):
+                self._catch_up_deferred(end.next_k)
+        if self.on_commit and end.in_step:  # (auto k) the only point of a stretch where states are in step
+            with self.graphs.device_lock:
+                self.on_commit(self, Batch(end.in_step))
 
     def take_stats(self) -> Stats:
         """The counters since the last take (a batcher reports them to its Session after each call)."""
