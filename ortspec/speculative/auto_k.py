@@ -96,7 +96,11 @@ class KChooser:
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a request gains per step with k drafts."""
-        return float(1.0 + np.cumprod(self.acceptance()[:k]).sum())
+        return float(self.expected_tokens_by_k()[k])
+
+    def expected_tokens_by_k(self) -> np.ndarray:
+        """[K+1] E(k) for k = 0..K, from one read of the acceptance (``choose`` runs every step)."""
+        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()))])
 
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
@@ -116,7 +120,8 @@ class KChooser:
             probe = self._steps[bucket] % PROBE_EVERY == 0
             if probe:
                 self._probes[bucket] = self._probes.get(bucket, 0) + 1
-        best = max(range(self.max_k + 1), key=lambda k: self.expected_tokens(k) / costs[k])
+        tokens = self.expected_tokens_by_k()  # [K+1]
+        best = max(range(self.max_k + 1), key=lambda k: tokens[k] / costs[k])
         if probe:
             step = 1 if self._probes[bucket] % 2 else -1
             neighbour = best + step if 0 <= best + step <= self.max_k else best - step
@@ -131,7 +136,7 @@ class KChooser:
         buckets = sorted({b for b, _ in times})
         return {
             "acceptance_by_depth": [round(float(a), 4) for a in self.acceptance()],
-            "expected_tokens": [round(self.expected_tokens(k), 3) for k in range(self.max_k + 1)],
+            "expected_tokens": [round(float(e), 3) for e in self.expected_tokens_by_k()],
             "step_ms": {b: {k: round(times[(b, k)] * 1e3, 3) for k in range(self.max_k + 1) if (b, k) in times}
                         for b in buckets},
         }
