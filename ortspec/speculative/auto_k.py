@@ -65,6 +65,7 @@ class KChooser:
         self._probes: dict[int, int] = {}  # bucket -> re-timings made there (odd: k+1 next, even: k-1)
         self._tried = np.zeros(max_k + 1)  # [K+1], index i: row-steps that tried draft i (decayed)
         self._kept = np.zeros(max_k + 1)  # [K+1], index i: row-steps that accepted draft i (decayed)
+        self._expected: np.ndarray | None = None  # [K+1] E(k), until the next record_accepts
 
     # -- measurements ----------------------------------------------------------------------
     def record_time(self, rows: int, k: int, seconds: float) -> None:
@@ -87,31 +88,44 @@ class KChooser:
         with self._lock:
             self._tried = self._tried * decay + tried.sum(0)
             self._kept = self._kept * decay + kept.sum(0)
+            self._expected = None
 
     # -- the model -------------------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
         """[K] ai for i = 1..K: the rate draft i is accepted when drafts 1..i-1 were."""
         with self._lock:
-            return ((self._kept + 0.5 * PRIOR_ROW_STEPS) / (self._tried + PRIOR_ROW_STEPS))[1:]
+            return self._acceptance()
+
+    def _acceptance(self) -> np.ndarray:  # (under the lock)
+        return ((self._kept + 0.5 * PRIOR_ROW_STEPS) / (self._tried + PRIOR_ROW_STEPS))[1:]
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a request gains per step with k drafts."""
         return float(self.expected_tokens_by_k()[k])
 
     def expected_tokens_by_k(self) -> np.ndarray:
-        """[K+1] E(k) for k = 0..K, from one read of the acceptance (``choose`` runs every step)."""
-        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()))])
+        """[K+1] E(k) for k = 0..K, kept until the acceptance changes (``choose`` runs every step,
+        and a stretch of k = 0 steps records no acceptance)."""
+        with self._lock:
+            if self._expected is None:
+                self._expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self._acceptance()))])
+                self._expected.flags.writeable = False  # shared by every caller until replaced
+            return self._expected
 
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
+        return self._costs(row_bucket(rows))[k]
+
+    def _costs(self, bucket: int) -> list[float | None]:
+        """[K+1] cost of each k at this row bucket, read under one lock."""
         with self._lock:
-            times = self._times.get((row_bucket(rows), k))
-            return statistics.median(times) if times and len(times) >= MIN_SAMPLES else None
+            times = [self._times.get((bucket, k)) for k in range(self.max_k + 1)]
+            return [statistics.median(t) if t and len(t) >= MIN_SAMPLES else None for t in times]
 
     def choose(self, rows: int) -> int:
         """The k of the next step over this many rows (the module docstring says how)."""
         bucket = row_bucket(rows)
-        costs = [self.cost(rows, k) for k in range(self.max_k + 1)]
+        costs = self._costs(bucket)
         untimed = [k for k, c in enumerate(costs) if c is None]
         with self._lock:
             self._steps[bucket] = self._steps.get(bucket, 0) + 1
