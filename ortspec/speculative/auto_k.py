@@ -25,7 +25,9 @@ grew) is found, and an acceptance that was only measured at small k is measured 
 
 k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps the target's
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
-when a later step speculates again, so a stretch of k = 0 costs what greedy costs.
+when a later step speculates again, so a stretch of k = 0 costs what greedy costs. Where greedy
+runs a step ahead of the GPU, so does such a stretch (``auto_stretch``); its steps' times are then
+the intervals between token reads, a stretch's first step left out (the pipeline filling).
 
 One chooser serves every call and batcher of a Session (thread-safe); k changes only which
 rows the verify runs and how many drafts the head makes, so outputs stay those of greedy (on a
