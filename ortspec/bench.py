@@ -84,6 +84,7 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
             "phase_ms": {p: 1000 * v for p, v in st["seconds"].items()},
             "steps": st["steps"], "decode_steps": st["decode_steps"], "speculative_steps": st["speculative_steps"],
             "fused_verify_steps": st["fused_verify_steps"],  # of those, run as one graph (verify_mtp_k{k})
+            "pipelined_steps": st["pipelined_steps"],  # decode steps run a step ahead of the GPU (greedy, auto's k = 0)
             "steps_by_k": st["steps_by_k"],
             "graphs": st.get("graphs", {}),
         })

@@ -11,21 +11,10 @@ import pytest
 import ortspec
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative import auto_k
-from ortspec.speculative.auto_k import KChooser, row_bucket
+from ortspec.speculative.auto_k import KChooser, ScriptedK, row_bucket
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
-
-
-class ScriptedK(KChooser):
-    """Chooses k from a script (cycled), and records like the real chooser."""
-
-    def __init__(self, max_k: int, script) -> None:
-        super().__init__(max_k)
-        self.script = itertools.cycle(script)
-
-    def choose(self, rows: int) -> int:
-        return next(self.script)
 
 
 # -- the chooser ---------------------------------------------------------------------------------

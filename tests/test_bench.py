@@ -23,6 +23,7 @@ def test_bench_cli_writes_table_and_json(models, tmp_path, capsys):
     assert rows[(0, 1)]["speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["mean_tokens_per_step"] >= 1.0
     assert rows[(2, 1)]["steps"] > 0 and rows[(2, 1)]["phase_ms"]["verify"] > 0
     assert rows[(2, 1)]["steps"] == rows[(2, 1)]["speculative_steps"] and rows[(0, 1)]["speculative_steps"] == 0
+    assert rows[(0, 1)]["pipelined_steps"] == 0  # on the CPU the plain loop runs (CUDA: greedy and auto's k = 0)
     assert len(rows[(2, 2)]["repeat_seconds"]) == 1  # one per repeat: the plot's error bars
     assert rows[(0, 2)]["cpu_speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["cpu_seconds"] > 0
 

@@ -255,3 +255,18 @@ def test_agree_expected_tokens_per_step_and_its_spread():
     assert agree.z_score(1.0, 0.0, 2, 10) == 0.0 and agree.z_score(1.5, 0.0, 2, 10) == float("inf")
     assert agree.z_score(1.5, 0.5, 1, 100) == pytest.approx(0.0) and agree.z_score(1.6, 0.5, 1, 100) == \
         pytest.approx(2.0)
+
+
+def test_auto_loop_tool_runs_on_the_cpu(models, capsys):
+    """auto_loop's checks and timing with the pipelined loop forced onto the CPU (fixed rows)."""
+    from tools.gpu_suite import auto_loop
+
+    model, checks = models.converted("base"), common.Checks()
+    prompts = common.SHORT_PROMPTS * 6  # 18: batch 16 is a prefix
+    loop = {"pipelined": True, "fixed_rows": True}
+    auto_loop.identity(model, "base", prompts, 24, checks, provider="cpu", loop_options=loop)
+    auto_loop.states(model, "base", prompts, 24, checks, provider="cpu")
+    rows = auto_loop.speed(model, "base", prompts, 1, 1, checks, provider="cpu", new_tokens=6, loop_options=loop)
+    assert checks.failures == 0 and len(checks.results) == 6 + 4 + 3, checks.results
+    assert [row[1] for row in rows] == [1, 4, 16] and all(row[-1] == 0 for row in rows)  # float32: auto == greedy
+    assert "auto == greedy: True" in capsys.readouterr().out

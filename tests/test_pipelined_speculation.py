@@ -195,8 +195,9 @@ def test_where_it_does_not_apply_the_plain_loop_runs(models, graphs):
 
     assert isinstance(loop(), PipelinedSpeculation)
     assert not isinstance(loop(k=0), PipelinedSpeculation)  # greedy: PipelinedGreedy
+    assert not isinstance(loop(k_chooser=ScriptedK(2, [2])), PipelinedSpeculation)  # auto: its k = 0 stretches only
     for options in (dict(commit="readvance"), dict(fused_verify=False), dict(fixed_rows=False), dict(pipelined=False),
-                    dict(on_commit=lambda d, b: None), dict(k_chooser=ScriptedK(2, [2])),
+                    dict(on_commit=lambda d, b: None),
                     dict(make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: [], 300))):
         assert loop(**options) is None, options
     assert loop(pipelined=None) is None  # the CPU default

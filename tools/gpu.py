@@ -6,13 +6,14 @@ subcommands replace the former scripts: check (tools/gpu_check.py), batch
 (gpu_batch_check.py), pipeline (gpu_pipeline.py), scale (gpu_scale.py), profile
 (gpu_host_profile.py), ab (gpu_ab.sh), int4 (gpu_int4.sh), trained (gpu_trained.sh), threads
 (one caller per state on CUDA) and soak (20,000+ batcher steps: memory, graph faults, solo
-tokens); each makes the checks and measurements its script made. Four have no former script:
+tokens); each makes the checks and measurements its script made. Five have no former script:
 exact (float16/bfloat16 identity in exact mode, and its cost), agree (LARGE with drafts
 scripted to agree with the target at a set rate: speculation's speed-up and efficiency at 1B),
 stream_probe (the plain greedy loop against replays on an ortspec stream), greedy_loop (the
-pipelined greedy loop against the plain one: tokens, states, speed) and spec_loop (the pipelined
-speculative loop against the plain one, k = 1..4: tokens, states, speed). Every subcommand takes
---json FILE for its results; a failed identity check makes the exit status 1.
+pipelined greedy loop against the plain one: tokens, states, speed), spec_loop (the pipelined
+speculative loop against the plain one, k = 1..4: tokens, states, speed) and auto_loop (auto k's
+stretches of k = 0 steps in the pipelined loop: tokens, states, tokens/s against greedy). Every
+subcommand takes --json FILE for its results; a failed identity check makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ortspec.cli import HelpFormatter  # noqa: E402  (after the path: the tree's
 SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scale": "scale",
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
                "soak": "soak", "exact": "exact", "agree": "agree", "stream_probe": "stream_probe",
-               "greedy_loop": "greedy_loop", "spec_loop": "spec_loop"}
+               "greedy_loop": "greedy_loop", "spec_loop": "spec_loop", "auto_loop": "auto_loop"}
 
 
 def subcommand_module(name: str):

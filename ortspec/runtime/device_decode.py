@@ -10,6 +10,8 @@ returns before the GPU is done (on CUDA the captured graph's Run does not synchr
                                         slot's static inputs (step n's tokens; each position one
                                         on), so nothing is uploaded; else the tokens and `host`
     tokens(n)                           step n's tokens on the host [B]; waits for step n only
+    hidden(n)                           (hidden=True) step n's hidden row [B, H] on the host, read
+                                        back a step late like the tokens (auto k's MTP entries)
 
 Same graph, slot key, feeds and commit as ``TargetModel.decode``, so the two are
 interchangeable step by step, bit for bit. One pipeline stage only: a stage boundary hands its
@@ -32,12 +34,16 @@ GRAPH = "decode"
 class DeviceDecode:
     """Decode steps over fixed batch ``rows`` of ``target``'s states, nothing downloaded."""
 
-    def __init__(self, target: TargetModel, rows: Rows) -> None:
+    def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
         self.arrays = self.graphs.arrays
         self.last_position = self.graphs.manifest.max_length - 1
         self._key = SlotKey(GRAPH, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._readbacks = StepReadbacks(self.arrays, (len(rows), 1), np.int64)
+        # hidden=True: the hidden rows [B, 1, H] read back too, made at step 0 (their dtype is the graph's)
+        self._hidden_readbacks: StepReadbacks | None = None
+        self._want_hidden = hidden
+        self.hidden_dtype = None  # the hidden rows' dtype on the device, once step 0 ran
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
 
     def step(self, n: int, ids, positions) -> dict:
@@ -50,8 +56,18 @@ class DeviceDecode:
         static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run
         self.target.states.advance(out, self.rows, positions if static is None else static)
         self._readbacks.start(n, out["tokens"])
+        if self._want_hidden:
+            self._start_hidden(n, out["hidden"])
         self._outputs[n % 2] = out
         return out
+
+    def _start_hidden(self, n: int, hidden) -> None:
+        """Starts the copy of step n's hidden rows [B, 1, H] to the host, behind the tokens' copy
+        and before step n+1 is enqueued (a captured slot's output buffer is overwritten by it)."""
+        if self._hidden_readbacks is None:
+            self.hidden_dtype = hidden.dtype
+            self._hidden_readbacks = StepReadbacks(self.arrays, hidden.shape, hidden.dtype)
+        self._hidden_readbacks.start(n, hidden)
 
     def feed(self, out: dict, host_positions: np.ndarray) -> tuple:
         """(ids, positions) of the next step. With a captured slot: its static input_ids and
@@ -69,8 +85,15 @@ class DeviceDecode:
         """int64 [B]: the argmax of step n, once it is on the host."""
         return self._readbacks.wait(n)[:, 0]
 
+    def hidden(self, n: int) -> np.ndarray:
+        """[B, H] (hidden=True): step n's final-normed hidden rows once on the host, as
+        ``arrays.download`` gives them (bfloat16: its uint16 bit pattern)."""
+        return self._hidden_readbacks.wait(n)[:, 0]
+
     def close(self) -> None:
         """Frees the page-locked memory and events (under the device lock: freeing page-locked
         memory may synchronise the device, which no thread may do while another captures a graph)."""
         self._readbacks.close()
+        if self._hidden_readbacks is not None:
+            self._hidden_readbacks.close()
         self._outputs = [None, None]

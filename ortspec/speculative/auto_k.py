@@ -42,6 +42,7 @@ GPU in float16/bfloat16, exact mode keeps them independent of k; see the README)
 from __future__ import annotations
 
 import collections
+import itertools
 import statistics
 import threading
 
@@ -160,3 +161,15 @@ class KChooser:
             "step_ms": {b: {k: round(times[(b, k)] * 1e3, 3) for k in range(self.max_k + 1) if (b, k) in times}
                         for b in buckets},
         }
+
+
+class ScriptedK(KChooser):
+    """Chooses k from a script (cycled) and measures like KChooser: the exactness checks (tests,
+    tools/gpu.py greedy_loop and auto_loop) run chosen k sequences, long stretches of k = 0 among them."""
+
+    def __init__(self, max_k: int, script) -> None:
+        super().__init__(max_k)
+        self.script = itertools.cycle(script)
+
+    def choose(self, rows: int) -> int:
+        return next(self.script)

@@ -40,7 +40,9 @@ class Decoder:
     One Decoder per generate call or batcher, over an ``Engine`` (state buffers for the batch)
     that its caller leased from the Session, or its own when none is given. Each step and
     prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
-    ``on_commit(decoder, batch)`` (tests) is called after every step's commit.
+    ``on_commit(decoder, batch)`` (tests) is called after every step's commit; in an auto
+    decoder's pipelined stretch of k = 0 steps, whose states run a step ahead, only where the
+    stretch ends (``pipelined``).
 
     On the CPU each step runs only the unfinished requests. On CUDA and in exact mode
     (``fixed_rows``) every step runs all rows, so the rows stay one contiguous range at fixed
@@ -59,10 +61,10 @@ class Decoder:
     ``auto_k``). A plain decode step chosen that way leaves the head's entries for later
     (``deferred_entries``).
 
-    pipelined: greedy generate calls on CUDA run ``PipelinedGreedy`` (k = 0) or
-    ``PipelinedSpeculation`` (fixed k >= 1) (the host a step ahead of the GPU) where they apply
-    (their docstrings say where); None = that default, False = never, True = also on the CPU
-    (tests). Batchers (``step``) always run the plain loop.
+    pipelined: generate calls on CUDA run ``PipelinedGreedy`` (k = 0, and an auto decoder's
+    stretches of k = 0 steps) or ``PipelinedSpeculation`` (fixed k >= 1), the host a step ahead of
+    the GPU, where they apply (their docstrings say where); None = that default, False = never,
+    True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
 
     fused_verify: where it can (``head_runs.CatchUpInVerify``), a speculative step runs the
     verify and the MTP head's catch-up in one graph (one Run); False: always two Runs.
@@ -93,6 +95,7 @@ class Decoder:
                             if fused_verify else None)  # or inside the verify's graph (None: never)
         self.pipelined = (PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
                           or PipelinedSpeculation.for_decoder(self, pipelined, exact, stages, on_commit))
+        # the loop one step ahead that runs this decoder's k = 0 steps, or its speculative ones (None: neither)
 
     # -- driver ----------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:
@@ -106,9 +109,11 @@ class Decoder:
         for group in self._prefill_groups(requests):
             self.prefill_group(group)
         yield
-        if self.pipelined is not None and self.pipelined.takes(requests):
-            yield from self.pipelined.steps(requests)
-        while self.step(requests):
+        while True:
+            if self.pipelined is not None and self.pipelined.takes(requests, self.step_k):
+                yield from self._pipelined_steps(requests)
+            if not self.step(requests):
+                return
             yield
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
@@ -153,6 +158,21 @@ class Decoder:
             if self.on_commit:
                 self.on_commit(self, batch)
         return True
+
+    def _pipelined_steps(self, requests: list[Request]):
+        """Steps a step ahead of the GPU (``pipelined``) until every request is done, or the
+        speculative loop nears max_length, or (auto k) the chooser asks for drafts after a stretch
+        of k = 0 steps: then the head catches up over the stretch's entries."""
+        end = yield from self.pipelined.steps(requests)
+        if end is None:  # the speculative loop: the plain loop finishes what is left
+            return
+        if end.next_k:
+            self.step_k = end.next_k
+            with self.graphs.device_lock, self.stats.timed("commit"):
+                self._catch_up_deferred(end.next_k)
+        if self.on_commit and end.in_step:  # (auto k) the only point of a stretch where states are in step
+            with self.graphs.device_lock:
+                self.on_commit(self, Batch(end.in_step))
 
     def take_stats(self) -> Stats:
         """The counters since the last take (a batcher reports them to its Session after each call)."""

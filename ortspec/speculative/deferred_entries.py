@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InternalError
 from ..runtime.states import Rows
 
 
 class DeferredEntries:
-    """Per row, the entries of the plain decode steps since the last catch-up, in step order.
+    """The entries of the plain decode steps since the last catch-up, kept step by step (a step's
+    work here is one append, whatever its rows: the pipelined loop does it while the GPU runs).
 
-    Rows step together, so the rows of the latest step all have the same number of entries: a
-    request joins only through a prefill, which catches the others up first (``Decoder``), and
-    on the CPU a finished request's row leaves the steps (its entries are dropped)."""
+    Rows step together, so every row of the latest step took part in every step kept: a request
+    joins only through a prefill, which catches the others up first (``Decoder``), and on the CPU
+    a finished request's row leaves the steps (its entries are dropped at the catch-up)."""
 
     def __init__(self, arrays) -> None:
         self.arrays = arrays
-        self._rows: dict[int, list[tuple[np.ndarray, int, int]]] = {}  # row -> [(hidden [H] host, x_{p+1}, p)]
+        self._steps: list[tuple[np.ndarray, ...]] = []  # per step: rows [b], hidden [b, H] host, x_{p+1} [b], p [b]
         self._last: tuple[list, Rows] | None = None  # the latest step's requests and rows
         self._dtype = None  # the hidden states' dtype on their device
 
@@ -33,24 +35,36 @@ class DeferredEntries:
 
     def add(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray) -> None:
         """One plain decode step: hidden [B, W, H] on its device (row 0 is the step's token),
-        next_ids [B], positions [B]."""
-        host = self.arrays.download(hidden)[:, 0]  # [B, H]
-        self._dtype = hidden.dtype
-        for j, row in enumerate(rows.indices):
-            self._rows.setdefault(int(row), []).append((host[j], int(next_ids[j]), int(positions[j])))
+        next_ids [B], positions [B]. Downloads the hidden rows (the host waits for the step)."""
+        self.add_host(requests, rows, self.arrays.download(hidden)[:, 0], hidden.dtype, next_ids, positions)
+
+    def add_host(self, requests: list, rows: Rows, hidden: np.ndarray, dtype, next_ids: np.ndarray,
+                 positions: np.ndarray) -> None:
+        """One plain decode step whose hidden rows are on the host already: hidden [B, H] as
+        ``arrays.download`` gives them (bfloat16: its uint16 bit pattern), dtype: theirs on the
+        device. The pipelined loop reads them back a step late (``auto_stretch``)."""
+        self._dtype = dtype
+        self._steps.append((rows.indices, hidden, np.array(next_ids, np.int64), np.array(positions, np.int64)))
         self._last = (requests, rows)
 
     def take(self):
         """Every entry of the latest step's rows, forgetting all: (requests, rows, hidden
         [B, m, H] on the device, next_ids [B, m], positions [B, m], last [B] = m - 1)."""
         requests, rows = self._last
-        entries = [self._rows[int(row)] for row in rows.indices]
-        m = len(entries[0])
-        if any(len(e) != m for e in entries):
-            raise RuntimeError(f"deferred MTP entries out of step: {[len(e) for e in entries]} per row")
-        hidden = np.stack([np.stack([h for h, _, _ in e]) for e in entries])  # [B, m, H]
-        next_ids = np.array([[x for _, x, _ in e] for e in entries], np.int64)  # [B, m]
-        positions = np.array([[p for _, _, p in e] for e in entries], np.int64)  # [B, m]
-        self._rows, self._last = {}, None
-        last = np.full(len(entries), m - 1, np.int64)
+        columns = [_rows_of(step, rows.indices) for step in self._steps]  # m x (hidden [B, H], x [B], p [B])
+        self._steps, self._last = [], None
+        hidden, next_ids, positions = (np.stack(parts, axis=1) for parts in zip(*columns))  # [B, m, H], [B, m] x 2
+        last = np.full(len(rows), len(columns) - 1, np.int64)
         return requests, rows, self.arrays.from_host(hidden, self._dtype), next_ids, positions, last
+
+
+def _rows_of(step: tuple[np.ndarray, ...], wanted: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One kept step's (hidden, x_{p+1}, p) at rows ``wanted`` [B] (each must have taken part in it)."""
+    step_rows, *values = step
+    order = np.argsort(step_rows)
+    at = order[np.minimum(np.searchsorted(step_rows, wanted, sorter=order), len(order) - 1)]  # [B]
+    if not np.array_equal(step_rows[at], wanted):
+        raise InternalError(f"deferred MTP entries out of step: rows {wanted.tolist()} of the latest step, "
+                            f"rows {step_rows.tolist()} in an earlier one. A bug of num_speculative_tokens=\"auto\": "
+                            "report it; a fixed num_speculative_tokens runs without deferred entries.")
+    return tuple(v[at] for v in values)

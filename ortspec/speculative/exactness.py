@@ -61,9 +61,10 @@ def row_state(decoder: Decoder, req: Request) -> RowState:
                     decoder.mtp.row_state(req.row, T))
 
 
-def make_requests(prompts, max_new_tokens, rows: int | None = None):
+def make_requests(prompts, max_new_tokens, rows: int | None = None, stop_tokens=()):
     """One request per prompt in rows 0..n-1, then placeholders up to ``rows``."""
-    requests = [Request(row=i, prompt=list(p), max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
+    requests = [Request(row=i, prompt=list(p), max_new_tokens=max_new_tokens, stop_tokens=frozenset(stop_tokens))
+                for i, p in enumerate(prompts)]
     return requests + [Request.filler(i) for i in range(len(prompts), rows or len(prompts))]
 
 
@@ -85,7 +86,8 @@ def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, 
 def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, commit: str, *,
                       p: float | None = None, seed: int = 0, reference=None, fixed_rows: bool | None = None,
                       atol: float = 0.0, stages: int = 1, exact: ExactShape | None = None,
-                      k_chooser=None, fused_verify: bool = True) -> Stats:
+                      k_chooser=None, fused_verify: bool = True, pipelined: bool | None = None,
+                      stop_tokens=()) -> Stats:
     """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
 
     p=None draws each step's accept length uniformly from 0..k; else each draft is right with
@@ -96,6 +98,10 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     it with auto k (k is then the most drafts per step), the head's state compared whenever no
     entries wait for it; ``fused_verify=False`` keeps the MTP head out of the verify's graph
     (``head_runs``; by default every step that can runs as one graph: ``stats.fused_verify_steps``).
+    ``pipelined=True`` (with ``k_chooser`` and fixed rows) runs the stretches of k = 0 steps a step
+    ahead (``pipelined``): their states are compared where each stretch ends, drained, after the
+    head's catch-up (a row that ended inside a stretch ran on past its end: its tokens are checked).
+    ``stop_tokens`` end each request at the first of them, as greedy's output would.
     """
     oracle, table = reference or plain_decode_states(graphs, prompts, max_new_tokens + k + 1, k)
     stats, finished = Stats(), set()
@@ -113,15 +119,17 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
             diffs = row_state(decoder, req).differences(want, atol, head=not decoder.deferred)
             if diffs:
                 raise ExactnessError(f"{where}: differs from the plain decode in {', '.join(diffs)}")
+        finished.update(r.row for r in requests if r.done)  # those that ended unseen (a stretch) ran on
 
     vocab = graphs.manifest.spec.vocab_size
-    requests = make_requests(prompts, max_new_tokens, exact.rows_for(len(prompts)) if exact else None)
+    requests = make_requests(prompts, max_new_tokens, exact.rows_for(len(prompts)) if exact else None, stop_tokens)
     truth = lambda r: r.tokens if r.placeholder else oracle[r.row]  # noqa: E731  (placeholders: any tokens)
     decoder = Decoder(graphs, len(requests), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
-                      exact=exact, k_chooser=k_chooser, fused_verify=fused_verify,
+                      exact=exact, k_chooser=k_chooser, fused_verify=fused_verify, pipelined=pipelined,
                       make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
     for req, out in zip(requests[: len(prompts)], decoder.generate(requests)):
         want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]
+        want = want[: next((i + 1 for i, t in enumerate(want) if t in stop_tokens), len(want))]
         if out != want:
             raise ExactnessError(f"{commit} k={k} row {req.row}: tokens differ from greedy")
     if stats.position_mismatches:

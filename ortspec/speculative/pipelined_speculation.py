@@ -72,10 +72,11 @@ class PipelinedSpeculation:
         return cls(decoder, decoder._emit) if supported and runs_ahead(decoder, pipelined, exact, stages,
                                                                        on_commit) else None
 
-    def takes(self, requests: list[Request]) -> bool:
-        """Whether it runs these requests: some still running, every one greedy, room for a step."""
+    def takes(self, requests: list[Request], k: int) -> bool:
+        """Whether it runs these requests' next steps, of k drafts (this fixed-k decoder's k): some
+        still running, every one greedy, room for a step."""
         live = [r for r in requests if not r.done]
-        return bool(live) and sampler.all_greedy(requests) and self._fits(live, 0)
+        return k == self.k and bool(live) and sampler.all_greedy(requests) and self._fits(live, 0)
 
     def steps(self, occupants: list[Request]):
         """Steps ``occupants`` (every row, in row order) until every request is done or too near

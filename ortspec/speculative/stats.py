@@ -43,9 +43,9 @@ class Stats:
     step of a greedy session; in a speculative session, the steps taken when fewer than k
     positions are left before max_length."""
     pipelined_steps: int = 0
-    """Those of the decode steps run by the pipelined greedy loop (CUDA generate calls, k = 0:
-    the host a step ahead of the GPU; speculative/pipelined.py). A step run past a stop token
-    (its token dropped) is not counted."""
+    """Those of the decode steps run by the pipelined greedy loop (CUDA generate calls, k = 0 and
+    auto k's k = 0 stretches: the host a step ahead of the GPU; speculative/pipelined.py). A step
+    run past a stop token (its token dropped) is not counted."""
     pipelined_speculative_steps: int = 0
     """Those of the speculative steps run by the pipelined speculative loop (CUDA generate calls,
     fixed k >= 1: the host a step ahead of the GPU; speculative/pipelined_speculation.py). A step

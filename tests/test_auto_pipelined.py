@@ -1,0 +1,254 @@
+"""Auto k's stretches of k = 0 steps run by the pipelined loop (the host a step ahead of the GPU):
+tokens equal greedy and, after every speculative commit and after every catch-up that ends a
+stretch, the states equal a plain decode's bitwise. The loop runs on CUDA by default; here it is
+forced onto the CPU (pipelined=True, fixed rows), where every forward is bitwise reproducible, so
+any difference is the stretch's."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import ortspec
+from ortspec.runtime.device_decode import DeviceDecode
+from ortspec.runtime.graphs import GraphSet
+from ortspec.speculative.auto_k import KChooser, ScriptedK
+from ortspec.speculative.decoder import Decoder
+from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
+from ortspec.speculative.pipelined import PipelinedGreedy
+from ortspec.speculative.stats import Stats
+from tests.test_auto_k import TimeSpy
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+NEW_TOKENS = 50
+HOOK = lambda decoder, batch: None  # noqa: E731  (an on_commit hook)
+LONG_STRETCHES = ([0] * 9 + [2] + [0] * 6 + [3, 1], [4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0])
+
+
+@pytest.fixture(scope="module")
+def graphs(models):
+    return GraphSet(ortspec.Session(models.converted("base")).manifest)
+
+
+@pytest.fixture(scope="module")
+def reference(graphs):
+    return plain_decode_states(graphs, PROMPTS, NEW_TOKENS + 4 + 1, 4)
+
+
+def count_calls(monkeypatch, name: str) -> list[int]:
+    """Counts calls of DeviceDecode.<name> (step: the forwards the loop enqueued)."""
+    calls, original = [0], getattr(DeviceDecode, name)
+
+    def counted(self, *args):
+        calls[0] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(DeviceDecode, name, counted)
+    return calls
+
+
+def check_catch_ups(monkeypatch) -> list[int]:
+    """Counts the catch-ups that end a stretch (the Decoder's, after the loop returned a k)."""
+    calls, original = [0], Decoder._catch_up_deferred
+
+    def counted(self, drafts):
+        calls[0] += 1
+        return original(self, drafts)
+
+    monkeypatch.setattr(Decoder, "_catch_up_deferred", counted)
+    return calls
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance"])
+def test_long_k0_stretches_run_pipelined_and_stay_exact(graphs, reference, monkeypatch, commit):
+    """Scripted k with stretches of up to 12 k = 0 steps, batch of 3: every k = 0 step runs in the
+    pipelined loop, and the states are checked after each speculative commit and each catch-up."""
+    for script in LONG_STRETCHES:
+        catch_ups, hidden_reads = check_catch_ups(monkeypatch), count_calls(monkeypatch, "hidden")
+        stats = check_speculative(graphs, PROMPTS, NEW_TOKENS, 4, commit, p=0.7, seed=3, reference=reference,
+                                  fixed_rows=True, pipelined=True, k_chooser=ScriptedK(4, script))
+        assert stats.pipelined_steps == stats.steps_by_k[0] > 20, stats.steps_by_k
+        assert sum(stats.steps_by_k[1:]) >= 3 and catch_ups[0] >= 3, (stats.steps_by_k, catch_ups)
+        assert hidden_reads[0] == stats.pipelined_steps  # one hidden readback per stretch step
+        monkeypatch.undo()
+
+
+def first_new_token(tokens: list[int], start: int) -> int:
+    """The first token at or after output index `start` that the output has not had before."""
+    return next(t for i, t in enumerate(tokens) if i >= start and t not in tokens[:i])
+
+
+def test_a_stop_token_inside_a_stretch(models, graphs, reference, monkeypatch):
+    """Request 0 stops inside a stretch while the others run on: its row runs one step past its
+    end (dropped), and its state is no longer read; the others' are checked at later catch-ups."""
+    stop = first_new_token(reference[0][0][len(PROMPTS[0]):], 12)
+    script = [2] + [0] * 40  # one speculative step, then k = 0 to the end: the stop falls in a stretch
+    stats = check_speculative(graphs, PROMPTS, NEW_TOKENS, 4, "select", p=0.7, reference=reference,
+                              fixed_rows=True, pipelined=True, k_chooser=ScriptedK(4, script), stop_tokens=[stop])
+    assert stats.pipelined_steps > 20
+    greedy = ortspec.Session(models.converted("base")).generate(PROMPTS[0], max_new_tokens=NEW_TOKENS,
+                                                                stop_tokens=[stop])
+    assert greedy[-1] == stop and len(greedy) < NEW_TOKENS
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    session.k_chooser = ScriptedK(4, [0])
+    steps = count_calls(monkeypatch, "step")
+    assert session.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, stop_tokens=[stop], fixed_rows=True,
+                            pipelined=True) == greedy
+    assert steps[0] == session.stats["pipelined_steps"] + 1  # the step past the stop, run a step ahead
+
+
+def test_a_budget_ending_inside_a_stretch_runs_no_extra_step(graphs, reference, monkeypatch):
+    steps = count_calls(monkeypatch, "step")
+    stats = check_speculative(graphs, PROMPTS, 30, 4, "select", p=0.7, reference=reference, fixed_rows=True,
+                              pipelined=True, k_chooser=ScriptedK(4, [3, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
+    assert stats.steps_by_k[0] > 10
+    assert steps[0] == stats.pipelined_steps  # no step past the budgets: it ended inside a stretch
+
+
+def test_hidden_rows_read_one_step_late_are_caught(graphs, reference, monkeypatch):
+    """The state check is not vacuous: the head's entries from the hidden rows of the step before
+    (a pipelining bug that reads the wrong readback) leave the MTP head's state wrong."""
+    original, history = DeviceDecode.hidden, []
+
+    def one_step_late(self, n):
+        history.append(original(self, n))
+        return history[-2] if len(history) > 1 else history[-1]
+
+    monkeypatch.setattr(DeviceDecode, "hidden", one_step_late)
+    with pytest.raises(ExactnessError, match="MTP state"):
+        check_speculative(graphs, PROMPTS, 30, 4, "select", p=0.7, reference=reference, fixed_rows=True,
+                          pipelined=True, k_chooser=ScriptedK(4, [0, 0, 0, 0, 2]))
+
+
+def test_stretch_positions_feed_the_accept_length_check(graphs, reference, monkeypatch):
+    """A stretch step records where it ran (Request.last_first_position): forget it and the next
+    speculative step's accept length from positions disagrees (counted, then raised)."""
+    def emit_forgetting_positions(self, occupants, tokens, positions):
+        self.stats.record_decode_step()
+        for req, token in zip(occupants, tokens):
+            if not req.done:
+                self.emit(req, [token])
+
+    monkeypatch.setattr(PipelinedGreedy, "_emit_step", emit_forgetting_positions)
+    with pytest.raises(ExactnessError, match="position mismatches"):
+        check_speculative(graphs, PROMPTS, 30, 4, "select", p=0.7, reference=reference, fixed_rows=True,
+                          pipelined=True, k_chooser=ScriptedK(4, [0, 0, 0, 2]))
+
+
+def run_stretch(graphs, chooser, new_tokens: int, consumer_seconds: float = 0.0) -> Decoder:
+    decoder = Decoder(graphs, len(PROMPTS), 4, "select", Stats(), fixed_rows=True, pipelined=True, k_chooser=chooser)
+    for _ in decoder.steps(make_requests(PROMPTS, new_tokens)):
+        time.sleep(consumer_seconds)
+    return decoder
+
+
+def test_stretch_steps_are_timed_as_the_interval_between_token_reads(graphs, monkeypatch):
+    """One stretch of k = 0 to the end: every step but the first is timed (its interval holds
+    the pipeline's fill), and not the time the caller spends between steps."""
+    spy = TimeSpy(4, [0])
+    decoder = run_stretch(graphs, spy, 12, consumer_seconds=0.08)
+    steps = decoder.stats.pipelined_steps
+    assert steps == 11 and decoder.stats.speculative_steps == 0
+    assert [k for k, _ in spy.timed] == [0] * (steps - 1)
+    assert statistics.median(seconds for _, seconds in spy.timed) < 0.08  # the caller's sleeps left out
+
+
+def test_stretch_steps_around_a_graph_setup_are_not_timed(graphs, monkeypatch):
+    """A first run or capture (GraphSlots.setup_runs) waits for the GPU, which then has no step
+    queued: both intervals it touches are left out (here: setups planted at steps 0 and 5)."""
+    original = DeviceDecode.step
+
+    def planted_setups(self, n, ids, positions):
+        if n in (0, 5):
+            self.graphs.slots.setup_runs += 1
+        return original(self, n, ids, positions)
+
+    monkeypatch.setattr(DeviceDecode, "step", planted_setups)
+    spy = TimeSpy(4, [0])
+    decoder = run_stretch(graphs, spy, 12)
+    # intervals 1..10 timed but 1 (after step 0's setup), 4 and 5 (step 5 enqueued in interval 4)
+    assert len(spy.timed) == decoder.stats.pipelined_steps - 1 - 3
+
+
+def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
+    out = models.converted("base")
+    greedy = ortspec.Session(out).generate(PROMPTS, max_new_tokens=40)
+    session = ortspec.Session(out, num_speculative_tokens="auto")
+    for _ in range(3):
+        assert session.generate(PROMPTS, max_new_tokens=40, fixed_rows=True, pipelined=True) == greedy
+    streamed = session.generate(PROMPTS[2], max_new_tokens=40, stream=True, fixed_rows=True, pipelined=True)
+    assert list(streamed) == greedy[2]
+    stats = session.stats
+    assert stats["pipelined_steps"] == stats["steps_by_k"][0] > 0 and sum(stats["steps_by_k"][1:]) > 0
+    assert 0 in stats["auto_k"]["step_ms"][4]  # k = 0's cost at 3 rows (bucket 4): measured in stretches
+
+
+def test_sampled_requests_run_the_plain_loop(models):
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    session.k_chooser = ScriptedK(4, [0, 0, 0, 2])
+    sampled = dict(max_new_tokens=12, temperature=0.8, seed=3, fixed_rows=True)
+    assert len(session.generate(PROMPTS, **sampled, pipelined=True)[0]) == 12
+    assert session.stats["pipelined_steps"] == 0 and session.stats["steps_by_k"][0] > 0
+
+
+def test_a_plain_greedy_decoder_reads_no_hidden_rows(graphs, monkeypatch):
+    """k = 0 Sessions have no head to catch up: their loop reads back tokens only, as before."""
+    monkeypatch.setattr(DeviceDecode, "hidden", lambda self, n: pytest.fail("a greedy loop read hidden rows"))
+    decoder = Decoder(graphs, len(PROMPTS), 0, "select", Stats(), fixed_rows=True, pipelined=True)
+    requests = make_requests(PROMPTS, 10)
+    assert decoder.pipelined is not None and decoder.generate(requests)
+    assert not decoder.deferred and decoder.stats.pipelined_steps == 9
+
+
+@pytest.mark.parametrize("k,chooser,on_commit,expected", [
+    (0, None, None, True), (2, None, None, False),  # a speculative decoder of a fixed k: never
+    (4, KChooser(4), None, True), (4, KChooser(4), HOOK, True),  # auto: its hook is called where stretches end
+    (0, None, HOOK, False)])  # a plain decoder with a hook: the plain loop (the hook sees every step)
+def test_where_the_loop_runs_for_auto_decoders(k, chooser, on_commit, expected):
+    arrays = SimpleNamespace(device="cuda", shared_stream=True)
+    decoder = SimpleNamespace(graphs=SimpleNamespace(arrays=arrays), target=None, stats=Stats(), max_length=64,
+                              k=k, fixed_rows=True, _emit=None, chooser=chooser, deferred=None)
+    assert (PipelinedGreedy.for_decoder(decoder, None, None, 1, on_commit) is not None) == expected
+    assert PipelinedGreedy.for_decoder(decoder, None, object(), 1, on_commit) is None  # exact mode
+
+
+def test_stretch_entries_equal_the_plain_loops(graphs):
+    """The entries a stretch leaves (hidden rows read back a step late) are the plain loop's bit
+    for bit: same hidden rows, tokens and positions per row."""
+    taken = []
+    for pipelined in (False, True):
+        decoder = Decoder(graphs, len(PROMPTS), 4, "select", Stats(), fixed_rows=True, pipelined=pipelined,
+                          k_chooser=ScriptedK(4, [0]))
+        decoder.generate(make_requests(PROMPTS, 9))
+        taken.append(decoder.deferred.take())
+    (_, rows_a, *plain), (_, rows_b, *piped) = taken
+    assert rows_a.indices.tolist() == rows_b.indices.tolist()
+    for a, b in zip(plain, piped):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_deferred_entries_gather_each_rows_steps_and_refuse_rows_out_of_step():
+    """Entries are kept per step and gathered per row at the catch-up: a row that left the steps
+    (the CPU drops finished rows) is dropped; a row of the latest step missing from an earlier
+    step is a bug, said so."""
+    from ortspec.errors import InternalError
+    from ortspec.runtime.arrays import HostArrays
+    from ortspec.runtime.states import Rows
+    from ortspec.speculative.deferred_entries import DeferredEntries
+
+    entries = DeferredEntries(HostArrays())
+    for step, rows in enumerate(([0, 1, 2], [0, 2], [0, 2])):
+        hidden = np.array([[10 * row + step] * 3 for row in rows], np.float32)  # [b, H=3]
+        entries.add_host(["r"], Rows(rows), hidden, np.float32, np.array(rows) + 100, np.array(rows) + step)
+    requests, rows, hidden, next_ids, positions, last = entries.take()
+    assert rows.indices.tolist() == [0, 2] and not entries and last.tolist() == [2, 2]
+    assert hidden[:, :, 0].tolist() == [[0, 1, 2], [20, 21, 22]]  # [B, m]
+    assert next_ids.tolist() == [[100] * 3, [102] * 3] and positions.tolist() == [[0, 1, 2], [2, 3, 4]]
+    for rows in ([0, 1], [0, 3]):
+        entries.add_host(["r"], Rows(rows), np.zeros((2, 3), np.float32), np.float32, np.zeros(2), np.zeros(2))
+    with pytest.raises(InternalError, match="out of step: rows \\[0, 3\\] of the latest step, rows \\[0, 1\\]"):
+        entries.take()

@@ -1,0 +1,137 @@
+"""Auto k's stretches of k = 0 steps in the pipelined loop on CUDA (python3 tools/gpu.py auto_loop).
+
+Issue 11 asks that speculation be never slower than greedy at batch 1..16, the Session choosing k
+itself where no k pays (``num_speculative_tokens="auto"``); an auto Session's k = 0 steps run in
+the pipelined loop, like a greedy Session's (``speculative/auto_stretch.py``). Needs
+onnxruntime-gpu and ortspec._native built with CUDA. Converts models/tiny-qwen35 (float32) and
+models/qwen35-python-20m (float16), then:
+
+(1) tiny float32: an auto Session whose k is scripted (stretches of up to 12 k = 0 steps among
+    k = 1..4) against the greedy Session at batch 1, 3 and 16, without and with a stop token:
+    tokens equal, k = 0 steps all pipelined, speculative steps run, graph fallbacks and
+    invalidations 0;
+(2) tiny float32: the scripted-draft state check (check_speculative) with scripted k, stretches
+    pipelined, both commits, batch 3 and 16: every state within 1e-5 (relative) of a plain
+    decode after every speculative commit and after every catch-up that ends a stretch;
+(3) trained float16: --rounds interleaved rounds (the order rotating) of greedy, auto and auto
+    with pipelined=False (its k = 0 steps in the plain loop, as auto ran before they were pipelined),
+    128 new tokens over the bench's prompts at batch 1, 4 and 16: tokens/s (median), auto/greedy,
+    and the steps auto ran at each k. The auto Sessions first run --warmup calls per batch (the
+    chooser times every k before it trusts its costs). Requests whose auto tokens differ from
+    greedy are counted, not failed: float16 speculation has the default mode's caveat (README).
+
+Prints one line per check and the speed table last; exits 1 if a check of (1) or (2) failed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import ortspec
+from ortspec.runtime.graphs import GraphSet
+from ortspec.speculative.auto_k import ScriptedK
+
+from .common import CODE_PROMPTS, IDENTITY_PROMPTS, TINY, TRAINED, Checks, convert, graph_faults, markdown_table, \
+    state_check_row_steps, write_json
+
+SUMMARY = "auto k on CUDA: its k = 0 stretches pipelined (tokens, states, fallbacks) and tokens/s against greedy"
+SCRIPTS = ([0] * 12 + [2, 3, 0, 0, 0, 4, 1], [3] + [0] * 7 + [1, 0, 0, 0, 0, 2])  # k per step, cycled
+LOOPS = ("greedy", "auto", "auto, plain loop")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", default="/tmp/ortspec_gpu_auto_loop", help="working directory (converted models)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per request in the checks (1) and (2)")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (0: no timing)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch size before the rounds")
+
+
+def run(args) -> int:
+    checks = Checks()
+    tiny = convert(TINY, Path(args.out) / "tiny_float32", dtype="float32", max_length=512)
+    identity(tiny, "tiny float32", IDENTITY_PROMPTS * 4, args.new_tokens, checks)
+    states(tiny, "tiny float32", IDENTITY_PROMPTS * 4, args.new_tokens, checks)
+    rows = []
+    if args.rounds:
+        trained = convert(TRAINED, Path(args.out) / "trained_float16", dtype="float16", max_length=512)
+        prompts = [CODE_PROMPTS[i % len(CODE_PROMPTS)] for i in range(16)]
+        rows = speed(trained, "trained float16", prompts, args.rounds, args.warmup, checks)
+    write_json(args.json, checks.results)
+    if rows:
+        print("\n" + markdown_table(["model", "batch", *(f"{loop} tok/s" for loop in LOOPS), "auto/greedy",
+                                     "auto steps by k", "auto tokens ≠ greedy"], rows))
+    return checks.exit_status("auto loop failures")
+
+
+def identity(model, label: str, prompts: list, n: int, checks: Checks, provider: str = "cuda",
+             loop_options: dict | None = None) -> None:
+    """(1); loop_options: generate options that make the loop run where it is not the default (the CPU)."""
+    options = dict(loop_options or {})
+    greedy_session = ortspec.Session(model, provider=provider)
+    stop = greedy_session.generate(prompts[0], max_new_tokens=n, stop_tokens=[])[n // 3]
+    for batch in (1, 3, 16):
+        for stops, script in (([], SCRIPTS[0]), ([stop], SCRIPTS[1])):
+            greedy = greedy_session.generate(prompts[:batch], max_new_tokens=n, stop_tokens=stops)
+            session = ortspec.Session(model, provider=provider, num_speculative_tokens="auto")
+            session.k_chooser = ScriptedK(session.k, script)
+            auto = session.generate(prompts[:batch], max_new_tokens=n, stop_tokens=stops, **options)
+            stats = session.stats
+            ok = (auto == greedy and stats["pipelined_steps"] == stats["steps_by_k"][0] > 0
+                  and stats["speculative_steps"] > 0 and graph_faults(session) == 0)
+            checks.record(f"{label} batch {batch} stop {stops}", ok)
+            print(f"{label}: batch {batch}, stop tokens {stops}: auto == greedy: {auto == greedy} (steps by k "
+                  f"{stats['steps_by_k']}, pipelined {stats['pipelined_steps']}, graph faults {graph_faults(session)})")
+            session.close()
+
+
+def states(model, label: str, prompts: list, n: int, checks: Checks, provider: str = "cuda") -> None:
+    """(2): float32 states after every speculative commit and every catch-up that ends a stretch."""
+    graphs = GraphSet(ortspec.Session(model).manifest, provider=provider)
+    atol = 1e-5 if provider == "cuda" else 0.0
+    for commit in ("select", "readvance"):
+        for batch, script in ((3, SCRIPTS[0]), (16, SCRIPTS[1])):
+            row_steps = state_check_row_steps(graphs, prompts[:batch], n, 4, commit, p=0.7, atol=atol,
+                                              fixed_rows=True, pipelined=True, k_chooser=ScriptedK(4, script))
+            checks.record(f"{label} {commit} batch {batch} states", row_steps is not None, row_steps)
+            print(f"{label}: {commit}, batch {batch}: states within {atol} of a plain decode after every "
+                  f"commit and catch-up: {row_steps is not None} ({row_steps} speculative row-steps)")
+    graphs.close()
+
+
+def speed(model, label: str, prompts: list, rounds: int, warmup: int, checks: Checks, provider: str = "cuda",
+          new_tokens: int = 128, loop_options: dict | None = None) -> list[list]:
+    """(3) over 16 prompts: one row per batch size (median tok/s per loop, auto/greedy, auto's steps
+    by k in the timed rounds, requests whose auto tokens differ from greedy's)."""
+    sessions = {"greedy": ortspec.Session(model, provider=provider),
+                "auto": ortspec.Session(model, provider=provider, num_speculative_tokens="auto"),
+                "auto, plain loop": ortspec.Session(model, provider=provider, num_speculative_tokens="auto")}
+    options = {"greedy": dict(loop_options or {}), "auto": dict(loop_options or {}),
+               "auto, plain loop": {**(loop_options or {}), "pipelined": False}}
+    rows = []
+    for batch in (1, 4, 16):
+        def call(loop: str) -> list:
+            return sessions[loop].generate(prompts[:batch], max_new_tokens=new_tokens, stop_tokens=[], **options[loop])
+
+        outputs = {}
+        for loop in LOOPS:
+            for _ in range(max(warmup, 1)):
+                outputs[loop] = call(loop)
+        before = sessions["auto"].stats["steps_by_k"]
+        rates = {loop: [] for loop in LOOPS}
+        for round_ in range(rounds):
+            for loop in LOOPS[round_ % 3:] + LOOPS[: round_ % 3]:
+                start = time.perf_counter()
+                call(loop)
+                rates[loop].append(batch * new_tokens / (time.perf_counter() - start))
+        after = sessions["auto"].stats["steps_by_k"]
+        by_k = [b - (before[k] if k < len(before) else 0) for k, b in enumerate(after)]
+        differ = sum(a != g for a, g in zip(outputs["auto"], outputs["greedy"]))
+        median = {loop: statistics.median(r) for loop, r in rates.items()}
+        checks.results[f"{label} batch {batch}"] = {"tok/s": rates, "auto steps by k": by_k, "auto differ": differ}
+        rows.append([label, batch, *(f"{median[loop]:.0f}" for loop in LOOPS),
+                     f"{median['auto'] / median['greedy']:.2f}", by_k, differ])
+    for session in sessions.values():
+        session.close()
+    return rows
