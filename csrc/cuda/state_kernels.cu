@@ -267,6 +267,10 @@ std::string describe_kernel_error(const KernelErrorRecord& record) {
       return "gather_rows: index[" + row + "]=" + value + " is out of range for src of M=" +
              limit + " rows (valid 0.." + std::to_string(record.limit - 1) +
              "); that row of dst was left unchanged";
+    case kAdvanceSpeculative:
+      return "advance_speculative_inputs: step_ids[" + row + ", " + std::to_string(record.column) +
+             "] (the accept length) = " + value + " is out of range 0..k=" + std::to_string(record.limit - 1) +
+             "; that row's next inputs were left unchanged";
     default:
       return "unknown state kernel error " + std::to_string(record.kernel);
   }
