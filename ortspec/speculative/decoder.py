@@ -143,9 +143,11 @@ class Decoder:
         batch.park_finished(self.max_length - self.forwards.positions_used(self.k))
         k, previous_k = self.step_k, self._last_k
         with self.graphs.device_lock:
+            # timed from before begin_step: on CUDA it waits for the last step's device work still
+            # queued (the commit's kernels, and what a Run left running), part of a step's period
+            start, setups = time.perf_counter(), self.graphs.slots.setup_runs
             self.graphs.begin_step()
             room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-            start, setups = time.perf_counter(), self.graphs.slots.setup_runs
             if k > 0 and room >= k:
                 self.speculative_step(batch, k)
             else:
