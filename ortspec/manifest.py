@@ -23,6 +23,7 @@ from .model_spec import FULL, ModelSpec
 
 FORMAT = "ortspec/2"
 MANIFEST_FILE = "manifest.json"
+MAX_SPECULATIVE_TOKENS = 8  # the largest K a conversion writes (verify and draft graphs for k = 1..K)
 WEIGHTS_FILE = "weights.bin"
 GRAPH_FILES = "{name}.onnx"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",

@@ -165,8 +165,10 @@ class Session:
         text pieces that never split a character) as each step commits them; joined, they equal
         what stream=False returns. The state buffers are held until it is exhausted or closed.
 
-        decoder_options: the Decoder's hooks make_drafts, on_commit, fixed_rows, fused_verify (tests,
-        exactness tools); any other keyword is an InputError. Every argument is checked before
+        decoder_options: the Decoder's hooks make_drafts, on_commit, fixed_rows, pipelined,
+        fused_verify (tests, exactness tools, A/B runs: pipelined=False keeps the host in step
+        with the GPU, fused_verify=False runs the MTP head in a Run of its own); any other
+        keyword is an InputError. Every argument is checked before
         any work starts.
         """
         options = validation.decoder_options(decoder_options, "generate")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigurationError, InputError, ModelDirError, OrtspecError, ProviderError
-from .manifest import graph_name, state_bytes
+from .manifest import MAX_SPECULATIVE_TOKENS, graph_name, state_bytes
 from .speculative.sampling import MIN_TEMPERATURE, SamplingParams
 
 PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer array), a batch of those "
@@ -93,8 +93,6 @@ def num_speculative_tokens(value, manifest) -> int:
             "without mtp.* weights. Use num_speculative_tokens=0, or convert a checkpoint that has them."
         )
     if k > manifest.num_speculative_tokens:
-        from .converter import MAX_SPECULATIVE_TOKENS  # here only: the converter imports onnx
-
         converted = manifest.num_speculative_tokens
         fix = f"use k <= {converted}"
         if converted < MAX_SPECULATIVE_TOKENS:

@@ -13,13 +13,12 @@ import dataclasses
 import numbers
 
 from ..errors import ConvertOptionError
-from ..manifest import state_bytes, state_table
+from ..manifest import MAX_SPECULATIVE_TOKENS, state_bytes, state_table
 from ..model_spec import FULL, ModelSpec
 from ..validation import machine_memory_bytes
 
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTS = (None, "int4")
-MAX_SPECULATIVE_TOKENS = 8
 GRAPHS_PER_SESSION = 4  # prefill, decode, verify, mtp_propose: each holds its own position constant [L] int64
 
 
