@@ -34,6 +34,12 @@ k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps th
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
 when a later step speculates again, so a stretch of k = 0 costs what greedy costs.
 
+What the model leaves out (measured on the H200, BENCHMARKS.md): in a batch whose requests share
+a budget the slowest request sets the number of steps, and a larger k spreads the requests
+further (k = 4 at batch 16: 44 steps where the mean request needed 35); and the MTP head's
+catch-up over every prompt at prefill, which an auto Session pays even where it then runs
+greedy. Both favour speculation wrongly at large batches on a GPU.
+
 One chooser serves every call and batcher of a Session (thread-safe); k changes only which
 rows the verify runs and how many drafts the head makes, so outputs stay those of greedy (on a
 GPU in float16/bfloat16, exact mode keeps them independent of k; see the README).
