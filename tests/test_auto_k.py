@@ -146,14 +146,15 @@ def test_only_steady_steps_are_timed(models, monkeypatch):
     from ortspec.speculative.stats import Stats
 
     graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
-    original, setups = MTPHead.catch_up, []
+    original, graphed_runs = MTPHead.catch_up, []
 
     def slow_setup(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
         if not graphed:  # the deferred catch-up (and the prefill's): make it stand out
-            time.sleep(0.05)
-        if graphed and len(setups) < 3 and np.random.default_rng(len(setups)).random() < 0.5:
-            graphs.slots.setup_runs += 1  # as if this run had captured a graph
-            setups.append(1)
+            time.sleep(0.25)
+        else:
+            graphed_runs.append(1)
+            if len(graphed_runs) % 7 == 0:
+                graphs.slots.setup_runs += 1  # as if this run had captured a graph
         return original(self, rows, hidden, next_ids, positions, last, drafts, graphed)
 
     monkeypatch.setattr(MTPHead, "catch_up", slow_setup)
@@ -161,9 +162,9 @@ def test_only_steady_steps_are_timed(models, monkeypatch):
     stats = Stats()
     Decoder(graphs, 2, 3, "select", stats, k_chooser=spy, fused_verify=False).generate(make_requests(PROMPTS[:2], 40))
     steady = sum(a == b == c for a, b, c in zip(spy.chosen, spy.chosen[1:], spy.chosen[2:]))
-    assert spy.timed and len(spy.timed) <= steady < stats.steps
+    assert spy.timed and len(spy.timed) < steady < stats.steps  # < steady: some steady steps set a graph up
     assert {k for k, _ in spy.timed} >= {0, 2, 3} and 1 not in {k for k, _ in spy.timed}  # a run of one is never steady
-    assert max(seconds for _, seconds in spy.timed) < 0.05  # the switching catch-ups left out
+    assert max(seconds for _, seconds in spy.timed) < 0.25  # the switching catch-ups left out
 
 
 # -- exactness under any choice ------------------------------------------------------------------
