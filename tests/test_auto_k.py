@@ -11,7 +11,7 @@ import pytest
 import ortspec
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative import auto_k
-from ortspec.speculative.auto_k import KChooser, ScriptedK, row_bucket
+from ortspec.speculative.auto_k import KChooser, ScriptedK, Tail, row_bucket, tail_tokens_per_step
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
@@ -121,13 +121,99 @@ def test_other_ks_are_tried_again_far_ones_rarely():
     assert len(trials) == slots and {k for k, _ in trials} == {0, 1, 3}
 
 
+# -- the static batch's tail ---------------------------------------------------------------------
+
+ACCEPTANCE = np.array([0.8, 0.7, 0.6, 0.5])  # a1..a4
+# accept lengths of k = 4 in the proportions those rates give: P(a = i) = a1..ai (1 - a_{i+1}), out of 125
+ACCEPT_LENGTHS = np.repeat(np.arange(5), [25, 30, 28, 21, 21])
+
+
+def simulated_steps(acceptance: np.ndarray, live: int, tokens: int, batches: int, seed: int = 0) -> float:
+    """Monte Carlo: the mean over batches of the steps until every one of ``live`` requests has
+    ``tokens`` tokens, each step giving a request 1 + (its leading accepted drafts)."""
+    rng = np.random.default_rng(seed)
+    kept = rng.random((batches, live, tokens, len(acceptance))) < acceptance  # [batches, B, steps, k]
+    per_step = np.cumprod(kept, -1).sum(-1) + 1  # [batches, B, steps] t = a + 1
+    steps = (np.cumsum(per_step, -1) < tokens).sum(-1) + 1  # [batches, B] the first step reaching N
+    return float(steps.max(-1).mean())
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_the_slowest_requests_steps_match_a_simulation(k):
+    chooser = KChooser(k)
+    acceptance = ACCEPTANCE[:k]
+    for _ in range(300):  # accept lengths of k drafts in the model's proportions
+        chooser.record_accepts(np.minimum(ACCEPT_LENGTHS, k), k)
+    np.testing.assert_allclose(chooser.acceptance(), acceptance, atol=0.02)
+    predicted = 128 / chooser.batch_tokens(k, Tail(16, 128))
+    simulated = simulated_steps(acceptance, 16, 128, batches=400)
+    assert predicted == pytest.approx(simulated, rel=0.03)
+    assert 128 / chooser.expected_tokens(k) < 0.96 * simulated  # the mean alone misses the tail
+    assert chooser.batch_tokens(k, Tail(1, 128)) == chooser.expected_tokens(k)  # one request: no tail
+    assert chooser.batch_tokens(0, Tail(16, 128)) == 1.0  # greedy: every request one token a step
+
+
+def test_tail_of_a_generate_calls_requests():
+    from ortspec.speculative.requests import Request
+
+    requests = [Request(0, [1], 10, tokens=[1]), Request(1, [1], 30, tokens=[1]), Request(2, [1], 50, tokens=[1]),
+                Request.filler(3)]  # tokens: as prefilled
+    requests[0].extend([5] * 4)
+    requests[1].extend([5] * 12)
+    requests[2].extend([5] * 50)  # done
+    assert Tail.of(requests) == Tail(2, 18) and Tail.of([requests[2]]) == Tail(0, 0)
+    assert tail_tokens_per_step(2.5, 1.0, Tail.of([requests[2]])) == 2.5
+
+
+def test_a_static_batchs_tail_can_make_greedy_win():
+    """Mean tokens per unit cost favour k = 4 by 5 %; in a static batch of 16 with 128 tokens left
+    the slowest request's extra steps cost more than that: greedy. One request: k = 4 still."""
+    chooser = KChooser(4)
+    for _ in range(300):
+        chooser.record_accepts(ACCEPT_LENGTHS, 4)
+    for rows in (1, 16):
+        time_all(chooser, rows, {0: 1.0, 1: 10.0, 2: 10.0, 3: 10.0, 4: chooser.expected_tokens(4) / 1.05})
+    assert chooser.choose(16) == 4  # a batcher: no tail
+    assert chooser.choose(16, Tail(16, 128)) == 0
+    assert chooser.choose(1, Tail(1, 128)) == 4
+    assert chooser.choose(16, Tail(16, 10 ** 6)) == 4  # a long way left: the spread is small beside it
+
+
+class TailSpy(ScriptedK):
+    def __init__(self, max_k, script) -> None:
+        super().__init__(max_k, script)
+        self.tails = []
+
+    def choose(self, rows: int, tail: Tail | None = None) -> int:
+        self.tails.append(tail)
+        return super().choose(rows, tail)
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_generate_calls_tell_the_chooser_their_tail_and_batchers_do_not(models, pipelined):
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    session.k_chooser = spy = TailSpy(4, [0, 0, 0, 2, 0, 0, 3])
+    session.generate(PROMPTS, max_new_tokens=30, fixed_rows=pipelined, pipelined=pipelined)
+    tails = spy.tails[1:]  # the first: the Decoder's, before the prefill
+    assert tails and all(t is not None for t in tails)
+    assert tails[0] == Tail(3, 29) and all(t.live <= 3 and t.tokens_left <= 29 for t in tails)
+    assert [t.tokens_left for t in tails] == sorted((t.tokens_left for t in tails), reverse=True)
+    spy.tails.clear()
+    with session.batcher(max_batch_size=3) as batcher:
+        for prompt in PROMPTS:
+            batcher.add_request(prompt, max_new_tokens=30)
+        while batcher.pending:
+            batcher.step()
+    assert spy.tails and all(t is None for t in spy.tails)
+
+
 class TimeSpy(ScriptedK):
     def __init__(self, max_k, script) -> None:
         super().__init__(max_k, script)
         self.timed, self.chosen = [], []
 
-    def choose(self, rows: int) -> int:
-        self.chosen.append(super().choose(rows))
+    def choose(self, rows: int, tail=None) -> int:
+        self.chosen.append(super().choose(rows, tail))
         return self.chosen[-1]
 
     def record_time(self, rows, k, seconds):

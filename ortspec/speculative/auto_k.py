@@ -34,11 +34,24 @@ k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps th
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
 when a later step speculates again, so a stretch of k = 0 costs what greedy costs.
 
-What the model leaves out (measured on the H200, BENCHMARKS.md): in a batch whose requests share
-a budget the slowest request sets the number of steps, and a larger k spreads the requests
-further (k = 4 at batch 16: 44 steps where the mean request needed 35); and the MTP head's
-catch-up over every prompt at prefill, which an auto Session pays even where it then runs
-greedy. Both favour speculation wrongly at large batches on a GPU.
+The static batch's tail (``Tail``). In a generate call no request joins, so the slowest live
+request sets the number of steps, and a larger k spreads the requests further (measured on the
+H200, BENCHMARKS.md: k = 4 at batch 16 took 44 steps where the mean request needed 35). A
+request's tokens per step t = a + 1 is a renewal process with mean mu_k = E(k) and variance
+var_k, both from the per-depth acceptance: P(t > 0) = 1, P(t > i) = a1*...*ai (i = 1..k),
+E[t] = sum_i P(t > i), E[t^2] = sum_i (2i+1) P(t > i). With N tokens left a request needs about
+N/mu steps, variance N var/mu^3, so the slowest of B live requests needs about
+
+    steps_k = N/mu + z_B sqrt(N var/mu^3)    z_B = Phi^-1((B - 0.375)/(B + 0.25))  (Blom; z_1 = 0)
+
+and the chooser weighs k by the batch's tokens per step per request, N / steps_k, in place of
+E(k) (k = 0: var = 0, so 1 either way). N is the largest budget left among live requests (stop
+tokens make it an upper bound). A batcher's rows are refilled as requests finish: no tail there
+(``tail=None``), E(k) as before.
+
+What the model leaves out: the MTP head's catch-up over every prompt at prefill, which an auto
+Session pays even where it then runs greedy; it favours speculation wrongly at large batches on
+a GPU.
 
 One chooser serves every call and batcher of a Session (thread-safe); k changes only which
 rows the verify runs and how many drafts the head makes, so outputs stay those of greedy (on a
@@ -48,7 +61,10 @@ GPU in float16/bfloat16, exact mode keeps them independent of k; see the README)
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import itertools
+import math
 import statistics
 import threading
 
@@ -61,6 +77,38 @@ PROBE_EVERY = 64  # steps between trials of another k than the chosen one (each 
 NEAR, FAR_PROBES = 0.8, 4  # a k slower than NEAR x the best's tokens/s is tried in one probe slot of FAR_PROBES
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
+
+
+@dataclasses.dataclass(frozen=True)
+class Tail:
+    """What a static batch (a generate call: no request joins) has left: ``live`` unfinished
+    requests, the most of which needs ``tokens_left`` more tokens. choose weighs k by the
+    slowest request's steps (the module docstring says how)."""
+
+    live: int
+    tokens_left: int
+
+    @classmethod
+    def of(cls, requests) -> "Tail":
+        """From a generate call's requests (``requests.Request``): placeholders and done ones left out."""
+        left = [r.max_new_tokens - r.output_length for r in requests if not r.done and not r.placeholder]
+        return cls(len(left), max(left, default=0))
+
+
+@functools.lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """z_n: the expected largest of n standard normals, by Blom's approximation (z_1 = 0)."""
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
+def tail_tokens_per_step(mean: float, variance: float, tail: Tail | None) -> float:
+    """A static batch's tokens per step per request: N / (N/mu + z_B sqrt(N var/mu^3)), where
+    each request's tokens per step have this mean and variance; ``mean`` where there is no tail."""
+    if tail is None or tail.live <= 1 or tail.tokens_left <= 0:
+        return mean
+    n = tail.tokens_left
+    steps = n / mean + expected_max_normal(tail.live) * math.sqrt(n * max(variance, 0.0) / mean ** 3)
+    return n / steps
 
 
 def row_bucket(rows: int) -> int:
@@ -83,7 +131,7 @@ class KChooser:
         self._probes: dict[int, int] = {}  # bucket -> trials made there after every k was timed
         self._tried = np.zeros(max_k + 1)  # [K+1], index i: row-steps that tried draft i (decayed)
         self._kept = np.zeros(max_k + 1)  # [K+1], index i: row-steps that accepted draft i (decayed)
-        self._expected = self._expected_tokens()  # [K+1] E(k), kept in step with the counts
+        self._expected, self._variance = self._tokens_moments()  # [K+1] E(k), var(k): in step with the counts
 
     # -- measurements ----------------------------------------------------------------------
     def record_time(self, rows: int, k: int, seconds: float) -> None:
@@ -107,26 +155,41 @@ class KChooser:
         with self._lock:
             self._tried = self._tried * decay + tried.sum(0)
             self._kept = self._kept * decay + kept.sum(0)
-            self._expected = self._expected_tokens()
+            self._expected, self._variance = self._tokens_moments()
 
     # -- the model -------------------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
         """[K] ai for i = 1..K: the rate draft i is accepted when drafts 1..i-1 were."""
         return ((self._kept + 0.5 * PRIOR_ROW_STEPS) / (self._tried + PRIOR_ROW_STEPS))[1:]
 
-    def _expected_tokens(self) -> list[float]:
-        return [1.0] + [float(e) for e in 1.0 + np.cumsum(np.cumprod(self.acceptance()))]
+    def _tokens_moments(self) -> tuple[list[float], list[float]]:
+        """Per k, the mean and variance of a request's tokens per step t (t > i with probability
+        a1*...*ai): E[t] = sum_i P(t > i), E[t^2] = sum_i (2i+1) P(t > i), i = 0..k."""
+        beyond = np.concatenate([[1.0], np.cumprod(self.acceptance())])  # [K+1] P(t > i)
+        mean = np.cumsum(beyond)  # [K+1] index k: E[t] with k drafts
+        square = np.cumsum((2 * np.arange(self.max_k + 1) + 1) * beyond)  # [K+1] E[t^2]
+        return [float(m) for m in mean], [float(v) for v in square - mean ** 2]
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a request gains per step with k drafts."""
         return self._expected[k]
 
+    def tokens_variance(self, k: int) -> float:
+        """var(k): the variance of the tokens a request gains per step with k drafts."""
+        return self._variance[k]
+
+    def batch_tokens(self, k: int, tail: Tail | None = None) -> float:
+        """Tokens per step per request with k drafts: E(k), or in a static batch with this
+        tail, N over the slowest request's expected steps."""
+        return tail_tokens_per_step(self._expected[k], self._variance[k], tail)
+
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
         return self._costs.get((row_bucket(rows), k))
 
-    def choose(self, rows: int) -> int:
-        """The k of the next step over this many rows (the module docstring says how)."""
+    def choose(self, rows: int, tail: Tail | None = None) -> int:
+        """The k of the next step over this many rows (the module docstring says how); tail: a
+        static batch's (``Tail``; None: a batcher, whose rows are refilled)."""
         bucket = row_bucket(rows)
         with self._lock:
             steps = self._steps[bucket] = self._steps.get(bucket, 0) + 1
@@ -137,7 +200,7 @@ class KChooser:
             if None in costs:
                 untimed = [k for k, c in enumerate(costs) if c is None]
                 return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
-            expected = self._expected
+            expected = [self.batch_tokens(k, tail) for k in range(self.max_k + 1)]
             best = max(range(self.max_k + 1), key=lambda k: expected[k] / costs[k])
             if steps % PROBE_EVERY:
                 return best
@@ -177,5 +240,5 @@ class ScriptedK(KChooser):
         super().__init__(max_k)
         self.script = itertools.cycle(script)
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows: int, tail: Tail | None = None) -> int:
         return next(self.script)

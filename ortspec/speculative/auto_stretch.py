@@ -9,7 +9,8 @@ the GPU, so an auto Session that chose greedy costs what a greedy Session costs.
 - keeps the step's MTP entries: its hidden rows [B, 1, H] reach the host a step late, like its
   tokens (a second ``streams.Readback``), and go to ``DeferredEntries`` with the tokens
   (x_{p+1}) and positions p;
-- asks the chooser for the k of the next step before the loop enqueues it (``next_k``); once it
+- asks the chooser for the k of the next step before the loop enqueues it (``next_k``), telling
+  it the batch's tail (``auto_k.Tail``: the loop runs generate calls, static batches); once it
   asks for drafts, the loop enqueues nothing more, reads the last step and ends the stretch,
   and the Decoder catches the head up over the entries and speculates;
 - times the step for the chooser: with the host a step ahead, the interval between two
@@ -30,7 +31,7 @@ import time
 import numpy as np
 
 from ..runtime.device_decode import DeviceDecode
-from .auto_k import KChooser
+from .auto_k import KChooser, Tail
 from .deferred_entries import DeferredEntries
 from .requests import Batch
 
@@ -46,7 +47,7 @@ class AutoStretch:
 
     def next_k(self) -> int:
         """The k of the step after the one just enqueued (0: the loop enqueues it)."""
-        return self.chooser.choose(len(self.batch))
+        return self.chooser.choose(len(self.batch), Tail.of(self.batch.requests))
 
     def record_step(self, decode: DeviceDecode, n: int, tokens: np.ndarray, positions: np.ndarray) -> None:
         """After step n's tokens [B] were read: its hidden rows (read now, landed with them) and

@@ -20,7 +20,7 @@ from ..runtime.graphs import GraphSet
 from ..runtime.model import Forward, MTPHead
 from ..runtime.states import Rows
 from . import sampler
-from .auto_k import KChooser
+from .auto_k import KChooser, Tail
 from .commits import COMMITS
 from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
@@ -59,7 +59,9 @@ class Decoder:
     and each step's k (``step_k``, 0..k) is chosen during the previous step, before the MTP
     head drafts for it (a speculative step: before its verify, whose graph may run the head;
     ``auto_k``). A plain decode step chosen that way leaves the head's entries for later
-    (``deferred_entries``).
+    (``deferred_entries``). In a generate call (``steps``: a static batch, no request joins) the
+    chooser is told the batch's tail (``auto_k.Tail``: the slowest request sets the steps); a
+    batcher's (``step`` alone) is not.
 
     pipelined: generate calls on CUDA run ``PipelinedGreedy`` (k = 0, and an auto decoder's
     stretches of k = 0 steps) or ``PipelinedSpeculation`` (fixed k >= 1), the host a step ahead of
@@ -77,6 +79,7 @@ class Decoder:
                  k_chooser: KChooser | None = None, pipelined: bool | None = None, fused_verify: bool = True) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
         self.chooser = k_chooser
+        self.static_batch = False  # set by steps(): a generate call's requests, none joins (auto_k.Tail)
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
         self.deferred = DeferredEntries(graphs.arrays)
         self._last_k: int | None = None  # the k the last step ran (None: none yet, or a plain step for want of room)
@@ -105,7 +108,9 @@ class Decoder:
 
     def steps(self, requests: list[Request]):
         """Prefills the requests (rows in order), then steps until all are done; yields after the
-        prefill and after every step, so a caller can stream each request's new tokens."""
+        prefill and after every step, so a caller can stream each request's new tokens. The
+        requests are a static batch: the chooser weighs their tail (``auto_k.Tail``)."""
+        self.static_batch = True
         for group in self._prefill_groups(requests):
             self.prefill_group(group)
         yield
@@ -234,7 +239,7 @@ class Decoder:
         # 1. propose: k drafts per request                                         [B, k]
         with self.stats.timed("propose"):
             drafts = self.drafts.propose(batch, k)
-        self.step_k = self.chooser.choose(len(batch)) if self.chooser else k  # the next step's k
+        self.step_k = self.chooser.choose(len(batch), self._tail(batch)) if self.chooser else k  # the next step's k
         head = self._head_runs(batch, k)  # the MTP head in its own Run, or in the verify's graph
         # 2. verify: one target forward over [x_T, d_1..d_k] at positions T..T+k   [B, k+1]
         ids = np.concatenate([batch.pending[:, None], drafts], axis=1)
@@ -270,9 +275,13 @@ class Decoder:
         """Auto k after a plain decode: choose the next step's k; for k = 0 leave the head's entry
         for later, else catch up over every entry left so far and this one, drafting k."""
         self.deferred.add(batch.requests, batch.rows, out["hidden"], tokens, out.positions[:, 0])
-        self.step_k = self.chooser.choose(len(batch))
+        self.step_k = self.chooser.choose(len(batch), self._tail(batch))
         if self.step_k > 0:
             self._catch_up_deferred(self.step_k)
+
+    def _tail(self, batch: Batch) -> Tail | None:
+        """What the chooser weighs beside E(k): a generate call's tail, none in a batcher."""
+        return Tail.of(batch.requests) if self.static_batch else None
 
     def _catch_up_deferred(self, drafts: int) -> None:
         """The head over the entries plain decode steps left (``DeferredEntries``), in one run."""
