@@ -49,9 +49,9 @@ E(k) (k = 0: var = 0, so 1 either way). N is the largest budget left among live 
 tokens make it an upper bound). A batcher's rows are refilled as requests finish: no tail there
 (``tail=None``), E(k) as before.
 
-What the model leaves out: the MTP head's catch-up over every prompt at prefill, which an auto
-Session pays even where it then runs greedy; it favours speculation wrongly at large batches on
-a GPU.
+What the model leaves out: the MTP head's catch-up over the prompts. A prefill whose next step
+is k = 0 leaves it for later (``DeferredEntries``), so an auto Session that runs greedy throughout
+never pays it; one that speculates pays it at its first catch-up, outside every k's cost.
 
 One chooser serves every call and batcher of a Session (thread-safe); k changes only which
 rows the verify runs and how many drafts the head makes, so outputs stay those of greedy (on a

@@ -59,9 +59,10 @@ class Decoder:
     and each step's k (``step_k``, 0..k) is chosen during the previous step, before the MTP
     head drafts for it (a speculative step: before its verify, whose graph may run the head;
     ``auto_k``). A plain decode step chosen that way leaves the head's entries for later
-    (``deferred_entries``). In a generate call (``steps``: a static batch, no request joins) the
-    chooser is told the batch's tail (``auto_k.Tail``: the slowest request sets the steps); a
-    batcher's (``step`` alone) is not.
+    (``deferred_entries``), and so does a prefill whose next step is one (its prompt's entries).
+    In a generate call (``steps``: a static batch, no request joins) the chooser is told the
+    batch's tail (``auto_k.Tail``: the slowest request sets the steps); a batcher's (``step``
+    alone) is not.
 
     pipelined: generate calls on CUDA run ``PipelinedGreedy`` (k = 0, and an auto decoder's
     stretches of k = 0 steps) or ``PipelinedSpeculation`` (fixed k >= 1), the host a step ahead of
@@ -191,9 +192,14 @@ class Decoder:
 
     def prefill_group(self, requests: list[Request]) -> None:
         """Requests with prompts of one length n in consecutive rows, in one forward: the target
-        over the prompts (positions 0..n-1) -> each first token; then the MTP head's entries 0..n-1."""
+        over the prompts (positions 0..n-1) -> each first token; then the MTP head's entries 0..n-1,
+        or (auto k, the next step a plain decode) those entries left for later (``deferred_entries``):
+        greedy does not pay for a head it does not use."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
-        if self.deferred:  # the rows stepping beside these catch up first: deferred rows stay in step
+        self.deferred.drop_rows(rows)  # a reused row's waiting prompt entries were its last request's
+        defer_head = self.chooser is not None and self.step_k == 0
+        if self.deferred.has_steps or (self.deferred and not defer_head):
+            # the rows stepping beside these catch up first: deferred rows stay in step
             with self.graphs.device_lock, self.stats.timed("commit"):
                 self._catch_up_deferred(max(self.step_k, 1))
         ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
@@ -206,9 +212,12 @@ class Decoder:
                 req.tokens = list(req.prompt)
             first = sampler.pick(requests, out, last)  # [B]
             if self.mtp is not None:
-                next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p
-                self._catch_up(rows, out["hidden"], next_ids, out.positions, last, requests, max(self.step_k, 1),
-                               graphed=False)
+                next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [B, n]
+                if defer_head:
+                    self.deferred.add_prompts(requests, rows, out["hidden"], next_ids)
+                else:
+                    self._catch_up(rows, out["hidden"], next_ids, out.positions, last, requests,
+                                   max(self.step_k, 1), graphed=False)
         for req, token in zip(requests, first):
             req.extend([token])
             if not req.placeholder:
@@ -284,9 +293,14 @@ class Decoder:
         return Tail.of(batch.requests) if self.static_batch else None
 
     def _catch_up_deferred(self, drafts: int) -> None:
-        """The head over the entries plain decode steps left (``DeferredEntries``), in one run."""
-        requests, rows, hidden, next_ids, positions, last = self.deferred.take()
-        self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+        """The head over the entries left for later (``DeferredEntries``): first each waiting
+        prompt, one run per prefill group as its prefill would have run it, then the plain decode
+        steps' entries in one run (entry p of the head's cache follows entries 0..p-1)."""
+        for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
+            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+        if self.deferred.has_steps:
+            requests, rows, hidden, next_ids, positions, last = self.deferred.take()
+            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
 
     def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, drafts: int, graphed=True) -> None:
         """MTP entries T..T+last[j] from the target forward's hiddens [B, W, H] at positions

@@ -10,6 +10,8 @@ catch-up runs over a prompt, and then drafts from the last of them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..errors import InternalError
@@ -22,16 +24,41 @@ class DeferredEntries:
 
     Rows step together, so every row of the latest step took part in every step kept: a request
     joins only through a prefill, which catches the others up first (``Decoder``), and on the CPU
-    a finished request's row leaves the steps (its entries are dropped at the catch-up)."""
+    a finished request's row leaves the steps (its entries are dropped at the catch-up). Waiting
+    prompts are the exception: kept per prefill group, run before the steps' entries."""
 
     def __init__(self, arrays) -> None:
         self.arrays = arrays
         self._steps: list[tuple[np.ndarray, ...]] = []  # per step: rows [b], hidden [b, H] host, x_{p+1} [b], p [b]
         self._last: tuple[list, Rows] | None = None  # the latest step's requests and rows
         self._dtype = None  # the hidden states' dtype on their device
+        self._prompts: list[PromptEntries] = []  # prefill groups whose head entries 0..n-1 wait
 
     def __bool__(self) -> bool:
+        """Whether any entry waits (the head's state is then behind the target's)."""
+        return self.has_steps or bool(self._prompts)
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether plain decode steps left entries (their rows must stay in step: ``Decoder.prefill_group``)."""
         return self._last is not None
+
+    def add_prompts(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray) -> None:
+        """One prefill group's entries 0..n-1: hidden [B, n, H] on its device (downloaded now),
+        next_ids [B, n] (x_{p+1}: the prompt's next token, then the first generated one)."""
+        self._prompts.append(PromptEntries(list(requests), rows.indices.copy(), self.arrays.download(hidden),
+                                           hidden.dtype, np.array(next_ids, np.int64)))
+
+    def drop_rows(self, rows: Rows) -> None:
+        """Forgets the waiting prompt entries of these rows (a new request takes them over)."""
+        kept = [group.without(rows.indices) for group in self._prompts]
+        self._prompts = [group for group in kept if group is not None]
+
+    def take_prompts(self) -> list[tuple]:
+        """Every waiting prompt group, forgetting them, in prefill order: per group (requests, rows,
+        hidden [B, n, H] on the device, next_ids [B, n], positions [B, n] = 0..n-1, last [B] = n-1)."""
+        groups, self._prompts = self._prompts, []
+        return [group.catch_up_inputs(self.arrays) for group in groups]
 
     def add(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray) -> None:
         """One plain decode step: hidden [B, W, H] on its device (row 0 is the step's token),
@@ -56,6 +83,32 @@ class DeferredEntries:
         hidden, next_ids, positions = (np.stack(parts, axis=1) for parts in zip(*columns))  # [B, m, H], [B, m] x 2
         last = np.full(len(rows), len(columns) - 1, np.int64)
         return requests, rows, self.arrays.from_host(hidden, self._dtype), next_ids, positions, last
+
+
+@dataclasses.dataclass
+class PromptEntries:
+    """A prefill group's waiting head entries 0..n-1 (rows in the order the prefill ran them)."""
+
+    requests: list
+    rows: np.ndarray  # [B]
+    hidden: np.ndarray  # [B, n, H] on the host, as arrays.download gives it
+    dtype: object  # the hidden states' dtype on their device
+    next_ids: np.ndarray  # [B, n]
+
+    def without(self, dropped: np.ndarray) -> "PromptEntries | None":
+        """This group less the rows ``dropped`` (None: none left)."""
+        keep = ~np.isin(self.rows, dropped)  # [B]
+        if not keep.any():
+            return None
+        return PromptEntries([r for r, k in zip(self.requests, keep) if k], self.rows[keep], self.hidden[keep],
+                             self.dtype, self.next_ids[keep])
+
+    def catch_up_inputs(self, arrays) -> tuple:
+        batch, n = self.next_ids.shape
+        positions = np.tile(np.arange(n, dtype=np.int64), (batch, 1))  # [B, n]
+        last = np.full(batch, n - 1, np.int64)  # [B]
+        return (self.requests, Rows(self.rows), arrays.from_host(self.hidden, self.dtype), self.next_ids,
+                positions, last)
 
 
 def _rows_of(step: tuple[np.ndarray, ...], wanted: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,134 @@
+"""Auto k defers the MTP head's catch-up over a prompt when the next step is a plain decode (k = 0):
+the prompt's entries wait in ``DeferredEntries`` beside the decode steps' and run first at the
+next catch-up. Tokens equal greedy and, whenever nothing waits, the head's state equals a plain
+decode's bitwise (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+import ortspec
+from ortspec.runtime.model import MTPHead
+from ortspec.speculative.auto_k import ScriptedK
+from ortspec.speculative.decoder import Decoder
+from ortspec.speculative.deferred_entries import PromptEntries
+from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
+from ortspec.speculative.exactness import row_state
+from ortspec.speculative.stats import Stats
+from tests.test_auto_pipelined import graphs  # noqa: F401  (a fixture: the base model's graphs)
+
+# rows 0 and 1 share a length: on the CPU they are prefilled (and their entries deferred) as one group
+PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42, 1, 2, 3, 4, 5, 6], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
+NEW_TOKENS = 40
+SCRIPT = [0, 0, 0, 2, 0, 0, 3, 1, 0, 4]  # starts with k = 0: the prefill defers its head entries
+
+
+@pytest.fixture(scope="module")
+def reference(graphs):
+    return plain_decode_states(graphs, PROMPTS, NEW_TOKENS + 4 + 1, 4)
+
+
+def count_eager_catch_ups(monkeypatch) -> list:
+    """Records the rows of every eager (not graphed) head catch-up: the prefill's and the deferred ones."""
+    calls, original = [], MTPHead.catch_up
+
+    def counted(self, rows, hidden, next_ids, positions, last, drafts, graphed=True):
+        if not graphed:
+            calls.append((rows.indices.tolist(), positions.shape[1]))
+        return original(self, rows, hidden, next_ids, positions, last, drafts, graphed)
+
+    monkeypatch.setattr(MTPHead, "catch_up", counted)
+    return calls
+
+
+def test_a_prefill_before_a_plain_step_runs_no_head(graphs, monkeypatch):
+    calls = count_eager_catch_ups(monkeypatch)
+    decoder = Decoder(graphs, 3, 4, "select", Stats(), k_chooser=ScriptedK(4, [0]))
+    requests = make_requests(PROMPTS, 4)
+    for group in decoder._prefill_groups(requests):
+        decoder.prefill_group(group)
+    assert calls == [] and decoder.deferred and not decoder.deferred.has_steps
+    # a fixed k (or an auto step that speculates next) still catches up at the prefill
+    decoder = Decoder(graphs, 3, 4, "select", Stats(), k_chooser=ScriptedK(4, [2]))
+    decoder.prefill(make_requests(PROMPTS, 4)[0])
+    assert calls == [([0], 7)] and not decoder.deferred
+
+
+@pytest.mark.parametrize("commit", ["select", "readvance"])
+@pytest.mark.parametrize("fixed_rows", [False, True])
+def test_deferred_prompts_are_exact(graphs, reference, monkeypatch, commit, fixed_rows):
+    calls = count_eager_catch_ups(monkeypatch)
+    stats = check_speculative(graphs, PROMPTS, NEW_TOKENS, 4, commit, p=0.7, seed=2, reference=reference,
+                              fixed_rows=fixed_rows, k_chooser=ScriptedK(4, SCRIPT))
+    assert stats.steps_by_k[0] > 5 and sum(stats.steps_by_k[1:]) > 5, stats.steps_by_k
+    # the first catch-up (before step 4 speculates): the prompts, one run per prefill group, then 3 steps' entries
+    assert calls[:3] == [([0, 1], 7), ([2], 16), ([0, 1, 2], 3)]
+
+
+def test_deferred_prompts_in_pipelined_stretches_are_exact(graphs, reference):
+    check_speculative(graphs, PROMPTS, NEW_TOKENS, 4, "select", p=0.7, seed=4, reference=reference,
+                      fixed_rows=True, pipelined=True, k_chooser=ScriptedK(4, [0] * 9 + [2] + [0] * 6 + [3, 1]))
+
+
+def test_prompts_flushed_after_the_decode_entries_are_caught(graphs, reference, monkeypatch):
+    """Planted bug: the head's entries out of order (a prompt's after the steps that follow it)."""
+    def wrong_order(self, drafts):
+        if self.deferred.has_steps:
+            requests, rows, hidden, next_ids, positions, last = self.deferred.take()
+            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+        for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
+            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+
+    monkeypatch.setattr(Decoder, "_catch_up_deferred", wrong_order)
+    with pytest.raises(ExactnessError, match="MTP state|next drafts"):
+        check_speculative(graphs, PROMPTS, 20, 4, "select", p=0.7, reference=reference,
+                          k_chooser=ScriptedK(4, SCRIPT))
+
+
+def test_prompt_entries_one_position_off_are_caught(graphs, reference, monkeypatch):
+    original = PromptEntries.catch_up_inputs
+
+    def shifted(self, arrays):
+        requests, rows, hidden, next_ids, positions, last = original(self, arrays)
+        return requests, rows, hidden, next_ids, positions + 1, last
+
+    monkeypatch.setattr(PromptEntries, "catch_up_inputs", shifted)
+    with pytest.raises(ExactnessError, match="MTP state|next drafts"):
+        check_speculative(graphs, PROMPTS, 20, 4, "select", p=0.7, reference=reference,
+                          k_chooser=ScriptedK(4, SCRIPT))
+
+
+def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
+    """A batcher whose requests arrive while entries wait: tokens equal greedy, the head's state
+    equals a plain decode of each request whenever nothing waits, and a row reused by a new request
+    drops its last request's waiting prompt entries (that request finished at its prefill)."""
+    out = models.converted("base")
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    greedy = ortspec.Session(out).generate(prompts, max_new_tokens=24)
+    plain = {tuple(p): plain_decode_states(graphs, [p], 24 + 4 + 1, 4)[1] for p in prompts}
+    checked = []
+
+    def compare(decoder, batch):
+        for req in batch.requests:
+            if req.placeholder or req.done or decoder.deferred:
+                continue
+            diffs = row_state(decoder, req).differences(plain[tuple(req.prompt)][(0, req.processed)])
+            assert not diffs, (req.row, req.processed, diffs)
+            checked.append(req.row)
+
+    session = ortspec.Session(out, num_speculative_tokens="auto")
+    session.k_chooser = ScriptedK(4, [0, 0, 0, 0, 2, 0, 0, 3])
+    calls = count_eager_catch_ups(monkeypatch)
+    with session.batcher(max_batch_size=2, on_commit=compare) as batcher:
+        short = batcher.add_request(PROMPTS[1], max_new_tokens=1)  # done at its prefill, its entries waiting
+        ids = [batcher.add_request(prompts[0], max_new_tokens=24)]  # takes the short request's row 0
+        batcher.step()
+        ids.append(batcher.add_request(prompts[1], max_new_tokens=24))  # a step's entries wait: all catch up
+        batcher.step()
+        while len(ids) < 3 or batcher.pending:
+            if len(ids) < 3 and len(batcher.running) < 2:
+                ids.append(batcher.add_request(prompts[2], max_new_tokens=24))
+            batcher.step()
+        assert [batcher.result(i) for i in ids] == greedy and batcher.result(short) == greedy[2][:1]
+    assert checked and set(checked) >= {0, 1}
+    assert calls[:2] == [([0], 16), ([0], 1)]  # row 0's prompt, then its step: the short request's never ran
