@@ -193,7 +193,10 @@ class TailSpy(ScriptedK):
 def test_generate_calls_tell_the_chooser_their_tail_and_batchers_do_not(models, pipelined):
     session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
     session.k_chooser = spy = TailSpy(4, [0, 0, 0, 2, 0, 0, 3])
-    session.generate(PROMPTS, max_new_tokens=30, fixed_rows=pipelined, pipelined=pipelined)
+    session.generate(PROMPTS, max_new_tokens=30, fixed_rows=False)  # only live rows run: no tail
+    assert not any(spy.tails)
+    spy.tails.clear()
+    session.generate(PROMPTS, max_new_tokens=30, fixed_rows=True, pipelined=pipelined)
     tails = spy.tails[1:]  # the first: the Decoder's, before the prefill
     assert tails and all(t is not None for t in tails)
     assert tails[0] == Tail(3, 29) and all(t.live <= 3 and t.tokens_left <= 29 for t in tails)

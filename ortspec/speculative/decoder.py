@@ -289,8 +289,11 @@ class Decoder:
             self._catch_up_deferred(self.step_k)
 
     def _tail(self, batch: Batch) -> Tail | None:
-        """What the chooser weighs beside E(k): a generate call's tail, none in a batcher."""
-        return Tail.of(batch.requests) if self.static_batch else None
+        """What the chooser weighs beside E(k): a generate call's tail where every row runs every
+        step (fixed rows: CUDA, exact mode), so a finished request's row costs what a live one
+        does; none in a batcher (requests join), nor where a step runs only the live requests (the
+        CPU: the tail's steps are cheaper by the rows that finished)."""
+        return Tail.of(batch.requests) if self.static_batch and self.fixed_rows else None
 
     def _catch_up_deferred(self, drafts: int) -> None:
         """The head over the entries left for later (``DeferredEntries``): first each waiting
