@@ -33,8 +33,8 @@ import ortspec
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.auto_k import ScriptedK
 
-from .common import CODE_PROMPTS, IDENTITY_PROMPTS, TINY, TRAINED, Checks, convert, graph_faults, markdown_table, \
-    state_check_row_steps, write_json
+from .common import CODE_PROMPTS, IDENTITY_PROMPTS, TINY, TRAINED, Checks, add_loop_arguments, convert, graph_faults, \
+    markdown_table, state_check_row_steps, write_json
 
 SUMMARY = "auto k on CUDA: its k = 0 stretches pipelined (tokens, states, fallbacks) and tokens/s against greedy"
 SCRIPTS = ([0] * 12 + [2, 3, 0, 0, 0, 4, 1], [3] + [0] * 7 + [1, 0, 0, 0, 0, 2])  # k per step, cycled
@@ -42,9 +42,7 @@ LOOPS = ("greedy", "auto", "auto, plain loop")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default="/tmp/ortspec_gpu_auto_loop", help="working directory (converted models)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per request in the checks (1) and (2)")
-    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (0: no timing)")
+    add_loop_arguments(parser, "auto_loop", "tokens per request in the checks (1) and (2)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch size before the rounds")
 
 

@@ -135,6 +135,13 @@ def graph_faults(session) -> int:
     return sum(c["fallbacks"] + c["invalidations"] for c in session.stats["graphs"].values())
 
 
+def add_loop_arguments(parser, name: str, new_tokens_help: str = "tokens per request in the identity checks") -> None:
+    """--out, --new-tokens and --rounds of the loop checks (greedy_loop, spec_loop, auto_loop)."""
+    parser.add_argument("--out", default=f"/tmp/ortspec_gpu_{name}", help="working directory (converted models)")
+    parser.add_argument("--new-tokens", type=int, default=64, help=new_tokens_help)
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (0: no timing)")
+
+
 def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])

@@ -30,17 +30,15 @@ from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.requests import Request
 from ortspec.speculative.stats import Stats
 
-from .common import CODE_PROMPTS, IDENTITY_PROMPTS, TINY, TRAINED, Checks, convert, graph_faults, markdown_table, \
-    write_json
+from .common import CODE_PROMPTS, IDENTITY_PROMPTS, TINY, TRAINED, Checks, add_loop_arguments, convert, graph_faults, \
+    markdown_table, write_json
 
 SUMMARY = "pipelined greedy (host a step ahead) vs the plain loop on CUDA: tokens, states, fallbacks, tokens/s"
 MODELS = (("tiny", TINY, "float32"), ("tiny", TINY, "float16"), ("trained", TRAINED, "float16"))
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default="/tmp/ortspec_gpu_greedy_loop", help="working directory (converted models)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per request in the identity checks")
-    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (0: no timing)")
+    add_loop_arguments(parser, "greedy_loop")
 
 
 def run(args) -> int:

@@ -38,7 +38,7 @@ from ortspec.speculative.pipelined_speculation import PipelinedSpeculation
 from ortspec.speculative.requests import Request
 from ortspec.speculative.stats import Stats
 
-from .common import Checks, convert, graph_faults, markdown_table, write_json
+from .common import Checks, add_loop_arguments, convert, graph_faults, markdown_table, write_json
 from .greedy_loop import MODELS, token_prompts
 
 SUMMARY = "pipelined speculation (host a step ahead, k = 1..4) vs the plain loop on CUDA: tokens, states, tok/s"
@@ -46,9 +46,7 @@ KS = (1, 2, 3, 4)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default="/tmp/ortspec_gpu_spec_loop", help="working directory (converted models)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per request in the identity checks")
-    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (0: no timing)")
+    add_loop_arguments(parser, "spec_loop")
 
 
 def run(args) -> int:
