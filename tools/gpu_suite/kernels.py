@@ -25,15 +25,18 @@ from .scale import build_large, busy_time, copy_bandwidth, step_bytes
 
 SUMMARY = "GPU time per token by kernel name and class over a generate call (torch.profiler)"
 
-# (class, pattern on the lower-cased kernel name), first match wins
-CLASSES = [("gemv/gemm", r"gemv|gemm|cutlass|xmma|sm90_|matmul|splitk|cublas"),
-           ("attention", r"attention|flash|softmax|mha|fmha"),
+# (class, pattern on the lower-cased kernel name), first match wins; the order matters: cuBLAS's
+# split-K GEMM pieces before ONNX Runtime's Split, the GDN kernels ("LinearAttention...") before attention
+CLASSES = [("ortspec native", r"ortspec"),
+           ("fp32 products (attention)", r"f32f32|gemmsn_nn_kernel<float|gemv\w*<[^>]*float"),
+           ("gemv/gemm (weights)", r"nvjet|cublaslt|gemv|gemm|cutlass|xmma|matmul"),
+           ("GDN (recurrence, conv)", r"linearattention|causalconv"),
+           ("attention (softmax, rotary)", r"softmax|rotary|attention|flash|mha"),
            ("normalisation", r"layernorm|rmsnorm|norm"),
            ("cast", r"cast"),
-           ("reduction", r"reduce|argmax|topk|sum"),
-           ("copy/transpose", r"copy|transpose|concat|slice|gather|scatter|expand|tile|memcpy|memset|where"),
-           ("element-wise", r"elementwise|unary|binary|mul|add|sub|div|sigmoid|silu|exp|sqrt|pow|neg|softplus"),
-           ("ortspec native", r"ortspec|select_|write_rows|advance_")]
+           ("split/concat/copies", r"split|concat|copy|memcpy|memset|transpose|slice|gather|scatter|expand|tile"),
+           ("reduction", r"reduce|arg_?m|topk"),
+           ("element-wise", r"elementwise|unary|binary|silu|sigmoid|where|mul|add")]
 
 
 def add_arguments(parser) -> None:
