@@ -11,7 +11,7 @@ models/qwen35-python-20m (float16), then:
     tokens equal, k = 0 steps all pipelined, speculative steps run, graph fallbacks and
     invalidations 0;
 (2) tiny float32: the scripted-draft state check (check_speculative) with scripted k, stretches
-    pipelined, both commits, batch 3 and 16: every state within 1e-5 (relative) of a plain
+    pipelined, both commits, batch 3 and 16: every state within 1e-5 x (1 + its largest |value|) of a plain
     decode after every speculative commit and after every catch-up that ends a stretch;
 (3) trained float16: --rounds interleaved rounds (the order rotating) of greedy, auto and auto
     with pipelined=False (its k = 0 steps in the plain loop, as auto ran before they were pipelined),

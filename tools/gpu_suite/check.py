@@ -95,7 +95,7 @@ def state_check(model: Path, checks: Checks, atol: float = 1e-5) -> None:
                 checks.fail(row_steps is None)
     checks.results["cuda_state_check_row_steps"] = steps
     print(f"CUDA state check: {steps} row-steps checked (one-Run and two-Run steps), states within {atol} x "
-          "(1 + |value|) of the CUDA plain decode")
+          "(1 + the state's largest |value|) of the CUDA plain decode")
 
 
 def memory_with_and_without_sharing(model_dir: Path) -> dict:
