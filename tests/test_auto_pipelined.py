@@ -16,6 +16,7 @@ import pytest
 import ortspec
 from ortspec.runtime.device_decode import DeviceDecode
 from ortspec.runtime.graphs import GraphSet
+from ortspec.speculative import step_clock
 from ortspec.speculative.auto_k import KChooser, ScriptedK
 from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
@@ -172,6 +173,23 @@ def test_stretch_steps_around_a_graph_setup_are_not_timed(graphs, monkeypatch):
     decoder = run_stretch(graphs, spy, 12)
     # intervals 1..10 timed but 1 (after step 0's setup), 4 and 5 (step 5 enqueued in interval 4)
     assert len(spy.timed) == decoder.stats.pipelined_steps - 1 - 3
+
+
+def test_step_clock_times_steady_intervals_only(monkeypatch):
+    """A fake clock: step 0 untimed, the time suspended at the yield left out, and both intervals
+    that touch a CUDA graph setup left out."""
+    now, timed = [0.0], []
+    monkeypatch.setattr(step_clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    slots = SimpleNamespace(setup_runs=0)
+    clock = step_clock.StepClock(SimpleNamespace(record_time=lambda *a: timed.append(a)), slots, 3, 2)
+    for n, (seconds, caller, setup) in enumerate([(1.0, 5, 0), (0.5, 0, 0), (0.25, 7, 0), (0.125, 0, 1),
+                                                  (2.0, 0, 0), (0.75, 0, 0)]):
+        now[0] += seconds
+        slots.setup_runs += setup
+        clock.read(n)
+        with clock.suspended():
+            now[0] += caller
+    assert timed == [(3, 2, 0.5), (3, 2, 0.25), (3, 2, 0.75)]
 
 
 def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
