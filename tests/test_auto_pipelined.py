@@ -40,15 +40,15 @@ def reference(graphs):
     return plain_decode_states(graphs, PROMPTS, NEW_TOKENS + 4 + 1, 4)
 
 
-def count_calls(monkeypatch, name: str) -> list[int]:
-    """Counts calls of DeviceDecode.<name> (step: the forwards the loop enqueued)."""
-    calls, original = [0], getattr(DeviceDecode, name)
+def count_calls(monkeypatch, name: str, cls=DeviceDecode) -> list[int]:
+    """Counts calls of cls.<name> (DeviceDecode.step: the forwards the loop enqueued)."""
+    calls, original = [0], getattr(cls, name)
 
     def counted(self, *args):
         calls[0] += 1
         return original(self, *args)
 
-    monkeypatch.setattr(DeviceDecode, name, counted)
+    monkeypatch.setattr(cls, name, counted)
     return calls
 
 
@@ -203,6 +203,8 @@ def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
     stats = session.stats
     assert stats["pipelined_steps"] == stats["steps_by_k"][0] > 0 and sum(stats["steps_by_k"][1:]) > 0
     assert 0 in stats["auto_k"]["step_ms"][4]  # k = 0's cost at 3 rows (bucket 4): measured in stretches
+    assert stats["pipelined_speculative_steps"] > 0  # the trials of k >= 1: runs of the speculative loop
+    assert any(k >= 1 for k in stats["auto_k"]["step_ms"][4])  # timed there (its plain steps: hand-overs)
 
 
 def test_sampled_requests_run_the_plain_loop(models):
@@ -210,7 +212,8 @@ def test_sampled_requests_run_the_plain_loop(models):
     session.k_chooser = ScriptedK(4, [0, 0, 0, 2])
     sampled = dict(max_new_tokens=12, temperature=0.8, seed=3, fixed_rows=True)
     assert len(session.generate(PROMPTS, **sampled, pipelined=True)[0]) == 12
-    assert session.stats["pipelined_steps"] == 0 and session.stats["steps_by_k"][0] > 0
+    assert session.stats["pipelined_steps"] == session.stats["pipelined_speculative_steps"] == 0
+    assert session.stats["steps_by_k"][0] > 0
 
 
 def test_a_plain_greedy_decoder_reads_no_hidden_rows(graphs, monkeypatch):
