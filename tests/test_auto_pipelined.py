@@ -16,6 +16,7 @@ import pytest
 import ortspec
 from ortspec.runtime.device_decode import DeviceDecode
 from ortspec.runtime.graphs import GraphSet
+from ortspec.speculative import step_clock
 from ortspec.speculative.auto_k import KChooser, ScriptedK
 from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
@@ -39,15 +40,15 @@ def reference(graphs):
     return plain_decode_states(graphs, PROMPTS, NEW_TOKENS + 4 + 1, 4)
 
 
-def count_calls(monkeypatch, name: str) -> list[int]:
-    """Counts calls of DeviceDecode.<name> (step: the forwards the loop enqueued)."""
-    calls, original = [0], getattr(DeviceDecode, name)
+def count_calls(monkeypatch, name: str, cls=DeviceDecode) -> list[int]:
+    """Counts calls of cls.<name> (DeviceDecode.step: the forwards the loop enqueued)."""
+    calls, original = [0], getattr(cls, name)
 
     def counted(self, *args):
         calls[0] += 1
         return original(self, *args)
 
-    monkeypatch.setattr(DeviceDecode, name, counted)
+    monkeypatch.setattr(cls, name, counted)
     return calls
 
 
@@ -174,6 +175,23 @@ def test_stretch_steps_around_a_graph_setup_are_not_timed(graphs, monkeypatch):
     assert len(spy.timed) == decoder.stats.pipelined_steps - 1 - 3
 
 
+def test_step_clock_times_steady_intervals_only(monkeypatch):
+    """A fake clock: step 0 untimed, the time suspended at the yield left out, and both intervals
+    that touch a CUDA graph setup left out."""
+    now, timed = [0.0], []
+    monkeypatch.setattr(step_clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    slots = SimpleNamespace(setup_runs=0)
+    clock = step_clock.StepClock(SimpleNamespace(record_time=lambda *a: timed.append(a)), slots, 3, 2)
+    for n, (seconds, caller, setup) in enumerate([(1.0, 5, 0), (0.5, 0, 0), (0.25, 7, 0), (0.125, 0, 1),
+                                                  (2.0, 0, 0), (0.75, 0, 0)]):
+        now[0] += seconds
+        slots.setup_runs += setup
+        clock.read(n)
+        with clock.suspended():
+            now[0] += caller
+    assert timed == [(3, 2, 0.5), (3, 2, 0.25), (3, 2, 0.75)]
+
+
 def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
     out = models.converted("base")
     greedy = ortspec.Session(out).generate(PROMPTS, max_new_tokens=40)
@@ -185,6 +203,8 @@ def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
     stats = session.stats
     assert stats["pipelined_steps"] == stats["steps_by_k"][0] > 0 and sum(stats["steps_by_k"][1:]) > 0
     assert 0 in stats["auto_k"]["step_ms"][4]  # k = 0's cost at 3 rows (bucket 4): measured in stretches
+    assert stats["pipelined_speculative_steps"] > 0  # the trials of k >= 1: runs of the speculative loop
+    assert any(k >= 1 for k in stats["auto_k"]["step_ms"][4])  # timed there (its plain steps: hand-overs)
 
 
 def test_sampled_requests_run_the_plain_loop(models):
@@ -192,7 +212,8 @@ def test_sampled_requests_run_the_plain_loop(models):
     session.k_chooser = ScriptedK(4, [0, 0, 0, 2])
     sampled = dict(max_new_tokens=12, temperature=0.8, seed=3, fixed_rows=True)
     assert len(session.generate(PROMPTS, **sampled, pipelined=True)[0]) == 12
-    assert session.stats["pipelined_steps"] == 0 and session.stats["steps_by_k"][0] > 0
+    assert session.stats["pipelined_steps"] == session.stats["pipelined_speculative_steps"] == 0
+    assert session.stats["steps_by_k"][0] > 0
 
 
 def test_a_plain_greedy_decoder_reads_no_hidden_rows(graphs, monkeypatch):

@@ -267,6 +267,6 @@ def test_auto_loop_tool_runs_on_the_cpu(models, capsys):
     auto_loop.identity(model, "base", prompts, 24, checks, provider="cpu", loop_options=loop)
     auto_loop.states(model, "base", prompts, 24, checks, provider="cpu")
     rows = auto_loop.speed(model, "base", prompts, 1, 1, checks, provider="cpu", new_tokens=6, loop_options=loop)
-    assert checks.failures == 0 and len(checks.results) == 6 + 4 + 3, checks.results
+    assert checks.failures == 0 and len(checks.results) == 9 + 4 + 3, checks.results
     assert [row[1] for row in rows] == [1, 4, 16] and all(row[-1] == 0 for row in rows)  # float32: auto == greedy
     assert "auto == greedy: True" in capsys.readouterr().out

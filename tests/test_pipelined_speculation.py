@@ -67,7 +67,7 @@ def decode(graphs, specs, k: int, pipelined: bool, **options) -> tuple[list[list
     requests = [Request(row=i, prompt=list(p), max_new_tokens=n, stop_tokens=frozenset(stops))
                 for i, (p, n, stops) in enumerate(specs)]
     decoder = Decoder(graphs, len(requests), k, "select", Stats(), fixed_rows=True, pipelined=pipelined, **options)
-    assert isinstance(decoder.pipelined, PipelinedSpeculation) == pipelined
+    assert isinstance(decoder.pipelined_speculation, PipelinedSpeculation) == pipelined
     return decoder.generate(requests), decoder
 
 
@@ -191,11 +191,11 @@ def test_where_it_does_not_apply_the_plain_loop_runs(models, graphs):
     def loop(k=2, **options):
         options.setdefault("fixed_rows", True)
         options.setdefault("pipelined", True)
-        return Decoder(graphs, 3, k, options.pop("commit", "select"), Stats(), **options).pipelined
+        return Decoder(graphs, 3, k, options.pop("commit", "select"), Stats(), **options).pipelined_speculation
 
     assert isinstance(loop(), PipelinedSpeculation)
     assert not isinstance(loop(k=0), PipelinedSpeculation)  # greedy: PipelinedGreedy
-    assert not isinstance(loop(k_chooser=ScriptedK(2, [2])), PipelinedSpeculation)  # auto: its k = 0 stretches only
+    assert isinstance(loop(k_chooser=ScriptedK(2, [2])), PipelinedSpeculation)  # auto: its runs of one k >= 1
     for options in (dict(commit="readvance"), dict(fused_verify=False), dict(fixed_rows=False), dict(pipelined=False),
                     dict(on_commit=lambda d, b: None),
                     dict(make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: [], 300))):

@@ -12,8 +12,9 @@ scripted to agree with the target at a set rate: speculation's speed-up and effi
 stream_probe (the plain greedy loop against replays on an ortspec stream), greedy_loop (the
 pipelined greedy loop against the plain one: tokens, states, speed), spec_loop (the pipelined
 speculative loop against the plain one, k = 1..4: tokens, states, speed) and auto_loop (auto k's
-stretches of k = 0 steps in the pipelined loop: tokens, states, tokens/s against greedy) and kernels (GPU
-time per token by kernel name and class over a generate call, against the floor). Every
+stretches of k = 0 and runs of one k >= 1 in the pipelined loops: tokens, states, tokens/s against
+greedy) and kernels (GPU time per token by kernel name and class over a generate call, against the
+floor). Every
 subcommand takes --json FILE for its results; a failed identity check makes the exit status 1.
 """
 

@@ -13,20 +13,11 @@ the GPU, so an auto Session that chose greedy costs what a greedy Session costs.
   it the batch's tail (``auto_k.Tail``: the loop runs generate calls, static batches); once it
   asks for drafts, the loop enqueues nothing more, reads the last step and ends the stretch,
   and the Decoder catches the head up over the entries and speculates;
-- times the step for the chooser: with the host a step ahead, the interval between two
-  consecutive token reads is what a k = 0 step costs in steady state. Left out: step 0 of a
-  stretch (its interval holds the pipeline's fill: the whole of step 0 and the enqueue of
-  step 1), a step whose interval or the one before it set a CUDA graph up
-  (``GraphSlots.setup_runs``: a first run or capture waits for the GPU, which then has no step
-  queued for the next interval), and the time the loop spends suspended at its yield (the
-  caller's: ``Decoder.step`` does not count it either).
+- times the step for the chooser (``step_clock.StepClock``): with the host a step ahead, the
+  interval between two consecutive token reads is what a k = 0 step costs in steady state.
 """
 
 from __future__ import annotations
-
-import collections
-import contextlib
-import time
 
 import numpy as np
 
@@ -34,16 +25,16 @@ from ..runtime.device_decode import DeviceDecode
 from .auto_k import KChooser, Tail
 from .deferred_entries import DeferredEntries
 from .requests import Batch
+from .step_clock import StepClock
 
 
 class AutoStretch:
     """One stretch of k = 0 steps over ``batch`` (fixed rows): entries, choices, step times."""
 
     def __init__(self, chooser: KChooser, deferred: DeferredEntries, slots, batch: Batch) -> None:
-        self.chooser, self.deferred, self.slots, self.batch = chooser, deferred, slots, batch
-        self._setups = collections.deque([slots.setup_runs], maxlen=3)  # at the start, then at each read
-        self._last_read: float | None = None  # the clock at the last read
-        self._suspended = 0.0  # seconds spent at the loop's yield so far
+        self.chooser, self.deferred, self.batch = chooser, deferred, batch
+        self.clock = StepClock(chooser, slots, len(batch), 0)
+        self.suspended = self.clock.suspended  # around the loop's yield: the caller's time is no step's
 
     def next_k(self) -> int:
         """The k of the step after the one just enqueued (0: the loop enqueues it)."""
@@ -53,18 +44,5 @@ class AutoStretch:
         """After step n's tokens [B] were read: its hidden rows (read now, landed with them) and
         the tokens at positions [B] become deferred MTP entries; its interval goes to the chooser."""
         hidden = decode.hidden(n)  # [B, H]
-        now = time.perf_counter() - self._suspended
-        self._setups.append(self.slots.setup_runs)
-        if n >= 1 and self._setups[0] == self._setups[-1]:  # nothing set up since the read before the last
-            self.chooser.record_time(len(self.batch), 0, now - self._last_read)
-        self._last_read = now
+        self.clock.read(n)
         self.deferred.add_host(self.batch.requests, self.batch.rows, hidden, decode.hidden_dtype, tokens, positions)
-
-    @contextlib.contextmanager
-    def suspended(self):
-        """Around the loop's yield: the caller's time is no step's."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._suspended += time.perf_counter() - start

@@ -41,8 +41,8 @@ class Decoder:
     that its caller leased from the Session, or its own when none is given. Each step and
     prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
     ``on_commit(decoder, batch)`` (tests) is called after every step's commit; in an auto
-    decoder's pipelined stretch of k = 0 steps, whose states run a step ahead, only where the
-    stretch ends (``pipelined``).
+    decoder's runs of the loops one step ahead (``pipelined``), whose states run a step ahead,
+    only where a run ends.
 
     On the CPU each step runs only the unfinished requests. On CUDA and in exact mode
     (``fixed_rows``) every step runs all rows, so the rows stay one contiguous range at fixed
@@ -64,10 +64,13 @@ class Decoder:
     batch's tail (``auto_k.Tail``: the slowest request sets the steps); a batcher's (``step``
     alone) is not.
 
-    pipelined: generate calls on CUDA run ``PipelinedGreedy`` (k = 0, and an auto decoder's
-    stretches of k = 0 steps) or ``PipelinedSpeculation`` (fixed k >= 1), the host a step ahead of
-    the GPU, where they apply (their docstrings say where); None = that default, False = never,
-    True = also on the CPU (tests). Batchers (``step``) always run the plain loop.
+    pipelined: generate calls on CUDA run ``PipelinedGreedy`` (``self.pipelined``: k = 0, and an
+    auto decoder's stretches of k = 0 steps) and ``PipelinedSpeculation``
+    (``self.pipelined_speculation``: a fixed k >= 1, and an auto decoder's runs of one k >= 1), the
+    host a step ahead of the GPU, where they apply (their docstrings say where); None = that
+    default, False = never, True = also on the CPU (tests). Batchers (``step``) always run the plain
+    loop. A run of either loop ends drained and hands the plain loop the k of its next step, and
+    for auto k's speculative runs the k of the step after it, already chosen (``pipelined.RunEnd``).
 
     fused_verify: where it can (``head_runs.CatchUpInVerify``), a speculative step runs the
     verify and the MTP head's catch-up in one graph (one Run); False: always two Runs.
@@ -83,7 +86,10 @@ class Decoder:
         self.static_batch = False  # set by steps(): a generate call's requests, none joins (auto_k.Tail)
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
         self.deferred = DeferredEntries(graphs.arrays)
-        self._last_k: int | None = None  # the k the last step ran (None: none yet, or a plain step for want of room)
+        self._last_k: int | None = None  # the k the last step ran (None: none yet, a plain step for want of room,
+        #                                   or a loop's run: the next plain step is no steady step)
+        self._chosen_after: int | None = None  # the next step's choice of k for the step after it, made
+        #                                        by a speculative run that ended before it (None: ask then)
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
@@ -97,9 +103,9 @@ class Decoder:
         self.catch_up_after = CatchUpAfterVerify(self.commit, self._catch_up)  # the head in a Run of its own,
         self.catch_up_in = (CatchUpInVerify.create(self.engine, graphs.manifest, commit, exact is not None)
                             if fused_verify else None)  # or inside the verify's graph (None: never)
-        self.pipelined = (PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
-                          or PipelinedSpeculation.for_decoder(self, pipelined, exact, stages, on_commit))
-        # the loop one step ahead that runs this decoder's k = 0 steps, or its speculative ones (None: neither)
+        # the loops one step ahead that run this decoder's k = 0 steps, and its k >= 1 steps (None: the plain loop)
+        self.pipelined = PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
+        self.pipelined_speculation = PipelinedSpeculation.for_decoder(self, pipelined, exact, stages, on_commit)
 
     # -- driver ----------------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:
@@ -116,8 +122,9 @@ class Decoder:
             self.prefill_group(group)
         yield
         while True:
-            if self.pipelined is not None and self.pipelined.takes(requests, self.step_k):
-                yield from self._pipelined_steps(requests)
+            loop = self._pipelined_loop(requests)
+            if loop is not None:
+                yield from self._pipelined_steps(loop, requests)
             if not self.step(requests):
                 return
             yield
@@ -167,18 +174,24 @@ class Decoder:
                 self.on_commit(self, batch)
         return True
 
-    def _pipelined_steps(self, requests: list[Request]):
-        """Steps a step ahead of the GPU (``pipelined``) until every request is done, or the
-        speculative loop nears max_length, or (auto k) the chooser asks for drafts after a stretch
-        of k = 0 steps: then the head catches up over the stretch's entries."""
-        end = yield from self.pipelined.steps(requests)
-        if end is None:  # the speculative loop: the plain loop finishes what is left
-            return
-        if end.next_k:
-            self.step_k = end.next_k
+    def _pipelined_loop(self, requests: list[Request]):
+        """The loop one step ahead that takes the next steps (of ``step_k`` drafts), or None."""
+        for loop in (self.pipelined, self.pipelined_speculation):
+            if loop is not None and loop.takes(requests, self.step_k):
+                return loop
+        return None
+
+    def _pipelined_steps(self, loop, requests: list[Request]):
+        """Steps a step ahead of the GPU until every request is done, or the speculative loop
+        nears max_length, or (auto k) the chooser asks for another k; then the plain loop takes
+        over from where the run ended, drained (``pipelined.RunEnd``): after a stretch of k = 0
+        steps the head catches up over the stretch's entries."""
+        end = yield from loop.steps(requests, self.step_k)
+        self.step_k, self._chosen_after, self._last_k = end.next_k, end.chosen_after, None
+        if self.deferred and self.step_k:
             with self.graphs.device_lock, self.stats.timed("commit"):
-                self._catch_up_deferred(end.next_k)
-        if self.on_commit and end.in_step:  # (auto k) the only point of a stretch where states are in step
+                self._catch_up_deferred(self.step_k)
+        if self.on_commit and end.in_step:  # (auto k) the only point of a run where states are in step
             with self.graphs.device_lock:
                 self.on_commit(self, Batch(end.in_step))
 
@@ -248,7 +261,7 @@ class Decoder:
         # 1. propose: k drafts per request                                         [B, k]
         with self.stats.timed("propose"):
             drafts = self.drafts.propose(batch, k)
-        self.step_k = self.chooser.choose(len(batch), self._tail(batch)) if self.chooser else k  # the next step's k
+        self.step_k = self._choose_next(batch, k)  # the next step's k
         head = self._head_runs(batch, k)  # the MTP head in its own Run, or in the verify's graph
         # 2. verify: one target forward over [x_T, d_1..d_k] at positions T..T+k   [B, k+1]
         ids = np.concatenate([batch.pending[:, None], drafts], axis=1)
@@ -284,9 +297,18 @@ class Decoder:
         """Auto k after a plain decode: choose the next step's k; for k = 0 leave the head's entry
         for later, else catch up over every entry left so far and this one, drafting k."""
         self.deferred.add(batch.requests, batch.rows, out["hidden"], tokens, out.positions[:, 0])
-        self.step_k = self.chooser.choose(len(batch), self._tail(batch))
+        self.step_k = self._choose_next(batch, 0)
         if self.step_k > 0:
             self._catch_up_deferred(self.step_k)
+
+    def _choose_next(self, batch: Batch, k: int) -> int:
+        """The k of the step after this one (of k drafts): the chooser's, asked now or, where a
+        speculative run ended just before this step, when that run did (``RunEnd.chosen_after``:
+        asked once, as in the plain loop); a fixed-k decoder's k."""
+        chosen, self._chosen_after = self._chosen_after, None
+        if chosen is not None:
+            return chosen
+        return self.chooser.choose(len(batch), self._tail(batch)) if self.chooser else k
 
     def _tail(self, batch: Batch) -> Tail | None:
         """What the chooser weighs beside E(k): a generate call's tail where every row runs every

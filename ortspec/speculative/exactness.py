@@ -96,7 +96,7 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
                       p: float | None = None, seed: int = 0, reference=None, fixed_rows: bool | None = None,
                       atol: float = 0.0, stages: int = 1, exact: ExactShape | None = None,
                       k_chooser=None, fused_verify: bool = True, pipelined: bool | None = None,
-                      stop_tokens=()) -> Stats:
+                      stop_tokens=(), make_drafts=None) -> Stats:
     """Scripted-draft speculative run, states compared after every commit; raises ExactnessError.
 
     p=None draws each step's accept length uniformly from 0..k; else each draft is right with
@@ -108,9 +108,13 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     entries wait for it; ``fused_verify=False`` keeps the MTP head out of the verify's graph
     (``head_runs``; by default every step that can runs as one graph: ``stats.fused_verify_steps``).
     ``pipelined=True`` (with ``k_chooser`` and fixed rows) runs the stretches of k = 0 steps a step
-    ahead (``pipelined``): their states are compared where each stretch ends, drained, after the
-    head's catch-up (a row that ended inside a stretch ran on past its end: its tokens are checked).
-    ``stop_tokens`` end each request at the first of them, as greedy's output would.
+    ahead (``pipelined``), and the runs of one k >= 1 too where the drafts are the head's own
+    (``make_drafts``): their states are compared where each run ends, drained (after a stretch,
+    after the head's catch-up; a row that ended inside a run ran on past its end: its tokens are
+    checked). ``stop_tokens`` end each request at the first of them, as greedy's output would.
+    ``make_drafts``: the draft source (default: ``ScriptedDrafts`` with p and seed); ``MTPDrafts``
+    where the caller scripts the head's own drafts wherever it makes them (the pipelined speculative
+    loop makes each step's inputs on the device from them), the reference made under the same script.
     """
     oracle, table = reference or plain_decode_states(graphs, prompts, max_new_tokens + k + 1, k)
     stats, finished = Stats(), set()
@@ -135,7 +139,8 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     truth = lambda r: r.tokens if r.placeholder else oracle[r.row]  # noqa: E731  (placeholders: any tokens)
     decoder = Decoder(graphs, len(requests), k, commit, stats, on_commit=compare, fixed_rows=fixed_rows, stages=stages,
                       exact=exact, k_chooser=k_chooser, fused_verify=fused_verify, pipelined=pipelined,
-                      make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p, seed=seed))
+                      make_drafts=make_drafts or (lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab, p=p,
+                                                                             seed=seed)))
     for req, out in zip(requests[: len(prompts)], decoder.generate(requests)):
         want = oracle[req.row][len(req.prompt): len(req.prompt) + max_new_tokens]
         want = want[: next((i + 1 for i, t in enumerate(want) if t in stop_tokens), len(want))]

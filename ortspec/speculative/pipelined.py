@@ -28,14 +28,15 @@ as a stretch (``auto_stretch``): each step also reads its hidden rows back a ste
 MTP head's deferred entries and is timed for the chooser, and the chooser is asked before each
 enqueue. When it asks for drafts, the stretch ends drained (nothing runs ahead) and returns that
 k; the Decoder catches the head up over the stretch's entries and runs its speculative steps
-until the chooser gives k = 0 again.
+(in runs of one k in ``pipelined_speculation`` where that applies) until the chooser gives k = 0
+again.
 
 When it runs (``PipelinedGreedy.for_decoder``): k = 0 or auto k, one pipeline stage, not exact
 mode, fixed rows, greedy requests only (a sampled token needs the logits on the host), and on
 CUDA the stream shared with ONNX Runtime (``runtime.streams``); no on_commit hook for a plain
 decoder (the hook inspects the states after every step, and here they run a step ahead: it would
 see only the last). An auto decoder's stretches end drained and hand back to the plain loop, so
-there a hook is called at each stretch's end (``StretchEnd.in_step``), after the head's catch-up:
+there a hook is called at each stretch's end (``RunEnd.in_step``), after the head's catch-up:
 ``exactness.check_speculative(pipelined=True)`` checks the states there. Otherwise the Decoder
 runs its plain loop, as batchers always do: they step one step at a time (``Decoder.step``).
 """
@@ -76,11 +77,14 @@ def drain(graphs, device_steps) -> None:
                 device_steps.close()
 
 
-class StretchEnd(NamedTuple):
-    """How a run of the loop ended, drained."""
+class RunEnd(NamedTuple):
+    """How a run of a loop one step ahead ended, drained: where the Decoder's plain loop takes over."""
 
-    next_k: int  # the drafts the chooser asked for (auto k), or 0: every request is done
+    next_k: int  # the drafts the next step verifies: greedy, the chooser's choice (0: none, or every request
+    #              is done); speculation, the run's k (its last step drafted k for the next)
     in_step: list[Request]  # the requests whose rows ran no step past their end: their states are their tokens'
+    chosen_after: int | None = None  # (auto k, speculation) the k of the step after the next, chosen before the
+    #                                  run ended: the next step drafts for it (None: the chooser is asked then)
 
 
 class PipelinedGreedy:
@@ -104,10 +108,10 @@ class PipelinedGreedy:
         """Whether it runs these requests' next steps, of k drafts: k = 0, some still running, none sampling."""
         return k == 0 and any(not r.done for r in requests) and not any(r.samples for r in requests)
 
-    def steps(self, occupants: list[Request]):
+    def steps(self, occupants: list[Request], k: int = 0):
         """Steps ``occupants`` (every row, in row order) until every request is done or (auto k)
         the chooser asks for drafts; yields after each step's tokens are emitted. Returns a
-        ``StretchEnd`` (the value of ``yield from``)."""
+        ``RunEnd`` (the value of ``yield from``). k: the steps' drafts, 0 (what ``takes`` took)."""
         batch = Batch(occupants)
         batch.park_finished(self.max_length - 1)
         first = batch.processed  # T [B]: the position of step 0's input
@@ -139,7 +143,7 @@ class PipelinedGreedy:
                     yield
                 if not ahead or all(r.done for r in occupants):
                     still = any(not r.done for r in occupants)
-                    return StretchEnd(next_k if still else 0, [] if ahead else running)
+                    return RunEnd(next_k if still else 0, [] if ahead else running)
         finally:
             drain(self.graphs, decode)
 

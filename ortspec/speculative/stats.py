@@ -48,8 +48,9 @@ class Stats:
     run past a stop token (its token dropped) is not counted."""
     pipelined_speculative_steps: int = 0
     """Those of the speculative steps run by the pipelined speculative loop (CUDA generate calls,
-    fixed k >= 1: the host a step ahead of the GPU; speculative/pipelined_speculation.py). A step
-    run past the end of every request (its tokens dropped) is not counted."""
+    fixed k >= 1 and auto k's runs of one k >= 1: the host a step ahead of the GPU;
+    speculative/pipelined_speculation.py). A step run past the end of every request (its tokens
+    dropped) is not counted."""
     speculative_steps: int = 0
     """Speculative steps (propose, verify, accept, commit), each counted once for the batch."""
     fused_verify_steps: int = 0

@@ -1,24 +1,29 @@
-"""Auto k's stretches of k = 0 steps in the pipelined loop on CUDA (python3 tools/gpu.py auto_loop).
+"""Auto k in the pipelined loops on CUDA (python3 tools/gpu.py auto_loop).
 
 Issue 11 asks that speculation be never slower than greedy at batch 1..16, the Session choosing k
 itself where no k pays (``num_speculative_tokens="auto"``); an auto Session's k = 0 steps run in
-the pipelined loop, like a greedy Session's (``speculative/auto_stretch.py``). Needs
-onnxruntime-gpu and ortspec._native built with CUDA. Converts models/tiny-qwen35 (float32) and
-models/qwen35-python-20m (float16), then:
+the pipelined loop, like a greedy Session's (``speculative/auto_stretch.py``), and its runs of one
+k >= 1 in the pipelined speculative loop, like a fixed k's (``speculative/pipelined_speculation.py``).
+Needs onnxruntime-gpu and ortspec._native built with CUDA. Converts models/tiny-qwen35 (float32)
+and models/qwen35-python-20m (float16), then:
 
 (1) tiny float32: an auto Session whose k is scripted (stretches of up to 12 k = 0 steps among
-    k = 1..4) against the greedy Session at batch 1, 3 and 16, without and with a stop token:
-    tokens equal, k = 0 steps all pipelined, speculative steps run, graph fallbacks and
-    invalidations 0;
+    single steps of k = 1..4; runs of k = 1..3 of several lengths among single steps of another
+    k) against the greedy Session at batch 1, 3 and 16, without and with a stop token: tokens
+    equal, k = 0 steps all pipelined, speculative steps run (pipelined where the script has runs
+    of one k >= 1), graph fallbacks and invalidations 0;
 (2) tiny float32: the scripted-draft state check (check_speculative) with scripted k, stretches
     pipelined, both commits, batch 3 and 16: every state within 1e-5 x (1 + its largest |value|) of a plain
-    decode after every speculative commit and after every catch-up that ends a stretch;
+    decode after every speculative commit and after every catch-up that ends a stretch (its drafts
+    are scripted on the host, so its speculative steps run the plain loop: the pipelined speculative
+    loop's states are checked by spec_loop on CUDA and, for auto k, by the CPU tests);
 (3) trained float16: --rounds interleaved rounds (the order rotating) of greedy, auto and auto
-    with pipelined=False (its k = 0 steps in the plain loop, as auto ran before they were pipelined),
+    with pipelined=False (every step in the plain loop, as auto ran before its loops were pipelined),
     128 new tokens over the bench's prompts at batch 1, 4 and 16: tokens/s (median), auto/greedy,
-    and the steps auto ran at each k. The auto Sessions first run --warmup calls per batch (the
-    chooser times every k before it trusts its costs). Requests whose auto tokens differ from
-    greedy are counted, not failed: float16 speculation has the default mode's caveat (README).
+    the steps auto ran at each k, and how many of them ran pipelined (k = 0 / k >= 1). The auto
+    Sessions first run --warmup calls per batch (the chooser times every k before it trusts its
+    costs). Requests whose auto tokens differ from greedy are counted, not failed: float16
+    speculation has the default mode's caveat (README).
 
 Prints one line per check and the speed table last; exits 1 if a check of (1) or (2) failed.
 """
@@ -36,8 +41,9 @@ from ortspec.speculative.auto_k import ScriptedK
 from .common import CODE_PROMPTS, IDENTITY_PROMPTS, TINY, TRAINED, Checks, add_loop_arguments, convert, graph_faults, \
     markdown_table, state_check_row_steps, write_json
 
-SUMMARY = "auto k on CUDA: its k = 0 stretches pipelined (tokens, states, fallbacks) and tokens/s against greedy"
-SCRIPTS = ([0] * 12 + [2, 3, 0, 0, 0, 4, 1], [3] + [0] * 7 + [1, 0, 0, 0, 0, 2])  # k per step, cycled
+SUMMARY = "auto k on CUDA: its k = 0 stretches and k >= 1 runs pipelined (tokens, states, fallbacks), tok/s vs greedy"
+SCRIPTS = ([0] * 12 + [2, 3, 0, 0, 0, 4, 1], [3] + [0] * 7 + [1, 0, 0, 0, 0, 2],  # k per step, cycled
+           [2] * 6 + [3] * 4 + [0, 0, 1, 1, 1, 4, 2, 0, 2, 2, 1])  # the last with runs of one k >= 1
 LOOPS = ("greedy", "auto", "auto, plain loop")
 
 
@@ -59,7 +65,8 @@ def run(args) -> int:
     write_json(args.json, checks.results)
     if rows:
         print("\n" + markdown_table(["model", "batch", *(f"{loop} tok/s" for loop in LOOPS), "auto/greedy",
-                                     "auto steps by k", "auto tokens ≠ greedy"], rows))
+                                     "auto steps by k", "auto pipelined (k = 0 / k ≥ 1)", "auto tokens ≠ greedy"],
+                                    rows))
     return checks.exit_status("auto loop failures")
 
 
@@ -70,18 +77,26 @@ def identity(model, label: str, prompts: list, n: int, checks: Checks, provider:
     greedy_session = ortspec.Session(model, provider=provider)
     stop = greedy_session.generate(prompts[0], max_new_tokens=n, stop_tokens=[])[n // 3]
     for batch in (1, 3, 16):
-        for stops, script in (([], SCRIPTS[0]), ([stop], SCRIPTS[1])):
+        for stops, script in (([], SCRIPTS[0]), ([stop], SCRIPTS[1]), ([], SCRIPTS[2])):
             greedy = greedy_session.generate(prompts[:batch], max_new_tokens=n, stop_tokens=stops)
             session = ortspec.Session(model, provider=provider, num_speculative_tokens="auto")
             session.k_chooser = ScriptedK(session.k, script)
             auto = session.generate(prompts[:batch], max_new_tokens=n, stop_tokens=stops, **options)
             stats = session.stats
             ok = (auto == greedy and stats["pipelined_steps"] == stats["steps_by_k"][0] > 0
-                  and stats["speculative_steps"] > 0 and graph_faults(session) == 0)
-            checks.record(f"{label} batch {batch} stop {stops}", ok)
-            print(f"{label}: batch {batch}, stop tokens {stops}: auto == greedy: {auto == greedy} (steps by k "
-                  f"{stats['steps_by_k']}, pipelined {stats['pipelined_steps']}, graph faults {graph_faults(session)})")
+                  and stats["speculative_steps"] > 0 and graph_faults(session) == 0
+                  and (stats["pipelined_speculative_steps"] > 0) == has_runs(script))
+            checks.record(f"{label} batch {batch} stop {stops} script {SCRIPTS.index(script)}", ok)
+            print(f"{label}: batch {batch}, stop tokens {stops}, script {SCRIPTS.index(script)}: auto == greedy: "
+                  f"{auto == greedy} (steps by k {stats['steps_by_k']}, pipelined {stats['pipelined_steps']} "
+                  f"k = 0 and {stats['pipelined_speculative_steps']} k >= 1, graph faults {graph_faults(session)})")
             session.close()
+
+
+def has_runs(script: list) -> bool:
+    """Whether a script (cycled) has a k >= 1 twice in a row: the pipelined speculative loop then
+    runs a step (a single step of k hands over to the plain loop before any)."""
+    return any(k >= 1 and k == script[(i + 1) % len(script)] for i, k in enumerate(script))
 
 
 def states(model, label: str, prompts: list, n: int, checks: Checks, provider: str = "cuda") -> None:
@@ -116,20 +131,23 @@ def speed(model, label: str, prompts: list, rounds: int, warmup: int, checks: Ch
         for loop in LOOPS:
             for _ in range(max(warmup, 1)):
                 outputs[loop] = call(loop)
-        before = sessions["auto"].stats["steps_by_k"]
+        before = sessions["auto"].stats
         rates = {loop: [] for loop in LOOPS}
         for round_ in range(rounds):
             for loop in LOOPS[round_ % 3:] + LOOPS[: round_ % 3]:
                 start = time.perf_counter()
                 call(loop)
                 rates[loop].append(batch * new_tokens / (time.perf_counter() - start))
-        after = sessions["auto"].stats["steps_by_k"]
-        by_k = [b - (before[k] if k < len(before) else 0) for k, b in enumerate(after)]
+        after = sessions["auto"].stats
+        by_k = [b - (before["steps_by_k"][k] if k < len(before["steps_by_k"]) else 0)
+                for k, b in enumerate(after["steps_by_k"])]
+        piped = [after[name] - before[name] for name in ("pipelined_steps", "pipelined_speculative_steps")]
         differ = sum(a != g for a, g in zip(outputs["auto"], outputs["greedy"]))
         median = {loop: statistics.median(r) for loop, r in rates.items()}
-        checks.results[f"{label} batch {batch}"] = {"tok/s": rates, "auto steps by k": by_k, "auto differ": differ}
+        checks.results[f"{label} batch {batch}"] = {"tok/s": rates, "auto steps by k": by_k, "auto differ": differ,
+                                                    "auto pipelined steps (k = 0, k >= 1)": piped}
         rows.append([label, batch, *(f"{median[loop]:.0f}" for loop in LOOPS),
-                     f"{median['auto'] / median['greedy']:.2f}", by_k, differ])
+                     f"{median['auto'] / median['greedy']:.2f}", by_k, " / ".join(map(str, piped)), differ])
     for session in sessions.values():
         session.close()
     return rows
