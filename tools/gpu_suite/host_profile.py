@@ -29,17 +29,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--provider", default="cuda", choices=["cuda", "cpu"], help="execution provider")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's)")
     parser.add_argument("--top", type=int, default=22, help="functions listed per k")
+    parser.add_argument("--calls", type=int, default=0,
+                        help="profile this many whole generate calls of --batch prompts x --new-tokens instead of "
+                             "batcher steps (the loops one step ahead of the GPU run there; 'auto' allowed in -k)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per request in a profiled call")
 
 
 def run(args) -> int:
     results = {}
-    for k in (int(x) for x in args.k.split(",")):
-        wall, rows = profile_steps(args.model, k, args.batch, args.steps, args.provider, args.top,
-                                   threads=args.threads)
-        results[f"k={k}"] = {"wall_us_per_step": 1e6 * wall, "top": rows}
-        print(f"\n### k={k}, batch {args.batch}: {1e6 * wall:.0f} us per step unprofiled; own time per step "
+    for k in (x if x == "auto" else int(x) for x in args.k.split(",")):
+        if args.calls:
+            wall, rows = profile_calls(args.model, k, args.batch, args.calls, args.new_tokens, args.provider,
+                                       args.top, threads=args.threads)
+            unit = "call"
+        else:
+            wall, rows = profile_steps(args.model, k, args.batch, args.steps, args.provider, args.top,
+                                       threads=args.threads)
+            unit = "step"
+        results[f"k={k}"] = {f"wall_us_per_{unit}": 1e6 * wall, "top": rows}
+        print(f"\n### k={k}, batch {args.batch}: {1e6 * wall:.0f} us per {unit} unprofiled; own time per {unit} "
               f"under cProfile (top {args.top})\n")
-        print(markdown_table(["function", "calls/step", "own us/step", "cumulative us/step"],
+        print(markdown_table(["function", f"calls/{unit}", f"own us/{unit}", f"cumulative us/{unit}"],
                              [[r["function"], f"{r['calls_per_step']:.1f}", f"{r['own_us_per_step']:.0f}",
                                f"{r['cumulative_us_per_step']:.0f}"] for r in rows]))
     write_json(args.json, results)
@@ -69,3 +79,30 @@ def profile_steps(model: str, k: int, batch: int, steps: int, provider: str = "c
                    "calls_per_step": calls / steps, "own_us_per_step": 1e6 * own / steps,
                    "cumulative_us_per_step": 1e6 * cumulative / steps}
                   for (path, line, name), (_, calls, own, cumulative, _) in stats]
+
+
+def profile_calls(model: str, k, batch: int, calls: int, new_tokens: int, provider: str = "cuda", top: int = 22,
+                  threads: int | None = None) -> tuple[float, list[dict]]:
+    """(wall seconds per unprofiled generate call, the `top` functions by cumulative time per
+    profiled call): whole calls, so a loop's per-call costs (prefill, fills and drains, changes of k)
+    show beside its per-step ones. Three untimed calls first (graphs captured; auto k's chooser
+    has timed every k)."""
+    session = ortspec.Session(model, provider=provider, num_speculative_tokens=k, threads=threads)
+    prompts = [STEP_PROMPT[j % len(STEP_PROMPT):] + STEP_PROMPT[: j % len(STEP_PROMPT)] for j in range(batch)]
+    for _ in range(3):
+        session.generate(prompts, max_new_tokens=new_tokens)
+    start = time.perf_counter()
+    for _ in range(calls):
+        session.generate(prompts, max_new_tokens=new_tokens)
+    wall = (time.perf_counter() - start) / calls
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        session.generate(prompts, max_new_tokens=new_tokens)
+    profiler.disable()
+    session.close()
+    stats = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]
+    return wall, [{"function": f"{name} ({Path(path).name}:{line})" if path != "~" else f"{name} (built-in)",
+                   "calls_per_step": calls_ / calls, "own_us_per_step": 1e6 * own / calls,
+                   "cumulative_us_per_step": 1e6 * cumulative / calls}
+                  for (path, line, name), (_, calls_, own, cumulative, _) in stats]
