@@ -344,3 +344,49 @@ def test_auto_option_errors(models, tmp_path):
     with pytest.raises(ortspec.ConfigurationError, match="cannot speculate: its checkpoint has no mtp"):
         ortspec.Session(out, num_speculative_tokens="auto")
     assert ortspec.Session(out).generate([1, 2, 3], max_new_tokens=4)
+
+
+def test_acceptance_counts_match_their_definition_per_row():
+    """record_accepts keeps per depth, decayed: tried = rows whose accept length a reached draft i
+    (i <= min(a + 1, k)), kept = rows with a >= i; checked against that definition row by row."""
+    from ortspec.speculative.auto_k import HALF_LIFE_ROW_STEPS, PRIOR_ROW_STEPS
+
+    rng = np.random.default_rng(5)
+    chooser, tried, kept = KChooser(4), np.zeros(5), np.zeros(5)
+    for _ in range(40):
+        k = int(rng.integers(1, 5))
+        accepted = rng.integers(0, k + 1, size=int(rng.integers(1, 6)))
+        chooser.record_accepts(accepted, k)
+        depth = np.arange(5)
+        decay = 0.5 ** (len(accepted) / HALF_LIFE_ROW_STEPS)
+        tried = tried * decay + ((depth >= 1) & (depth[None] <= np.minimum(accepted + 1, k)[:, None])).sum(0)
+        kept = kept * decay + ((depth >= 1) & (depth[None] <= accepted[:, None])).sum(0)
+    want = ((kept + 0.5 * PRIOR_ROW_STEPS) / (tried + PRIOR_ROW_STEPS))[1:]
+    np.testing.assert_allclose(chooser.acceptance(), want, rtol=1e-12)
+    beyond = np.concatenate([[1.0], np.cumprod(want)])
+    np.testing.assert_allclose([chooser.expected_tokens(k) for k in range(5)], np.cumsum(beyond), rtol=1e-12)
+
+
+def test_a_change_of_k_must_pay_for_itself_over_the_steps_left():
+    """Leaving the last step's k costs SWITCH_STEPS steps (a drained pipeline, a two-Run step):
+    a gain of a few percent is not worth it near a static batch's end, a large one is."""
+    chooser = KChooser(2)
+    for _ in range(8):
+        chooser.record_accepts(np.array([2, 2, 1, 2]), 2)  # E(1) ~ 1.9, E(2) ~ 2.6
+    run_steps(chooser, 1, 3 * auto_k.RUN_STEPS, lambda k: 0.01)  # every k timed at 10 ms
+    expected = [chooser.expected_tokens(k) for k in range(3)]
+
+    def settle(k_cost: dict, tail) -> int:
+        """The k chosen after the chooser last ran k = 1, when the costs are k_cost."""
+        for k, cost in k_cost.items():
+            for _ in range(auto_k.WINDOW):
+                chooser.record_time(1, k, cost)
+        chooser._current[1] = 1
+        chooser._steps[1] = 1  # no probe slot next
+        return chooser.choose(1, tail)
+
+    near = {0: 1.0, 1: 0.010, 2: 0.010 * expected[2] / expected[1] / 1.02}  # k = 2 gains 2% per step
+    assert settle(near, Tail(1, 40)) == 1  # ~21 steps left: 0.4 steps gained < SWITCH_STEPS
+    assert settle(near, None) == 2  # a batcher's horizon, PROBE_EVERY steps: 5 steps gained
+    far = {0: 1.0, 1: 0.010, 2: 0.010 * expected[2] / expected[1] / 1.5}  # k = 2 gains 50%
+    assert settle(far, Tail(1, 40)) == 2

@@ -30,6 +30,15 @@ small k is measured deeper. Only one probe slot in FAR_PROBES goes to every k in
 go to the ks estimated within NEAR x the best's tokens per second (none: no probe), so a k far
 behind costs RUN_STEPS of every PROBE_EVERY * FAR_PROBES * K steps, not of every PROBE_EVERY * K.
 
+Changing k costs steps. On CUDA the step that changes k verifies the drafts of the old k and
+drafts for the new one, in two Runs in the plain loop, and the loop that ran a step ahead of the
+GPU is drained before it and refilled after (``pipelined_speculation``). Measured on the H200
+(20M fp16, batch 4, steps of ~1.4 ms): a probe, two changes and RUN_STEPS steps of another k,
+cost 10-18 ms of a 62 ms call. So the chooser keeps the k of its last step unless the better
+k's gain over the steps left (a static batch's tokens left over E(k); PROBE_EVERY steps in a
+batcher) exceeds SWITCH_STEPS steps, and probes every PROBE_EVERY = 256 steps (it was 64: a
+probe in every second call at batch 4).
+
 k = 0 is plain greedy: that step does not run the MTP head. The Decoder keeps the target's
 hidden states of such steps (``DeferredEntries``) and the head catches up over them in one run
 when a later step speculates again, so a stretch of k = 0 costs what greedy costs.
@@ -73,7 +82,8 @@ import numpy as np
 MIN_SAMPLES = 3  # timed steps per (row count, k) before the chooser trusts its cost (a median of 3 outlasts one outlier)
 WINDOW = 8  # step times kept per (row count, k); their median is the cost
 RUN_STEPS = MIN_SAMPLES + 2  # a trial of one k: its first and last steps border another k, the rest are steady
-PROBE_EVERY = 64  # steps between trials of another k than the chosen one (each k in turn, nearest first)
+PROBE_EVERY = 256  # steps between trials of another k than the chosen one (each k in turn, nearest first)
+SWITCH_STEPS = 3.0  # what a change of k costs, in steps of the k it leaves (module docstring)
 NEAR, FAR_PROBES = 0.8, 4  # a k slower than NEAR x the best's tokens/s is tried in one probe slot of FAR_PROBES
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
@@ -129,8 +139,10 @@ class KChooser:
         self._trials: dict[int, list[int]] = {}  # bucket -> the k of the trial running there, one per step left
         self._steps: dict[int, int] = {}  # bucket -> choices made there
         self._probes: dict[int, int] = {}  # bucket -> trials made there after every k was timed
-        self._tried = np.zeros(max_k + 1)  # [K+1], index i: row-steps that tried draft i (decayed)
-        self._kept = np.zeros(max_k + 1)  # [K+1], index i: row-steps that accepted draft i (decayed)
+        self._current: dict[int, int] = {}  # bucket -> the k chosen last there
+        # per depth i = 0..K (lists: K+1 numbers, updated every step; numpy costs more than the sums)
+        self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
+        self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
         self._expected, self._variance = self._tokens_moments()  # [K+1] E(k), var(k): in step with the counts
 
     # -- measurements ----------------------------------------------------------------------
@@ -143,32 +155,43 @@ class KChooser:
             if len(times) >= MIN_SAMPLES:
                 self._costs[key] = statistics.median(times)
 
-    def record_accepts(self, accepted: np.ndarray, k: int) -> None:
-        """accepted [rows]: the accept lengths of one speculative step's live rows, of k drafts."""
-        accepted = np.asarray(accepted, np.int64)
-        if not len(accepted):
+    def record_accepts(self, accepted, k: int) -> None:
+        """accepted [rows]: the accept lengths of one speculative step's live rows, of k drafts.
+        A row with accept length a tried drafts 1..min(a+1, k) and kept drafts 1..a, so per depth
+        i >= 1: tried by the rows with a >= i - 1 (i <= k), kept by the rows with a >= i."""
+        lengths = [int(a) for a in accepted]
+        if not lengths:
             return
-        depth = np.arange(self.max_k + 1)  # [K+1]
-        tried = (depth[None, :] >= 1) & (depth[None, :] <= np.minimum(accepted + 1, k)[:, None])  # [rows, K+1]
-        kept = (depth[None, :] >= 1) & (depth[None, :] <= accepted[:, None])
-        decay = 0.5 ** (len(accepted) / HALF_LIFE_ROW_STEPS)
+        at_least = [0] * (self.max_k + 2)  # index i: rows with a >= i
+        for a in lengths:
+            at_least[min(a, self.max_k + 1)] += 1
+        for i in range(self.max_k, -1, -1):
+            at_least[i] += at_least[i + 1]
+        decay = 0.5 ** (len(lengths) / HALF_LIFE_ROW_STEPS)
         with self._lock:
-            self._tried = self._tried * decay + tried.sum(0)
-            self._kept = self._kept * decay + kept.sum(0)
+            for i in range(1, self.max_k + 1):
+                self._tried[i] = self._tried[i] * decay + (at_least[i - 1] if i <= k else 0)
+                self._kept[i] = self._kept[i] * decay + at_least[i]
             self._expected, self._variance = self._tokens_moments()
 
     # -- the model -------------------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
         """[K] ai for i = 1..K: the rate draft i is accepted when drafts 1..i-1 were."""
-        return ((self._kept + 0.5 * PRIOR_ROW_STEPS) / (self._tried + PRIOR_ROW_STEPS))[1:]
+        return np.array(self._rates())
+
+    def _rates(self) -> list[float]:
+        return [(self._kept[i] + 0.5 * PRIOR_ROW_STEPS) / (self._tried[i] + PRIOR_ROW_STEPS)
+                for i in range(1, self.max_k + 1)]
 
     def _tokens_moments(self) -> tuple[list[float], list[float]]:
         """Per k, the mean and variance of a request's tokens per step t (t > i with probability
         a1*...*ai): E[t] = sum_i P(t > i), E[t^2] = sum_i (2i+1) P(t > i), i = 0..k."""
-        beyond = np.concatenate([[1.0], np.cumprod(self.acceptance())])  # [K+1] P(t > i)
-        mean = np.cumsum(beyond)  # [K+1] index k: E[t] with k drafts
-        square = np.cumsum((2 * np.arange(self.max_k + 1) + 1) * beyond)  # [K+1] E[t^2]
-        return [float(m) for m in mean], [float(v) for v in square - mean ** 2]
+        beyond, mean, square = 1.0, [], []  # P(t > i); E[t] and E[t^2] with i drafts
+        for i, rate in enumerate([None, *self._rates()]):
+            beyond = beyond * rate if rate is not None else 1.0
+            mean.append((mean[-1] if mean else 0.0) + beyond)
+            square.append((square[-1] if square else 0.0) + (2 * i + 1) * beyond)
+        return mean, [sq - m * m for sq, m in zip(square, mean)]
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a request gains per step with k drafts."""
@@ -192,25 +215,42 @@ class KChooser:
         static batch's (``Tail``; None: a batcher, whose rows are refilled)."""
         bucket = row_bucket(rows)
         with self._lock:
-            steps = self._steps[bucket] = self._steps.get(bucket, 0) + 1
-            trial = self._trials.get(bucket)
-            if trial:
-                return trial.pop()
-            costs = [self._costs.get((bucket, k)) for k in range(self.max_k + 1)]
-            if None in costs:
-                untimed = [k for k, c in enumerate(costs) if c is None]
-                return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
-            expected = [self.batch_tokens(k, tail) for k in range(self.max_k + 1)]
-            best = max(range(self.max_k + 1), key=lambda k: expected[k] / costs[k])
-            if steps % PROBE_EVERY:
-                return best
-            self._probes[bucket] = probe = self._probes.get(bucket, 0) + 1
-            rate = expected[best] / costs[best]
-            others = sorted((k for k in range(self.max_k + 1) if k != best), key=lambda k: (abs(k - best), k))
-            if probe % FAR_PROBES:  # most probe slots go to a k within reach of the best, in turn
-                near = [k for k in others if expected[k] / costs[k] >= NEAR * rate]
-                return self._start_trial(bucket, near[(probe - 1) % len(near)]) if near else best
-            return self._start_trial(bucket, others[(probe // FAR_PROBES - 1) % len(others)])  # every k, in turn
+            k = self._current[bucket] = self._next_k(bucket, tail)
+            return k
+
+    def _next_k(self, bucket: int, tail: Tail | None) -> int:
+        """(under the lock) choose's answer: a trial's k, else the best k (kept from the step
+        before unless switching pays, ``_worth_switching``), or every PROBE_EVERY steps a probe."""
+        steps = self._steps[bucket] = self._steps.get(bucket, 0) + 1
+        trial = self._trials.get(bucket)
+        if trial:
+            return trial.pop()
+        costs = [self._costs.get((bucket, k)) for k in range(self.max_k + 1)]
+        if None in costs:
+            untimed = [k for k, c in enumerate(costs) if c is None]
+            return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
+        rates = [self.batch_tokens(k, tail) / costs[k] for k in range(self.max_k + 1)]
+        best = max(range(self.max_k + 1), key=lambda k: rates[k])
+        current = self._current.get(bucket, best)
+        if not self._worth_switching(rates[best], rates[current], current, tail):
+            best = current
+        if steps % PROBE_EVERY:
+            return best
+        self._probes[bucket] = probe = self._probes.get(bucket, 0) + 1
+        others = sorted((k for k in range(self.max_k + 1) if k != best), key=lambda k: (abs(k - best), k))
+        if probe % FAR_PROBES:  # most probe slots go to a k within reach of the best, in turn
+            near = [k for k in others if rates[k] >= NEAR * rates[best]]
+            return self._start_trial(bucket, near[(probe - 1) % len(near)]) if near else best
+        return self._start_trial(bucket, others[(probe // FAR_PROBES - 1) % len(others)])  # every k, in turn
+
+    def _worth_switching(self, best_rate: float, current_rate: float, current: int, tail: Tail | None) -> bool:
+        """Whether leaving the k of the last step for a better one gains more than the change
+        costs, SWITCH_STEPS steps: over the steps left in a static batch (its tokens left over
+        E(current)), or over PROBE_EVERY steps in a batcher."""
+        if best_rate <= current_rate:
+            return False
+        steps_left = tail.tokens_left / self._expected[current] if tail is not None else PROBE_EVERY
+        return (best_rate / current_rate - 1.0) * steps_left > SWITCH_STEPS
 
     def _start_trial(self, bucket: int, k: int) -> int:
         """(under the lock) RUN_STEPS steps of k from now: this one and RUN_STEPS - 1 more."""
