@@ -9,7 +9,7 @@ scatters its rows into a copy of all L slots per layer and runs the score/contex
 and the softmax over L (measured on the H200: the same bench converted at max_length 256
 instead of 1024 ran greedy 8.6% faster on the 20M model; BENCHMARKS.md).
 
-A window variant of a graph, for W in WINDOW_BUCKETS below max_length, is that graph built for
+A window variant of a graph, for each W of ``window_buckets(max_length)``, is that graph built for
 W slots (the draft positions clamped to W-1, as the portable graph clamps them to L-1), fed
 the same full cache buffers (the same device addresses every step, as captured graphs need):
 
@@ -35,7 +35,7 @@ from .builder import GraphBuilder
 
 WINDOW_BUCKETS_FROM = 256  # the smallest window; each next one doubles, up to (not including) max_length
 KV_SLOT_AXIS = {"key": 3, "value": 2}  # key [B, kvh, hd, L] (transposed), value [B, kvh, L, hd]
-WINDOWED_KINDS = ("decode", "verify_k", "verify_select_k", "verify_mtp_k", "mtp_propose_k", "mtp_sample_k")
+WINDOWED_PER_K = ("verify_k", "verify_select_k", "verify_mtp_k", "mtp_propose_k", "mtp_sample_k")  # and decode
 
 
 def window_buckets(max_length: int) -> list[int]:
@@ -51,7 +51,7 @@ def window_buckets(max_length: int) -> list[int]:
 def has_window_variants(name: str) -> bool:
     """Whether graph ``name`` gets window variants (module docstring: captured on CUDA, attends;
     a pipeline stage, decode.stage0, does not)."""
-    return "." not in name and (name == "decode" or name.startswith(WINDOWED_KINDS[1:]))
+    return "." not in name and (name == "decode" or name.startswith(WINDOWED_PER_K))
 
 
 def narrow_to_window(g: GraphBuilder, slots: int, max_length: int) -> GraphBuilder:
