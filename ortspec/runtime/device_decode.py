@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from .graph_slots import SlotKey
-from .kv_window import RunBound
-from .model import TargetModel, attention_window
+from .kv_window import RunBound, attention_window
+from .model import TargetModel
 from .states import Rows
 from .streams import StepReadbacks
 

@@ -31,8 +31,8 @@ import numpy as np
 
 from ..manifest import graph_name
 from .graph_slots import SlotKey
-from .kv_window import RunBound
-from .model import MTPHead, TargetModel, attention_window
+from .kv_window import RunBound, attention_window
+from .model import MTPHead, TargetModel
 from .states import Rows
 from .streams import StepReadbacks
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..manifest import graph_name, stage_graph_name
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
-from .kv_window import WINDOW_STEP, attention_window, window_slots  # noqa: F401  (imported from here too)
+from .kv_window import attention_window
 from .states import Rows, Snapshot, StateSet
 
 
