@@ -109,7 +109,8 @@ def states(model: Path, prompts: list, n: int, k: int, pipelined: bool, checks: 
     label = f"states k={k} {'pipelined' if pipelined else 'plain'}"
     pairs = [(row, name, a[name], b[name]) for row, (a, b) in enumerate(zip(*runs)) for name in a]
     bitwise = all(np.array_equal(x, y) for _, _, x, y in pairs)
-    off = [(row, name, float(np.max(np.abs(x - y)))) for row, name, x, y in pairs if not within(y, x, STATE_ATOL)]
+    off = [(row, name, float(np.max(np.abs(x - y))) if x.shape == y.shape else f"shape {y.shape} vs {x.shape}")
+           for row, name, x, y in pairs if x.shape != y.shape or not within(y, x, STATE_ATOL)]
     checks.record(label, not off, {"bitwise": bitwise, "outside tolerance": off})
     print(f"tiny float32 {label}: within {STATE_ATOL}: {not off}, bitwise: {bitwise} {off or ''}")
     graphs.close()
