@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 from .errors import ModelDirError
@@ -46,6 +47,20 @@ def graph_name(kind: str, k: int) -> str:
 def stage_graph_name(graph: str, stage: int) -> str:
     """A pipeline stage of a target graph: decode.stage0, decode.stage1, ..."""
     return f"{graph}.stage{stage}"
+
+
+def window_graph_name(graph: str, slots: int) -> str:
+    """A graph's variant that attends over the first ``slots`` KV slots (CUDA): decode.w256, ..."""
+    return f"{graph}.w{slots}"
+
+
+def split_window_name(name: str) -> tuple[str, int | None]:
+    """decode.w256 -> ("decode", 256); decode -> ("decode", None)."""
+    match = _WINDOW_NAME.fullmatch(name)
+    return (match[1], int(match[2])) if match else (name, None)
+
+
+_WINDOW_NAME = re.compile(r"(.+)\.w(\d+)")
 
 
 def state_table(spec: ModelSpec, max_length: int, with_mtp: bool) -> dict[str, dict]:
@@ -113,11 +128,22 @@ class Manifest:
         """{"file", "weights"} of the graph a session on ``provider`` runs: the graph's variant for
         that provider where the model has one (``graphs[name]["cpu"]``: built with what the CPU EP
         runs fastest, converter/gdn_cpu.py), else the portable graph (models converted before
-        variants existed have only that)."""
-        if name not in self.graphs:
+        variants existed have only that). A window name (``window_graph_name``, decode.w256) is
+        that window variant of the portable graph (``graphs[name]["windows"]["256"]``)."""
+        graph, slots = split_window_name(name)
+        if graph not in self.graphs or (slots is not None and slots not in self.window_buckets(graph)):
             raise ModelDirError(f"graph {name!r} is not in {self.dir}/manifest.json; reconvert the model.")
-        entry = self.graphs[name]
+        entry = self.graphs[graph]
+        if slots is not None:
+            return entry["windows"][str(slots)]
         return entry.get(provider, entry) if provider is not None else entry
+
+    def window_buckets(self, name: str) -> list[int]:
+        """The KV windows W (ascending) the graph has a variant for, each attending over the
+        first W slots of the caches (converter/kv_windows.py); [] for graphs without (prefill,
+        pipeline stages, small max_length, models converted before variants existed)."""
+        entry = self.graphs.get(name)
+        return sorted(int(w) for w in entry.get("windows", {})) if isinstance(entry, dict) else []
 
     def graph_path(self, name: str, provider: str | None = None) -> Path:
         return self.dir / self.graph_entry(name, provider)["file"]
@@ -217,9 +243,13 @@ def _check_files(doc: dict, path: Path) -> None:
     """Every graph entry names its file and weights; every file a load reads (graphs, weights.bin)
     has a well-formed size and checksum record."""
     files, reconvert = doc["files"], _reconvert(path.parent, doc)
-    entries = []  # every graph file a session may load: the portable graphs and their provider variants
+    entries = []  # every graph file a session may load: the portable graphs, their provider and window variants
     for name, graph in doc["graphs"].items():
         variants = [graph] + [graph[p] for p in _VARIANTS if isinstance(graph, dict) and p in graph]
+        windows = graph.get("windows", {}) if isinstance(graph, dict) else {}
+        if not isinstance(windows, dict) or not all(isinstance(w, str) and w.isdigit() for w in windows):
+            raise ModelDirError(f"{path} has invalid KV windows for graph {name!r}: {windows!r}; {reconvert}")
+        variants += list(windows.values())
         for entry in variants:
             if not (isinstance(entry, dict) and isinstance(entry.get("file"), str)
                     and isinstance(entry.get("weights"), list)):

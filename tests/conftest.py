@@ -65,3 +65,15 @@ def tokenized_model(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tokenized")
     make_checkpoint(root / "ck", seed=31, tokenizer=True)
     return ortspec.convert(root / "ck", root / "out", num_speculative_tokens=3, max_length=48, progress=False)
+
+
+WINDOWED_MAX_LENGTH, WINDOWED_K = 320, 3  # past the smallest KV window (256): one variant per graph CUDA captures
+
+
+@pytest.fixture(scope="session")
+def windowed_model(models, tmp_path_factory) -> Path:
+    """The "base" checkpoint converted with K=3 at max_length 320, so with the W = 256 KV window
+    variants (converter/kv_windows.py) that max_length 256 conversions leave out."""
+    out = tmp_path_factory.mktemp("kv_windows") / "model"
+    return ortspec.convert(models.checkpoint("base"), out, num_speculative_tokens=WINDOWED_K,
+                           max_length=WINDOWED_MAX_LENGTH, progress=False)

@@ -7,7 +7,7 @@ import numpy as np
 
 import ortspec
 from ortspec.runtime.graphs import GraphRunner
-from ortspec.runtime.model import window_slots
+from ortspec.runtime.kv_window import window_slots
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 

@@ -13,7 +13,7 @@ from ortspec import InternalError, converter
 from ortspec.converter import fused_graph
 from ortspec.runtime.graph_slots import SlotKey, is_captured_graph
 from ortspec.runtime.graphs import GraphSet
-from ortspec.runtime.model import window_slots
+from ortspec.runtime.kv_window import window_slots
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
 from ortspec.speculative.head_runs import CatchUpInVerify
 from ortspec.speculative.sampling import accept_lengths

@@ -43,10 +43,11 @@ def reference(graphs):
     return {k: plain_decode_states(graphs, PROMPTS, LONGEST + k + 1, k) for k in (2, 3)}
 
 
-def scripted_drafts(monkeypatch, graphs, k: int, oracle: dict, seed: int = 0) -> None:
+def scripted_drafts(monkeypatch, graphs, k: int, oracle: dict, seed: int = 0, graph: str | None = None) -> None:
     """The fused graph's next drafts for row j are right for m positions, m drawn from 0..k by
-    (seed, j, the row's next first position), then wrong (truth + 1): both loops see the same."""
-    runner = graphs[f"verify_mtp_k{k}"]
+    (seed, j, the row's next first position), then wrong (truth + 1): both loops see the same.
+    graph: the fused graph's name (default verify_mtp_k{k}; a KV window variant, verify_mtp_k{k}.w256)."""
+    runner = graphs[graph or f"verify_mtp_k{k}"]
     run, vocab = runner.run, graphs.manifest.spec.vocab_size
 
     def run_scripted(feeds, slot=None, wait=True):

@@ -41,7 +41,7 @@ import onnxruntime as ort  # noqa: E402
 from ortspec.manifest import Manifest  # noqa: E402
 from ortspec.runtime.arrays import HostArrays  # noqa: E402
 from ortspec.runtime.graphs import SharedWeights  # noqa: E402
-from ortspec.runtime.model import window_slots  # noqa: E402
+from ortspec.runtime.kv_window import window_slots  # noqa: E402
 
 
 def step_rows(session: ort.InferenceSession, name: str) -> int:

@@ -13,8 +13,9 @@ stream_probe (the plain greedy loop against replays on an ortspec stream), greed
 pipelined greedy loop against the plain one: tokens, states, speed), spec_loop (the pipelined
 speculative loop against the plain one, k = 1..4: tokens, states, speed) and auto_loop (auto k's
 stretches of k = 0 and runs of one k >= 1 in the pipelined loops: tokens, states, tokens/s against
-greedy) and kernels (GPU time per token by kernel name and class over a generate call, against the
-floor). Every
+greedy), kernels (GPU time per token by kernel name and class over a generate call, against the
+floor) and kv_windows (the KV window variants against the portable graphs: tokens, states, graph
+counters, tokens/s). Every
 subcommand takes --json FILE for its results; a failed identity check makes the exit status 1.
 """
 
@@ -34,7 +35,8 @@ from ortspec.cli import HelpFormatter  # noqa: E402  (after the path: the tree's
 SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scale": "scale",
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
                "soak": "soak", "exact": "exact", "agree": "agree", "stream_probe": "stream_probe",
-               "greedy_loop": "greedy_loop", "spec_loop": "spec_loop", "auto_loop": "auto_loop", "kernels": "kernels"}
+               "greedy_loop": "greedy_loop", "spec_loop": "spec_loop", "auto_loop": "auto_loop", "kernels": "kernels",
+               "kv_windows": "kv_windows"}
 
 
 def subcommand_module(name: str):

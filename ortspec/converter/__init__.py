@@ -14,12 +14,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import ConvertOptionError, UnsupportedModelError
-from ..manifest import MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_file, graph_name, stage_graph_name
+from ..manifest import (MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_file, graph_name,
+                        split_window_name, stage_graph_name, window_graph_name)
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader
 from .fused_graph import make_verify_mtp_graph
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
+from .kv_windows import has_window_variants, narrow_to_window, window_buckets
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
 from .quantize import quantize_draft_head, quantize_store
@@ -47,7 +49,9 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
 
     Every graph is written portable (fused ops: what CUDA runs) and, for float32 models, also
     as a CPU variant ({graph}.cpu.onnx, built with what ONNX Runtime's CPU EP runs fastest:
-    converter/gdn_cpu.py), which a CPU Session loads instead.
+    converter/gdn_cpu.py), which a CPU Session loads instead. For max_length > 256 the graphs a
+    CUDA Session captures also get KV window variants ({graph}.w256.onnx, ...: attend over the
+    first 256, 512, ... slots; converter/kv_windows.py), which only CUDA Sessions load.
 
     out_dir is written whole or not at all (see converter/output_dir.py for what may be
     replaced): an existing model there is refused unless overwrite=True, which replaces it.
@@ -75,16 +79,14 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
         builders = {(name, target): build for target in _targets(options)
                     for name, build in _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries,
                                                        target).items()}
+        builders.update(_window_builders(spec, store, options.max_length, K, with_mtp))
         graphs = {}
         for (name, target), build in tqdm(builders.items(), desc="ortspec convert", unit="graph",
                                           disable=not options.progress):
             g = build()
             entry = {"file": graph_file(name, None if target == PORTABLE else target), "weights": g.used_weights}
             staging.write_bytes(entry["file"], g.build(layout).SerializeToString())
-            if target == PORTABLE:
-                graphs[name] = entry
-            else:  # the portable entry came first (_targets)
-                graphs[name][target] = entry
+            _record(graphs, name, target, entry)
         tokenizer_files = [name for name in TOKENIZER_FILES if (checkpoint_dir / name).is_file()]
         for name in tokenizer_files:
             staging.copy(checkpoint_dir / name, name)
@@ -147,6 +149,32 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k,
                                                                                        target=target)
     return builders
+
+
+def _window_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool) -> dict:
+    """(window name, PORTABLE) -> a function building that KV window variant (converter/kv_windows.py):
+    each graph that gets variants, built for W slots, then narrowed from the full caches; for
+    every W of ``window_buckets(max_length)`` (none at max_length <= 256)."""
+    builders = {}
+    for slots in window_buckets(max_length):
+        for name, build in _graph_builders(spec, store, slots, K, with_mtp, [0, spec.num_layers]).items():
+            if has_window_variants(name):
+                builders[(window_graph_name(name, slots), PORTABLE)] = (
+                    lambda build=build, slots=slots: narrow_to_window(build(), slots, max_length))
+    return builders
+
+
+def _record(graphs: dict, name: str, target: str, entry: dict) -> None:
+    """Puts a written graph's entry into the manifest's graphs: a portable graph under its name,
+    a provider variant under graphs[name][target], a window variant under
+    graphs[name]["windows"][W] (the portable entries come first: _targets, _window_builders)."""
+    graph, slots = split_window_name(name)
+    if slots is not None:
+        graphs[graph].setdefault("windows", {})[str(slots)] = entry
+    elif target == PORTABLE:
+        graphs[name] = entry
+    else:
+        graphs[name][target] = entry
 
 
 def _stage_boundaries(num_layers: int, stages: int, stage_layers) -> list[int]:

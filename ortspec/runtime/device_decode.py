@@ -14,9 +14,11 @@ returns before the GPU is done (on CUDA the captured graph's Run does not synchr
                                         back a step late like the tokens (auto k's MTP entries)
 
 Same graph, slot key, feeds and commit as ``TargetModel.decode``, so the two are
-interchangeable step by step, bit for bit. One pipeline stage only: a stage boundary hands its
-proxies to another device through copies that rely on each Run having finished. On the CPU it
-runs the same way over host arrays (the tests check the pipelined loop's logic bitwise there).
+interchangeable step by step, bit for bit (on CUDA the run's one KV window variant, fixed from
+a bound on the positions it serves, ``kv_window.RunBound``, where the plain loop picks one per
+step). One pipeline stage only: a stage boundary hands its proxies to another device through
+copies that rely on each Run having finished. On the CPU it runs the same way over host arrays
+(the tests check the pipelined loop's logic bitwise there).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from .graph_slots import SlotKey
-from .model import TargetModel, attention_window
+from .kv_window import RunBound, attention_window
+from .model import TargetModel
 from .states import Rows
 from .streams import StepReadbacks
 
@@ -32,13 +35,17 @@ GRAPH = "decode"
 
 
 class DeviceDecode:
-    """Decode steps over fixed batch ``rows`` of ``target``'s states, nothing downloaded."""
+    """Decode steps over fixed batch ``rows`` of ``target``'s states, nothing downloaded.
 
-    def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False) -> None:
+    bound: where the run's running rows can reach (``kv_window.RunBound``); on CUDA the run's one
+    graph is the decode's KV window variant past it. None: the portable graph (all max_length slots)."""
+
+    def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
         self.arrays = self.graphs.arrays
         self.last_position = self.graphs.manifest.max_length - 1
-        self._key = SlotKey(GRAPH, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
+        self.graph = GRAPH if bound is None else self.graphs.kv_windows.graph(GRAPH, bound.end(1, reach=1))
+        self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._readbacks = StepReadbacks(self.arrays, (len(rows), 1), np.int64)
         # hidden=True: the hidden rows [B, 1, H] read back too, made at step 0 (their dtype is the graph's)
         self._hidden_readbacks: StepReadbacks | None = None
@@ -52,7 +59,7 @@ class DeviceDecode:
         host. Returns the outputs where the backend keeps them."""
         feeds = {"input_ids": ids, "positions": positions,
                  **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1))}
-        out = self.graphs[GRAPH].run(feeds, slot=self._key, wait=False)
+        out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
         static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run
         self.target.states.advance(out, self.rows, positions if static is None else static)
         self._readbacks.start(n, out["tokens"])

@@ -19,8 +19,10 @@ step_ids [B, 2k+2] (g_0..g_k | a | d_1..d_k) the graph wrote:
 The inputs the next Run reads are the captured slot's static input_ids / positions (so a
 replay uploads nothing), or, without a captured slot (the CPU, CUDA without graphs), buffers
 of this object's own. Same graph, slot key, feeds and commit as ``CatchUpInVerify``'s step,
-so the two are interchangeable step by step, bit for bit. A finished row keeps running:
-its positions stop at ``last_start`` = max_length - k - 1, where k+1 positions still fit.
+so the two are interchangeable step by step, bit for bit (on CUDA the run's one KV window
+variant, fixed from a ``kv_window.RunBound``, where the plain loop picks one per step). A
+finished row keeps running: its positions stop at ``last_start`` = max_length - k - 1, where k+1
+positions still fit.
 """
 
 from __future__ import annotations
@@ -29,19 +31,26 @@ import numpy as np
 
 from ..manifest import graph_name
 from .graph_slots import SlotKey
-from .model import MTPHead, TargetModel, attention_window
+from .kv_window import RunBound, attention_window
+from .model import MTPHead, TargetModel
 from .states import Rows
 from .streams import StepReadbacks
 
 
 class DeviceVerify:
-    """Fused speculative steps of k drafts over fixed batch ``rows``, nothing downloaded."""
+    """Fused speculative steps of k drafts over fixed batch ``rows``, nothing downloaded.
 
-    def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int) -> None:
+    bound: where the run's running rows can reach (``kv_window.RunBound``); on CUDA the run's one
+    graph is the KV window variant past it, with the head's drafts (k slots past a step's last
+    position). None: the portable graph (all max_length slots)."""
+
+    def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int, bound: RunBound | None = None) -> None:
         self.target, self.mtp, self.rows, self.k = target, mtp, rows, k
         self.graphs = target.graphs
         self.arrays = self.graphs.arrays
         self.graph = graph_name("verify_mtp", k)
+        if bound is not None:
+            self.graph = self.graphs.kv_windows.graph(self.graph, bound.end(k + 1, reach=k))
         self.last_start = self.graphs.manifest.max_length - (k + 1)
         self._key = SlotKey(self.graph, k + 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, k+1]
         shape = (len(rows), k + 1)

@@ -18,7 +18,9 @@ logits depend on M and on the batch bucket (issue 12; BENCHMARKS.md).
 ``FixedShape`` (exact mode) runs every post-prefill forward, greedy or speculative, as
 ``verify_select_k{K}`` at one shape [B_fix, K+1]: a row's m real tokens, then pad tokens at
 the next positions; the batch in groups of B_fix contiguous rows (B_fix divides the engine's
-rows; placeholders fill the rest). Every product then has the same shape every time, so
+rows; placeholders fill the rest), over all max_length KV slots on CUDA too (a KV window
+variant, chosen by the group's furthest position, would make a token's products depend on the
+positions beside it). Every product then has the same shape every time, so
 the GPU libraries pick the same kernel and reduction order every time, and a token's bits
 depend on its own inputs only, provided a fixed-shape product gives a row the same bits at
 any row index (tiled GEMMs without batch-dependent split-K; ``tools/gpu.py exact`` checks it).
@@ -108,7 +110,8 @@ class FixedShape:
 
     def windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         ids, positions = self._pad(ids, positions)  # [B, K+1]
-        parts = [self.target.verify_windows(group, ids[part], positions[part]) for part, group in self.groups(rows)]
+        parts = [self.target.verify_windows(group, ids[part], positions[part], kv_window=False)  # one shape
+                 for part, group in self.groups(rows)]
         return self._merge(parts, positions)
 
     def select(self, out: Forward, rows: Rows, accepted: np.ndarray) -> None:

@@ -25,6 +25,7 @@ import itertools
 import numpy as np
 import onnxruntime as ort
 
+from ..manifest import split_window_name
 from .arrays import DTYPES
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16)
@@ -38,8 +39,9 @@ def batch_bucket(n: int) -> int:
 
 def is_captured_graph(name: str) -> bool:
     """Graphs run as CUDA graphs at fixed shapes: decode (M=1), the verifies (M=k+1) and the MTP
-    head's (catch-up + drafts, argmax or sampled). Prefill runs any length, so always eagerly."""
-    base = name.split(".stage")[0]
+    head's (catch-up + drafts, argmax or sampled), and their KV window variants (decode.w256).
+    Prefill runs any length, so always eagerly."""
+    base = split_window_name(name)[0].split(".stage")[0]
     return base in ("decode", "mtp") or base.startswith(("verify", "mtp_propose", "mtp_sample"))
 
 
@@ -48,7 +50,7 @@ class SlotKey:
     """One captured graph: a graph at one shape over one engine's buffers. The native registry
     reads these four attributes."""
 
-    slot: str  # the graph's manifest name, e.g. "decode", "verify_select_k3", "decode.stage1"
+    slot: str  # the graph's manifest name, e.g. "decode", "verify_select_k3", "decode.stage1", "decode.w256"
     tokens_per_row: int  # M
     batch_bucket: int  # B, rows the graph runs (padded batch)
     engine: int  # id of the engine whose state buffers the graph binds

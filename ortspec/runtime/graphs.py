@@ -19,6 +19,7 @@ from ..errors import ClosedError, ModelDirError, ProviderError
 from ..manifest import Manifest, state_bytes
 from .fair_lock import FairLock
 from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
+from .kv_window import KVWindows
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 NO_SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime session config key; "0": workers sleep when idle
@@ -188,7 +189,8 @@ def lock_for(provider: str):
 
 class GraphSet:
     """Lazily created GraphRunners keyed by graph name, each on its device with that device's
-    weights and arrays.
+    weights and arrays. A KV window variant (decode.w256: ``kv_window``) is a graph of its own
+    name, so its own session, created on first use like the others.
 
     devices: the device of each pipeline stage (default: everything on device 0). Stage s's
     graphs and its layers' states live on devices[s]; the MTP head, and so the tokens and the
@@ -217,6 +219,7 @@ class GraphSet:
         self._placed: dict[int, tuple] = {}  # device -> (arrays, SharedWeights)
         self.arrays = self.arrays_on(self.devices[-1])
         self.slots = GraphSlots(self.arrays.native.GraphSlotRegistry() if provider == "cuda" else None)
+        self.kv_windows = KVWindows(manifest, variants=provider == "cuda")  # CPU views or CUDA window variants
         self._runners: dict[str, GraphRunner] = {}
 
     def _place(self, device: int) -> tuple:

@@ -13,25 +13,8 @@ import numpy as np
 from ..manifest import graph_name, stage_graph_name
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
+from .kv_window import attention_window
 from .states import Rows, Snapshot, StateSet
-
-
-WINDOW_STEP = 64  # KV window sizes are multiples of this, so a run sees few distinct shapes
-
-
-def window_slots(max_length: int, last_position: int, reach: int) -> int:
-    """The first multiple of WINDOW_STEP at or past last_position + reach, at most max_length."""
-    return min(max_length, -(-(last_position + reach) // WINDOW_STEP) * WINDOW_STEP)
-
-
-def attention_window(graphs: GraphSet, positions: np.ndarray, reach: int) -> int | None:
-    """The first W KV slots a forward attends over: on the CPU, ``window_slots`` past its last
-    position (the slots past it are masked: they cost time, not bits); None, all max_length
-    slots, on CUDA (a captured graph keeps its shapes) or for graphs converted without windows."""
-    manifest = graphs.manifest
-    if graphs.arrays.device != "cpu" or not manifest.attention_window:
-        return None
-    return window_slots(manifest.max_length, int(positions.max()), reach)
 
 
 class Forward(dict):
@@ -125,13 +108,19 @@ class TargetModel:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False,
-             head_feeds: dict | None = None, download: str = "tokens") -> Forward:
+             head_feeds: dict | None = None, download: str = "tokens", reach: int = 1,
+             kv_window: bool = True) -> Forward:
         """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them.
-        head_feeds: the MTP head's cache inputs, for a graph that runs the head too (``verify_with_head``)."""
+        head_feeds: the MTP head's cache inputs, for a graph that runs the head too (``verify_with_head``).
+        reach: the slots past the last position the graph touches (1; k where the MTP head drafts k
+        in it), for the KV window variant CUDA runs (``kv_window``); kv_window=False: the portable
+        graph over all max_length slots whatever the positions (exact mode)."""
         feeds = {"input_ids": ids, "positions": positions,
                  **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(head_feeds or {})}
         merged, keep_alive = {}, []
+        windows = self.graphs.kv_windows
         for stage, graph in enumerate(self.graph_names(name)):
+            graph = windows.for_positions(graph, positions, reach) if kv_window else graph
             key = SlotKey.for_run(graph, ids, self.slot_id(rows)) if graphed else None
             out = self.graphs[graph].run(feeds, slot=key)
             keep_alive.append(getattr(out, "keep_alive", None))
@@ -164,9 +153,11 @@ class TargetModel:
         self.states.advance(out, rows, positions)
         return out
 
-    def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
-        """Like verify, but leaves the states untouched; the outputs hold the state after each row."""
-        return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions, graphed=True)
+    def verify_windows(self, rows: Rows, ids: np.ndarray, positions: np.ndarray, kv_window: bool = True) -> Forward:
+        """Like verify, but leaves the states untouched; the outputs hold the state after each row.
+        kv_window=False: over all max_length KV slots on CUDA (exact mode: one shape, one computation)."""
+        return self._run(graph_name("verify_select", ids.shape[1] - 1), rows, ids, positions, graphed=True,
+                         kv_window=kv_window)
 
     def verify_with_head(self, rows: Rows, ids: np.ndarray, positions: np.ndarray,
                          head: "MTPHead") -> tuple[Forward, np.ndarray, np.ndarray]:
@@ -176,7 +167,7 @@ class TargetModel:
         (the forward, accepted [B], drafts [B, k]), all three from one download."""
         k = ids.shape[1] - 1
         out = self._run(graph_name("verify_mtp", k), rows, ids, positions, graphed=True,
-                        head_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids")
+                        head_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids", reach=k)
         step_ids = out.downloaded  # [B, 2k+2]: tokens g_0..g_k | accepted | drafts
         return out, step_ids[:, k + 1], step_ids[:, k + 2:]
 
@@ -238,6 +229,7 @@ class MTPHead:
                   graphed: bool):
         feeds = {"input_ids": next_ids, "hidden": hidden, "positions": positions,
                  "last": np.ascontiguousarray(last, np.int64), **extra, **self.cache_feeds(rows, positions, drafts)}
+        graph = self.graphs.kv_windows.for_positions(graph, positions, reach=drafts)
         key = SlotKey.for_run(graph, next_ids, self.engine) if graphed else None
         out = self.graphs[graph].run(feeds, slot=key)
         self.write_entries(out, rows, positions, last)
@@ -246,7 +238,7 @@ class MTPHead:
     def cache_feeds(self, rows: Rows, positions: np.ndarray, drafts: int) -> dict:
         """The head's cache as inputs of a run over positions [B, M] that then drafts ``drafts``
         tokens: on the CPU a window reaching k slots past the last position (drafts d2..dk sit
-        k-1 slots past row a), on CUDA all max_length slots."""
+        k-1 slots past row a), on CUDA the whole buffers (a window variant narrows them)."""
         return self.states.feeds(rows, attention_window(self.graphs, positions, reach=drafts))
 
     def write_entries(self, out, rows: Rows, positions: np.ndarray, last: np.ndarray) -> None:

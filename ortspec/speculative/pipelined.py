@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..runtime.device_decode import DeviceDecode
+from ..runtime.kv_window import RunBound
 from .auto_stretch import AutoStretch
 from .requests import Batch, Request
 
@@ -124,8 +125,8 @@ class PipelinedGreedy:
         try:
             with self.graphs.device_lock, self.stats.timed("decode"):
                 self.graphs.begin_step()
-                decode = DeviceDecode(self.target, batch.rows, hidden=auto is not None)  # (page-locked memory:
-                out = decode.step(0, batch.pending[:, None], positions(0))  # made and freed under the lock)
+                decode = DeviceDecode(self.target, batch.rows, hidden=auto is not None, bound=RunBound.of(occupants))
+                out = decode.step(0, batch.pending[:, None], positions(0))  # (page-locked memory: made, freed under the lock)
             for n in itertools.count():  # ends: every step gives each running request a token
                 with self.graphs.device_lock, self.stats.timed("decode"):
                     running = [r for r in occupants if not r.done]  # before step n's tokens

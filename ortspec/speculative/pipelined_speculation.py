@@ -61,6 +61,7 @@ from typing import Callable
 import numpy as np
 
 from ..runtime.device_verify import DeviceVerify
+from ..runtime.kv_window import RunBound
 from . import sampler
 from .auto_k import Tail
 from .drafts import MTPDrafts
@@ -113,7 +114,7 @@ class PipelinedSpeculation:
         try:
             with self.graphs.device_lock, self.stats.timed("verify"):
                 self.graphs.begin_step()
-                verify = DeviceVerify(self.target, self.mtp, batch.rows, k)
+                verify = DeviceVerify(self.target, self.mtp, batch.rows, k, RunBound.of(occupants))
                 verify.step(0, np.concatenate([batch.pending[:, None], drafts], axis=1),  # [B, k+1]
                             T[:, None] + np.arange(k + 1))  # [B, k+1]
             for n in itertools.count():  # ends: every step gives each running request a token
