@@ -104,6 +104,10 @@ def _add_convert(sub) -> None:
     c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                    help="dtype of the weight matrices and their products; states stay float32; "
                         "bfloat16 models run on the CUDA provider only")
+    c.add_argument("--activations", choices=["float32", "model"], default="float32",
+                   help="dtype between layers: float32, or model: the model's float16/bfloat16 (the residual "
+                        "stream and its norms in it, a Cast only into and out of the attention/GDN float32 insides; "
+                        "fewer kernels per GPU step; not with int4)")
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generated tokens")
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None,
@@ -215,7 +219,7 @@ def _convert(args) -> None:
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
-                  mtp_quant=args.mtp_quant, overwrite=args.overwrite)
+                  mtp_quant=args.mtp_quant, activations=args.activations, overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 

@@ -5,6 +5,10 @@ uses, the weight layout of weights.bin, every state tensor (kind, shape, dtype) 
 runtime allocates states without guessing, and the size and sha256 of every file in the
 directory (integrity.py), so a load refuses a directory that is not what was converted.
 
+``activations`` (added within ortspec/2) is the dtype between layers: "float32", or the model's
+float16/bfloat16 (``convert(activations="model")``); a manifest written before it reads as
+"float32", which is what its graphs run.
+
 Format ortspec/2 added the file records. A directory of format ortspec/1 is refused with the
 command that reconverts it: without sizes, a half-overwritten directory of that format (what
 a killed conversion of that version left) cannot be told from a whole one.
@@ -112,6 +116,7 @@ class Manifest:
     files: dict = dataclasses.field(default_factory=dict)  # file name -> {"size", "sha256"}
     mtp_quant: str | None = None  # "int4": the MTP draft head's weights are (also when quant is)
     attention_window: bool = False  # the graphs attend over the first W KV slots they are given
+    activations: str = "float32"  # the dtype between layers: float32 or the model's dtype (converter/layers.py)
 
     @property
     def num_stages(self) -> int:
@@ -150,11 +155,12 @@ class Manifest:
 
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
-               source, model_type, stage_layers, quant=None, files=None, mtp_quant=None) -> "Manifest":
+               source, model_type, stage_layers, quant=None, files=None, mtp_quant=None,
+               activations="float32") -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
                    {"checkpoint": source, "model_type": model_type}, stage_layers, quant, dict(files or {}),
-                   mtp_quant, attention_window=True)
+                   mtp_quant, attention_window=True, activations=activations)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -167,6 +173,7 @@ class Manifest:
             "quant": self.quant,
             "mtp_quant": self.mtp_quant,
             "attention_window": self.attention_window,
+            "activations": self.activations,
             "weights": {"file": WEIGHTS_FILE, "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -190,7 +197,8 @@ class Manifest:
         return cls(model_dir, spec, doc["max_length"], doc["num_speculative_tokens"], doc["dtype"],
                    doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
                    doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
-                   doc["files"], doc.get("mtp_quant"), bool(doc.get("attention_window", False)))
+                   doc["files"], doc.get("mtp_quant"), bool(doc.get("attention_window", False)),
+                   doc.get("activations", "float32"))
 
     def verify(self) -> dict[str, int]:
         """Re-hashes every file against its recorded checksum (reads every byte); raises
@@ -223,8 +231,17 @@ def _read_document(model_dir: Path) -> dict:
         raise ModelDirError(f"{path} has format {doc.get('format')!r}, which {why}; {_reconvert(model_dir, doc)}")
     for dotted, kind in _FIELDS:
         _check_field(doc, dotted, kind, path)
+    _check_activations(doc, path)
     _check_files(doc, path)
     return doc
+
+
+def _check_activations(doc: dict, path: Path) -> None:
+    """activations, where recorded, is float32 or the model's dtype (what a conversion writes)."""
+    activations = doc.get("activations", "float32")
+    if activations not in ("float32", doc["dtype"]):
+        raise ModelDirError(f"{path} has activations {activations!r}, which is neither 'float32' nor the model's "
+                            f"dtype {doc['dtype']!r}; {_reconvert(path.parent, doc)}")
 
 
 def _check_field(doc: dict, dotted: str, kind: type, path: Path) -> None:

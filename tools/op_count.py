@@ -1,15 +1,17 @@
 """Kernel-launching ops per graph of a converted model: what prices a GPU step.
 
     python tools/op_count.py MODEL_DIR [MODEL_DIR ...]                # converted model directories
-    python tools/op_count.py --convert CHECKPOINT --dtype float32,float16 [-k 3]
+    python tools/op_count.py --convert CHECKPOINT --dtype float32,float16 [--activations float32,model] [-k 3]
 
 On the CUDA EP a decode of the 20M model is launch-bound: ~1.6-2 us per kernel, the GPU busy
 about half of the step (BENCHMARKS.md, "Floors, measured"), so every node removed from the
 decode / verify / mtp_propose graphs is time saved. Every node launches a kernel except the
 views ONNX Runtime aliases without a copy (``VIEW_OPS``); shape arithmetic that ORT places on
 the CPU still counts, so the count is an upper bound that moves one for one with the graph.
-The table lists the total and the op kinds, most frequent first; tests/test_op_count.py holds
-the fp16 decode of a tiny model under a bound so that a change re-adding casts fails.
+The table lists the total, the Casts (a float16/bfloat16 model converted with float32 activations
+casts into and out of every product; ``--activations model`` keeps the residual stream in the
+model dtype) and the op kinds, most frequent first; tests/test_op_count.py holds the fp16
+decode of a tiny model under a bound so that a change re-adding casts fails.
 """
 
 from __future__ import annotations
@@ -46,19 +48,23 @@ def graph_kernel_ops(model_dir: Path, graphs=GRAPHS) -> dict[str, collections.Co
 
 def table(label: str, counts: dict[str, collections.Counter], top: int = 12) -> str:
     """A markdown table: one row per graph, its total and its most frequent op kinds."""
-    rows = [f"#### {label}", "", "| graph | kernel ops | most frequent |", "|---|---|---|"]
+    rows = [f"#### {label}", "", "| graph | kernel ops | Casts | most frequent |", "|---|---|---|---|"]
     for name, ops in counts.items():
         common = ", ".join(f"{op} {n}" for op, n in ops.most_common(top))
-        rows.append(f"| {name} | {sum(ops.values())} | {common} |")
+        rows.append(f"| {name} | {sum(ops.values())} | {ops['Cast']} | {common} |")
     return "\n".join(rows) + "\n"
 
 
-def _converted(checkpoint: Path, dtypes: list[str], k: int, work: Path):
+def _converted(checkpoint: Path, dtypes: list[str], activations: list[str], k: int, work: Path):
     from ortspec.converter import convert
 
     for dtype in dtypes:
-        out = convert(checkpoint, work / dtype, num_speculative_tokens=k, dtype=dtype, max_length=64, progress=False)
-        yield f"{checkpoint.name}, {dtype}", out
+        for act in activations:
+            if act == "model" and dtype == "float32":
+                continue  # a float32 model's "model" activations are float32: the same graphs
+            out = convert(checkpoint, work / f"{dtype}-{act}", num_speculative_tokens=k, dtype=dtype, max_length=64,
+                          activations=act, progress=False)
+            yield f"{checkpoint.name}, {dtype}, activations {act}", out
 
 
 def main(argv=None) -> int:
@@ -66,6 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("model_dirs", nargs="*", type=Path, help="converted model directories")
     parser.add_argument("--convert", type=Path, metavar="CHECKPOINT", help="convert this checkpoint first (temporary)")
     parser.add_argument("--dtype", default="float32,float16", help="dtypes to convert --convert in (comma separated)")
+    parser.add_argument("--activations", default="float32",
+                        help="activations to convert --convert with (comma separated: float32, model)")
     parser.add_argument("-k", type=int, default=3, help="largest k to convert --convert with (default 3)")
     args = parser.parse_args(argv)
     if not args.model_dirs and args.convert is None:
@@ -74,7 +82,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         models = [(str(d), d) for d in args.model_dirs]
         if args.convert is not None:
-            models += list(_converted(args.convert, args.dtype.split(","), args.k, Path(work)))
+            models += list(_converted(args.convert, args.dtype.split(","), args.activations.split(","), args.k,
+                                      Path(work)))
         for label, model_dir in models:
             print(table(label, graph_kernel_ops(model_dir, graphs)))
     return 0

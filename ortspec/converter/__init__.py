@@ -31,14 +31,21 @@ from .weights import WeightPreparer, cast_matrices
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
-            quant: str | None = None, mtp_quant: str | None = None, overwrite: bool = False,
-            progress: bool = True) -> Path:
+            quant: str | None = None, mtp_quant: str | None = None, activations: str = "float32",
+            overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
     verify shape 1..K are written. max_length bounds prompt + generated tokens.
     dtype "float16"/"bfloat16" stores the weight matrices in that dtype (half the size) and
-    runs the matrix products in it; norms, the GDN recurrence and every state stay float32.
+    runs the matrix products in it; the GDN recurrence, attention and every state stay float32.
+    activations: the dtype between layers. "float32" (default): the residual stream and its
+    norms in float32, each product's input cast down and its output back up. "model": the
+    residual stream, embedding rows, norms on the stream and the projections' inputs and
+    outputs in the model's dtype, as transformers runs a float16 model: a Cast only where a
+    mixer's float32 inside begins and ends, and on the logits (kept float32); fewer kernels per
+    step on a GPU. A float32 model's "model" is float32 (the same graphs). Not with int4
+    weights (quant or mtp_quant: MatMulNBits takes float32 here). Recorded in the manifest.
     bfloat16 graphs need the CUDA provider (the CPU has no bfloat16 MatMul).
     pipeline_stages > 1 also writes every target graph split into that many stages
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
@@ -58,7 +65,7 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     """
     options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
                              pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
-                             mtp_quant=mtp_quant, overwrite=overwrite, progress=progress)
+                             mtp_quant=mtp_quant, activations=activations, overwrite=overwrite, progress=progress)
     checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     check_output_dir(out_dir, checkpoint_dir, options.overwrite)
     hf_config = read_hf_config(checkpoint_dir)
@@ -95,7 +102,7 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                                    source=str(checkpoint_dir), model_type=hf_config.get("model_type"),
                                    stage_layers=boundaries, quant=options.quant, files=staging.files,
                                    mtp_quant="int4" if with_mtp and "int4" in (options.quant, options.mtp_quant)
-                                   else None)
+                                   else None, activations=options.activation_dtype)
         staging.write_bytes(MANIFEST_FILE, manifest.to_json().encode(), record=False)
         staging.publish()
     return out_dir
@@ -114,7 +121,7 @@ def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: Convert
         quantize_store(store)
     elif options.mtp_quant == "int4" and with_mtp:
         quantize_draft_head(store)
-    cast_matrices(store, options.dtype)
+    cast_matrices(store, options.dtype, options.activation_dtype)
     return store
 
 

@@ -34,11 +34,17 @@ _ONNX_TYPE = {
 
 
 class WeightStore:
-    """Named weight arrays, laid out back to back (64-byte aligned) in one weights.bin."""
+    """Named weight arrays, laid out back to back (64-byte aligned) in one weights.bin.
 
-    def __init__(self) -> None:
+    activations: the dtype of the activations between layers in every graph built over this
+    store (float32, or the model's float16/bfloat16 with ``convert(activations="model")``). It
+    lives here because the weights depend on it: the norms on the residual stream are stored in
+    it (ONNX Runtime's norm kernels take the weight in the input's dtype; weights.cast_matrices)."""
+
+    def __init__(self, activations=np.float32) -> None:
         self.arrays: dict[str, np.ndarray] = {}
         self.quantized: dict[str, tuple[int, int]] = {}  # int4 weights: name -> (K, N)
+        self.activations = np.dtype(activations)
 
     def add(self, name: str, array: np.ndarray) -> str:
         if name in self.arrays:
@@ -134,6 +140,13 @@ class GraphBuilder:
             self.used_weights.append(name)
         return name
 
+    @property
+    def activations(self) -> int:
+        """The ONNX dtype of the activations between layers: the residual stream, the embedding
+        rows, the norms on the stream, the projections' inputs and outputs, the hidden rows
+        (``WeightStore.activations``). The mixers' insides stay float32 (layers.py)."""
+        return _ONNX_TYPE[self.weights.activations]
+
     def matmul_dtype(self, weight: str) -> int:
         """The dtype a product with `weight` runs in: the weight's (float32, float16, bfloat16);
         float32 for an int4 weight (MatMulNBits takes and gives float32 here)."""
@@ -141,12 +154,15 @@ class GraphBuilder:
             return TensorProto.FLOAT
         return _ONNX_TYPE[self.weights.arrays[weight].dtype]
 
-    def linear(self, x: str, weight: str, hint: str | None = None, x_dtype: int = TensorProto.FLOAT,
-               out_dtype: int = TensorProto.FLOAT) -> str:
-        """x [.., in] @ W [in, out], x arriving in x_dtype, the result wanted in out_dtype. With W
-        stored in fp16/bf16 the product runs in that dtype: x is cast down and the result back
-        unless the caller keeps the chain in that dtype (make_mlp); norms, GDN ops and states
-        stay float32. An int4 weight runs as MatMulNBits (see converter/quantize.py)."""
+    def linear(self, x: str, weight: str, hint: str | None = None, x_dtype: int | None = None,
+               out_dtype: int | None = None) -> str:
+        """x [.., in] @ W [in, out], x arriving in x_dtype, the result wanted in out_dtype (None:
+        the activations' dtype). With W stored in fp16/bf16 the product runs in that dtype: x is
+        cast down and the result back only where a side differs from it (float32 activations,
+        or a mixer's float32 inside); with activations in the model dtype a product between two
+        stream ops needs no Cast. An int4 weight runs as MatMulNBits (see converter/quantize.py)."""
+        x_dtype = self.activations if x_dtype is None else x_dtype
+        out_dtype = self.activations if out_dtype is None else out_dtype
         low = self.matmul_dtype(weight)
         if x_dtype != low:
             x = self.op("Cast", [x], to=low)
@@ -159,9 +175,10 @@ class GraphBuilder:
         return y if out_dtype == low else self.op("Cast", [y], to=out_dtype, hint=hint)
 
     def embedding(self, ids: str, weight: str = "embed") -> str:
+        """The rows of `weight` at ids [B, M], in the activations' dtype: [B, M, H]."""
         rows = self.op("Gather", [self.weight(weight), ids], hint="embed")
-        if self.weights.arrays[weight].dtype != np.float32:
-            rows = self.op("Cast", [rows], to=TensorProto.FLOAT)
+        if self.weights.arrays[weight].dtype != self.weights.activations:
+            rows = self.op("Cast", [rows], to=self.activations)
         return rows
 
     def const(self, value, dtype=np.int64, hint: str = "const") -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from ..model_spec import ModelSpec
 from .builder import GraphBuilder
-from .layers import l2_normalize, make_gated_norm_chain, make_silu
+from .layers import F32, l2_normalize, make_gated_norm_chain, make_silu
 
 
 def make_gated_deltanet_rows(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
@@ -40,15 +40,15 @@ def make_gated_deltanet_rows(g: GraphBuilder, spec: ModelSpec, x: str, prefix: s
     [B, M, H], conv, recurrent): the states after the last row [B, K-1, C] and [B, nv, dk, dv],
     or with windows=True the state after each row, [M, B, K-1, C] and [M, B, nv, dk, dv]."""
     nv, kd, vd, C = spec.linear_num_value_heads, spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
-    qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj"), g.const([C, vd, nv, nv])],
-                        num_outputs=4, axis=-1)  # [B, M, C], [B, M, vd], [B, M, nv] x 2
+    qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj", out_dtype=F32), g.const([C, vd, nv, nv])],
+                        num_outputs=4, axis=-1)  # [B, M, C], [B, M, vd], [B, M, nv] x 2, float32
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each; decay in log space
     mixed, conv = _conv_rows(g, spec, f"{prefix}.conv_taps", conv_state, qkv, rows, windows)
     q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
     heads, recurrent = _recurrence_rows(g, spec, recurrent_state, q, k, v, decay, beta, rows, windows)
     normed = make_gated_norm_chain(g, spec, heads, z, f"{prefix}.gdn_norm")  # [B, M, vd]
-    return g.linear(normed, f"{prefix}.out", hint=f"{prefix}.gdn_out"), conv, recurrent
+    return g.linear(normed, f"{prefix}.out", hint=f"{prefix}.gdn_out", x_dtype=F32), conv, recurrent
 
 
 def _conv_rows(g: GraphBuilder, spec: ModelSpec, taps_weight: str, conv_state: str, qkv: str, rows: int,

@@ -6,7 +6,8 @@ Target graph I/O (B requests, M rows each, L = max_length):
                          cache's first W <= L slots, W past every position of the call (any such
                          W gives the same bits; the CPU runtime passes a window, CUDA all L)
        conv.{i} [B, K-1, C], recurrent.{i} [B, nv, dk, dv] (fp32)     GDN layer i
-  out  tokens int64 [B, M] (argmax)  logits [B, M, V]  hidden [B, M, H] (final-normed)
+  out  tokens int64 [B, M] (argmax)  logits [B, M, V] float32  hidden [B, M, H] (final-normed, in the
+       activations' dtype: float32, or the model's with convert(activations="model"))
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
        conv_out.{i}, recurrent_out.{i}                                states after the last row
     or conv_window.{i} [M, ...], recurrent_window.{i} [M, ...]       state after each row (select)
@@ -14,7 +15,8 @@ Target graph I/O (B requests, M rows each, L = max_length):
 MTP graph I/O: in input_ids [B, M] (the token after each hidden's position), hidden [B, M, H]
 (target final-normed hidden, or the MTP's own output when drafting), positions [B, M],
 key.mtp, value.mtp; out tokens, logits, hidden_out [B, M, H] (after mtp.norm), new_key.mtp,
-new_value.mtp.
+new_value.mtp. hidden and hidden_out are in the activations' dtype (the target's hidden output
+feeds the head as it is); logits and every state are float32.
 """
 
 from __future__ import annotations
@@ -76,11 +78,13 @@ def _decoder_layer(g, spec, x, residual, prefix, mixer):
 
 
 def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
+    """Final norm, lm_head; the logits float32 whatever the activations (argmax ties and sampling
+    see the values the runtime reads), the hidden rows in the activations' dtype."""
     hidden, _ = make_add_rms_norm(g, x, residual, norm_weight, spec.rms_norm_eps)
-    logits = g.linear(hidden, "lm_head")
+    logits = g.linear(hidden, "lm_head", out_dtype=F32)
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", rows])
     g.output(logits, "logits", F32, ["B", rows, spec.vocab_size])
-    g.output(hidden, hidden_name, F32, ["B", rows, spec.hidden_size])
+    g.output(hidden, hidden_name, g.activations, ["B", rows, spec.hidden_size])
 
 
 def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
@@ -102,8 +106,9 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     if first:
         x, residual = g.embedding(g.input("input_ids", I64, ["B", dim_m])), None
     else:
-        x = g.input("proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
-        residual = g.input("proxy.residual", F32, ["B", dim_m, spec.hidden_size]) if layers.start > 0 else None
+        x = g.input("proxy.hidden", g.activations, ["B", dim_m, spec.hidden_size])
+        residual = (g.input("proxy.residual", g.activations, ["B", dim_m, spec.hidden_size]) if layers.start > 0
+                    else None)
     states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
     window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
     step = make_step_inputs(g, spec, positions, max_length, window=window)
@@ -133,9 +138,9 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     if last:
         _head(g, spec, x, residual, "final_norm", "hidden", dim_m)
     else:
-        g.output(x, "proxy.hidden", F32, ["B", dim_m, spec.hidden_size])
+        g.output(x, "proxy.hidden", g.activations, ["B", dim_m, spec.hidden_size])
         if residual is not None:
-            g.output(residual, "proxy.residual", F32, ["B", dim_m, spec.hidden_size])
+            g.output(residual, "proxy.residual", g.activations, ["B", dim_m, spec.hidden_size])
     for value, out_name in state_outputs:
         g.output(value, out_name, F32, None)
     return g
@@ -175,15 +180,15 @@ def make_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, target:
     """
     g = GraphBuilder("mtp", store, target)
     ids = g.input("input_ids", I64, ["B", "M"])
-    hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
+    hidden = g.input("hidden", g.activations, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
     step = make_step_inputs(g, spec, positions, max_length, window="key.mtp")
     hidden_out, new_key, new_value, _, _ = _mtp_pass(g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
-    logits = g.linear(hidden_out, mtp_lm_head(store))
+    logits = g.linear(hidden_out, mtp_lm_head(store), out_dtype=F32)
     g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", "M"])
     g.output(logits, "logits", F32, ["B", "M", spec.vocab_size])
-    g.output(hidden_out, "hidden_out", F32, ["B", "M", spec.hidden_size])
+    g.output(hidden_out, "hidden_out", g.activations, ["B", "M", spec.hidden_size])
     g.output(new_key, "new_key.mtp", F32, None)
     g.output(new_value, "new_value.mtp", F32, None)
     return g
@@ -207,7 +212,7 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
     """
     g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store, target)
     ids = g.input("input_ids", I64, ["B", "M"])
-    hidden = g.input("hidden", F32, ["B", "M", spec.hidden_size])
+    hidden = g.input("hidden", g.activations, ["B", "M", spec.hidden_size])
     positions = g.input("positions", I64, ["B", "M"])
     last = g.input("last", I64, ["B"])
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec).items()}
@@ -244,7 +249,7 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
     def draft_from(out, j):  # the lm_head on one row per request: [B, 1, H] -> [B, 1], [B, 1, V] or None
-        return choose(g.linear(out, mtp_lm_head(g.weights)), j)
+        return choose(g.linear(out, mtp_lm_head(g.weights), out_dtype=F32), j)
 
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
     # A draft's position stays below max_length; it needs no clamp to the window W: the runtime

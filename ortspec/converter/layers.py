@@ -1,10 +1,18 @@
 """One ``make_*`` function per subgraph of a Qwen3.5 decoder layer.
 
-Activations are [B, M, H] float32 (B requests, M token rows each). Every op here is
-row-wise or a product over rows that computes each row the same way whatever rows share
-the call, so the M=1 decode and the M=k+1 verify compute the same bits per token (the
-exactness tests depend on this; tools/row_invariance.py measures it op kind by op kind on
-ONNX Runtime's CPU EP).
+Activations are [B, M, H] (B requests, M token rows each) in ``g.activations``: float32, or
+with ``convert(activations="model")`` the model's float16/bfloat16, as transformers runs a
+half-precision model (its RMSNorm computes in float32 inside and returns the input's dtype;
+so do ONNX Runtime's norm kernels). Either way the mixers work in float32 inside, because
+their states are float32: the attention casts its q/k/v/gate projection to float32 once
+(fp32 KV cache, RoPE, softmax) and its gated context back once before o_proj; the GDN layer
+casts in_proj's output once (conv, recurrence, gated norm over fp32 states) and the gated
+norm's output back once before out_proj. The MLP runs in the matmul dtype throughout.
+
+Every op here is row-wise or a product over rows that computes each row the same way
+whatever rows share the call, so the M=1 decode and the M=k+1 verify compute the same bits
+per token (the exactness tests depend on this; tools/row_invariance.py measures it op kind
+by op kind on ONNX Runtime's CPU EP).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
-    """Offset RMSNorm x̂·(1+w); the store already holds (1+w)."""
+    """Offset RMSNorm x̂·(1+w); the store already holds (1+w), in x's dtype (float32 inside)."""
     return g.op("SimplifiedLayerNormalization", [x, g.weight(weight)], axis=-1, epsilon=eps, stash_type=1)
 
 
@@ -63,11 +71,12 @@ def make_add_rms_norm(g: GraphBuilder, x: str, residual: str, weight: str, eps: 
 
 
 def make_mlp(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str) -> str:
-    """down(silu(gate) * up), [B, M, H] float32 in and out. The whole chain runs in the matmul
-    dtype (one Cast in, one out, with fp16/bf16 weights), as transformers runs it in that dtype:
+    """down(silu(gate) * up), [B, M, H] in the activations' dtype in and out. The whole chain
+    runs in the matmul dtype, as transformers runs it in that dtype (with fp16/bf16 weights and
+    float32 activations, one Cast in and one out; with activations in the model dtype none):
 
-        x ─ Cast ─ MatMul(gate_up) ─ Split ─ gate ─ ScaledSiLU(alpha 1) ─ Mul ─ MatMul(down) ─ Cast
-                                           └─ up ─────────────────────────┘
+        x ─ (Cast) ─ MatMul(gate_up) ─ Split ─ gate ─ ScaledSiLU(alpha 1) ─ Mul ─ MatMul(down) ─ (Cast)
+                                             └─ up ─────────────────────────┘
     """
     low = g.matmul_dtype(f"{prefix}.gate_up")
     gate, up = g.op("Split", [g.linear(x, f"{prefix}.gate_up", out_dtype=low), g.const([spec.intermediate_size] * 2)],
@@ -115,7 +124,9 @@ def make_rope(g: GraphBuilder, spec: ModelSpec, x: str, heads: int, step: StepIn
 
 def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
                    past_key: str, past_value: str, merged: bool = False) -> tuple[str, ...]:
-    """Gated GQA over a static cache. Returns (output [B,M,H], new_key, new_value), and with
+    """Gated GQA over a static cache, float32 inside (x and the output [B, M, H] in the
+    activations' dtype: the projection is cast to float32 once, the gated context back once).
+    Returns (output [B,M,H], new_key, new_value), and with
     merged=True also the merged key and value views (the cache with this call's rows in place,
     for a later pass in the same graph to attend over).
 
@@ -128,8 +139,8 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     """
     nh, kvh, hd, eps = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.rms_norm_eps
     groups = nh // kvh
-    q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv"), g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])],
-                         num_outputs=4, axis=-1)
+    q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv", out_dtype=F32),
+                                   g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])], num_outputs=4, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
     q = make_rope(g, spec, make_rms_norm(g, q, f"{prefix}.q_norm", eps), nh, step)  # [B, M, nh, hd]
     k = g.op("Reshape", [k, g.const([0, 0, kvh, hd])])
@@ -157,7 +168,7 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     ctx = g.op("Transpose", [g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])])], perm=[0, 2, 1, 3, 4])
     ctx = g.op("Reshape", [ctx, g.const([0, 0, nh * hd])])  # [B, M, nh*hd], head h = kv head * groups + group
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
-    out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out")
+    out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out", x_dtype=F32)  # [B, M, H] in the activations
     return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
 
 
@@ -177,7 +188,9 @@ def l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int, scale: floa
 
 def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
                         recurrent_state: str, per_position: int = 0):
-    """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out).
+    """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out); x and the output
+    in the activations' dtype, everything between in float32 (one Cast after in_proj, one
+    before out_proj, where the activations are not float32).
 
     conv_state [B, K-1, C] (channels-last tail of the pre-conv q,k,v inputs) and
     recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the outputs are the states
@@ -196,7 +209,7 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     """
     nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
-    qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj"), g.const([C, vd, nv, nv])],
+    qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj", out_dtype=F32), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
@@ -219,7 +232,8 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
         conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
         core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
                                                   per_position)
-    out = g.linear(make_gated_norm(g, spec, core, z, f"{prefix}.gdn_norm"), f"{prefix}.out", hint=f"{prefix}.gdn_out")
+    out = g.linear(make_gated_norm(g, spec, core, z, f"{prefix}.gdn_norm"), f"{prefix}.out", hint=f"{prefix}.gdn_out",
+                   x_dtype=F32)
     return out, conv_out, recurrent_out
 
 

@@ -18,6 +18,7 @@ from ..model_spec import FULL, ModelSpec
 from ..validation import machine_memory_bytes
 
 DTYPES = ("float32", "float16", "bfloat16")
+ACTIVATIONS = ("float32", "model")  # the dtype between layers: float32, or the model's (converter/layers.py)
 QUANTS = (None, "int4")
 GRAPHS_PER_SESSION = 4  # prefill, decode, verify, mtp_propose: each holds its own position constant [L] int64
 
@@ -33,6 +34,7 @@ class ConvertOptions:
     stage_layers: tuple[int, ...] | None = None
     quant: str | None = None
     mtp_quant: str | None = None
+    activations: str = "float32"
     overwrite: bool = False
     progress: bool = True
 
@@ -55,6 +57,7 @@ class ConvertOptions:
                 raise ConvertOptionError(f"{name}={getattr(self, name)!r} is not supported; use 'int4' or leave it out.")
         if self.dtype not in DTYPES:
             raise ConvertOptionError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
+        self._check_activations()
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ConvertOptionError(f"num_speculative_tokens={self.num_speculative_tokens} is out of range; "
                                      f"use 0..{MAX_SPECULATIVE_TOKENS}.")
@@ -63,6 +66,25 @@ class ConvertOptions:
                                      "(typical: 1024-8192).")
         if self.pipeline_stages < 1:
             raise ConvertOptionError(f"pipeline_stages={self.pipeline_stages} must be at least 1.")
+
+
+    def _check_activations(self) -> None:
+        if not isinstance(self.activations, str) or self.activations not in ACTIVATIONS:
+            raise ConvertOptionError(
+                f"activations={self.activations!r} is not supported; use 'float32' (the default: float32 between "
+                "layers) or 'model' (the model's dtype between layers: fewer Casts with float16/bfloat16).")
+        int4 = [f"{name}='int4'" for name in ("quant", "mtp_quant") if getattr(self, name) == "int4"]
+        if self.activation_dtype != "float32" and int4:
+            raise ConvertOptionError(
+                f"activations='model' with {' and '.join(int4)} is not supported: int4 products (MatMulNBits) take "
+                "float32 activations here, so every one would gain a Cast pair. Use activations='float32' (the "
+                "default) with int4 weights.")
+
+    @property
+    def activation_dtype(self) -> str:
+        """The dtype between layers: the model's with activations="model", else float32 (a float32
+        model's "model" is float32: the same graphs)."""
+        return self.dtype if self.activations == "model" else "float32"
 
 
 def _integer(name: str, value) -> int:

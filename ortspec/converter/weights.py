@@ -29,6 +29,8 @@ from .layers import CONTEXT_ALPHA
 
 _MATRIX_SUFFIXES = (".qkv", ".o", ".in_proj", ".out", ".gate_up", ".down")
 _MATRICES = ("embed", "lm_head", "mtp.fc")
+_STREAM_NORM_SUFFIXES = (".in_norm", ".post_norm")  # the norms on the residual stream (not q/k/gdn norms)
+_STREAM_NORMS = ("final_norm", "mtp.pre_embed", "mtp.pre_hidden", "mtp.norm")
 
 
 def _offset_norm(w: np.ndarray) -> np.ndarray:
@@ -138,16 +140,32 @@ class WeightPreparer:
         self.decoder_layer("mtp.layers.0", "mtp.L0", FULL)
 
 
-def cast_matrices(store: WeightStore, dtype: str) -> None:
+def cast_matrices(store: WeightStore, dtype: str, activations: str = "float32") -> None:
     """float16/bfloat16: the matrices (projections, MLP, embedding, lm_head) are stored and
-    multiplied in that dtype; norms, GDN parameters and RoPE tables stay float32."""
+    multiplied in that dtype; GDN parameters, RoPE tables and the q/k/GDN-output norms stay
+    float32. activations (the dtype between layers, "float32" or ``dtype``): with ``dtype`` the
+    norms on the residual stream are stored in it too, (1+w) rounded once, as ONNX Runtime's
+    (Skip)SimplifiedLayerNormalization kernels take the weight in the input's dtype."""
+    if activations not in ("float32", dtype):
+        raise ValueError(f"activations {activations!r}: use 'float32' or the weights' dtype {dtype!r}")
+    store.activations = _numpy_dtype(activations)
     if dtype == "float32":
         return
+    for name, arr in store.arrays.items():
+        matrix = (name in _MATRICES or name.endswith(_MATRIX_SUFFIXES)) and name not in store.quantized
+        stream_norm = activations == dtype and (name in _STREAM_NORMS or name.endswith(_STREAM_NORM_SUFFIXES))
+        if matrix or stream_norm:
+            store.arrays[name] = round_to(arr, dtype)
+
+
+def round_to(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """arr rounded to float16/bfloat16 (to nearest even, by torch: transformers' own rounding)."""
     import torch
 
     low = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    for name, arr in store.arrays.items():
-        if (name in _MATRICES or name.endswith(_MATRIX_SUFFIXES)) and name not in store.quantized:
-            rounded = torch.from_numpy(np.ascontiguousarray(arr)).to(low)  # round to nearest even
-            store.arrays[name] = rounded.view(torch.int16).numpy().view(np.uint16).view(
-                np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+    rounded = torch.from_numpy(np.ascontiguousarray(arr)).to(low)
+    return rounded.view(torch.int16).numpy().view(np.uint16).view(_numpy_dtype(dtype))
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)

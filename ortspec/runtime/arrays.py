@@ -22,7 +22,7 @@ import onnxruntime as ort
 from .._native_loader import load_native
 from .streams import SHARED_STREAM, HostReadback, Readback, device_stream
 
-DTYPES = {"float32": np.float32, "int64": np.int64, "float16": np.float16}
+DTYPES = {"float32": np.float32, "int64": np.int64, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 _NAMES: dict = {}
@@ -231,7 +231,8 @@ class CudaArrays:
     def wrap(self, value: ort.OrtValue):
         return self.native.Buffer.from_pointer(value.data_ptr(), tuple(value.shape()),
                                                {"tensor(float)": "float32", "tensor(int64)": "int64",
-                                                "tensor(float16)": "float16"}[value.data_type()],
+                                                "tensor(float16)": "float16",
+                                                "tensor(bfloat16)": "bfloat16"}[value.data_type()],
                                                "cuda", self.device_index)
 
     def copy(self, dst, src) -> None:
