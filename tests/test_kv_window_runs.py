@@ -210,3 +210,13 @@ def test_a_runs_bound_holds_every_running_rows_positions_and_is_tight(k):
         assert simulate_run(first, left, k, rng.integers(0, k + 1, 100)) < end
         assert simulate_run(first, left, k, [0] * (left - 1) + [k]) == end - 1
     assert RunBound.of([]).end(1, 1) == 0
+
+
+def test_device_buffers_are_never_viewed_even_with_variants_off(windowed_model):
+    """tools/gpu.py kv_windows turns a CUDA Session's variants off to run the portable graphs:
+    its caches are device buffers, which cannot be sliced into views (a TypeError on the H200)."""
+    manifest = Manifest.load(windowed_model)
+    on_cuda = KVWindows(manifest, variants=True, host_buffers=False)
+    on_cuda.variants = False
+    assert not on_cuda.views
+    assert KVWindows(manifest, variants=False).views  # the CPU's host arrays

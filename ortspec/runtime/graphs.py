@@ -219,7 +219,7 @@ class GraphSet:
         self._placed: dict[int, tuple] = {}  # device -> (arrays, SharedWeights)
         self.arrays = self.arrays_on(self.devices[-1])
         self.slots = GraphSlots(self.arrays.native.GraphSlotRegistry() if provider == "cuda" else None)
-        self.kv_windows = KVWindows(manifest, variants=provider == "cuda")  # CPU views or CUDA window variants
+        self.kv_windows = KVWindows(manifest, variants=provider == "cuda", host_buffers=provider != "cuda")  # CPU views or CUDA window variants
         self._runners: dict[str, GraphRunner] = {}
 
     def _place(self, device: int) -> tuple:

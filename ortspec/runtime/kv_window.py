@@ -46,12 +46,16 @@ class KVWindows:
     ``attention_window``), variants on CUDA (graphs converted with window variants). ``variants``
     may be set on the CPU too (tests run the CUDA choice there); then views are off."""
 
-    def __init__(self, manifest: Manifest, variants: bool) -> None:
+    def __init__(self, manifest: Manifest, variants: bool, host_buffers: bool | None = None) -> None:
+        """host_buffers: whether the caches are host arrays, which views can narrow (default: on
+        the CPU, i.e. where variants are off); device buffers cannot be viewed, so turning variants
+        off on CUDA (tools/gpu.py kv_windows) runs the portable graphs over whole buffers."""
         self.manifest, self.variants = manifest, variants
+        self.host_buffers = not variants if host_buffers is None else host_buffers
 
     @property
     def views(self) -> bool:
-        return not self.variants and self.manifest.attention_window
+        return self.host_buffers and not self.variants and self.manifest.attention_window
 
     def bucket(self, graph: str, end: int) -> int | None:
         """The smallest window W >= end among ``graph``'s variants; None: the portable graph."""
