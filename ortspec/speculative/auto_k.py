@@ -139,7 +139,7 @@ class KChooser:
         self._trials: dict[int, list[int]] = {}  # bucket -> the k of the trial running there, one per step left
         self._steps: dict[int, int] = {}  # bucket -> choices made there
         self._probes: dict[int, int] = {}  # bucket -> trials made there after every k was timed
-        self._current: dict[int, int] = {}  # bucket -> the k chosen last there
+        self._current: dict[int, int] = {}  # bucket -> the k chosen last there outside a trial
         # per depth i = 0..K (lists: K+1 numbers, updated every step; numpy costs more than the sums)
         self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
         self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
@@ -215,12 +215,12 @@ class KChooser:
         static batch's (``Tail``; None: a batcher, whose rows are refilled)."""
         bucket = row_bucket(rows)
         with self._lock:
-            k = self._current[bucket] = self._next_k(bucket, tail)
-            return k
+            return self._next_k(bucket, tail)
 
     def _next_k(self, bucket: int, tail: Tail | None) -> int:
-        """(under the lock) choose's answer: a trial's k, else the best k (kept from the step
-        before unless switching pays, ``_worth_switching``), or every PROBE_EVERY steps a probe."""
+        """(under the lock) choose's answer: a trial's k, else the best k (the last best kept
+        unless switching pays, ``_worth_switching``; a trial's k is never kept: leaving it is part
+        of the trial's cost), or every PROBE_EVERY steps a probe."""
         steps = self._steps[bucket] = self._steps.get(bucket, 0) + 1
         trial = self._trials.get(bucket)
         if trial:
@@ -231,9 +231,10 @@ class KChooser:
             return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
         rates = [self.batch_tokens(k, tail) / costs[k] for k in range(self.max_k + 1)]
         best = max(range(self.max_k + 1), key=lambda k: rates[k])
-        current = self._current.get(bucket, best)
+        current = self._current.get(bucket, best)  # the last choice that was not a trial's
         if not self._worth_switching(rates[best], rates[current], current, tail):
             best = current
+        self._current[bucket] = best
         if steps % PROBE_EVERY:
             return best
         self._probes[bucket] = probe = self._probes.get(bucket, 0) + 1
