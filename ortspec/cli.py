@@ -104,8 +104,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                    help="dtype of the weight matrices and their products; states stay float32; "
                         "bfloat16 models run on the CUDA provider only")
-    c.add_argument("--activations", choices=["float32", "model"], default="float32",
-                   help="dtype between layers: float32, or model: the model's float16/bfloat16 (the residual "
+    c.add_argument("--activations", choices=["auto", "float32", "model"], default="auto",
+                   help="dtype between layers: auto (default: model unless int4 weights), float32, or model: the "
+                        "model's float16/bfloat16 (the residual "
                         "stream and its norms in it, a Cast only into and out of the attention/GDN float32 insides; "
                         "fewer kernels per GPU step; not with int4)")
     c.add_argument("--max-length", type=int, default=1024, help="longest prompt + generated tokens")

@@ -132,12 +132,15 @@ def test_the_stream_is_float16_and_the_rest_float32(half):
 
 
 def test_float32_activations_have_casts_beside_every_product(models, tmp_path):
-    """The structural check is not vacuous: a float16 model with float32 activations (the default)
-    casts between its norms and every projection, and so would a model-dtype graph whose products
-    cast their result back to float32 (planted)."""
-    default = convert_small(models.checkpoint("base"), tmp_path / "f32act", dtype="float16")
+    """The structural check is not vacuous: a float16 model with float32 activations casts between
+    its norms and every projection, and so would a model-dtype graph whose products cast their
+    result back to float32 (planted). The default (auto) gives a float16 model its own dtype."""
+    f32act = convert_small(models.checkpoint("base"), tmp_path / "f32act", dtype="float16", activations="float32")
     # per layer: into the mixer's and the MLP's first product, out of their last ones; into the lm_head
-    assert len(casts_beside_stream_products(load(default, "decode"))) == 4 * 4 + 1
+    assert len(casts_beside_stream_products(load(f32act, "decode"))) == 4 * 4 + 1
+    default = convert_small(models.checkpoint("base"), tmp_path / "default", dtype="float16")
+    assert casts_beside_stream_products(load(default, "decode")) == []
+    assert Manifest.load(default).activations == "float16"
 
 
 def test_a_product_cast_back_to_float32_is_caught(models, tmp_path, monkeypatch):
@@ -175,7 +178,7 @@ def test_bfloat16_graphs_are_well_typed(models, tmp_path):
 
 
 @pytest.mark.parametrize("option,match", [
-    (dict(activations="half"), "activations='half' is not supported; use 'float32'"),
+    (dict(activations="half"), "activations='half' is not supported; use 'auto'"),
     (dict(activations=None), "activations=None is not supported"),
     (dict(activations="model", dtype="float16", quant="int4"), "activations='model' with quant='int4'"),
     (dict(activations="model", dtype="float16", mtp_quant="int4"), "with mtp_quant='int4' is not supported"),
@@ -238,7 +241,7 @@ def test_gpu_tools_convert_with_the_activations_asked_for(tmp_path, monkeypatch)
 
     parse = gpu.build_parser().parse_args
     assert parse(["kernels", "--activations", "model"]).activations == "model" and parse(["check"]).activations == \
-        "float32"
+        "auto"
     monkeypatch.setattr(common, "ACTIVATIONS", "model")
     assert Manifest.load(common.convert(common.TINY, tmp_path / "f16", dtype="float16", max_length=64)).activations \
         == "float16"

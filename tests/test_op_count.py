@@ -12,12 +12,13 @@ from tools.op_count import graph_kernel_ops, kernel_ops
 
 # tiny "base" checkpoint (3 GDN layers + 1 attention layer), fp16 decode: 173 kernel ops before
 # the slim graphs (Cast 35, Mul 23, Split 13, Add 9, ReduceSumSquare/Sqrt/Reciprocal/Tile 6
-# each, ...), 115 after
+# each, ...), 115 after; with float32 activations (the default activations, auto, cast 16 fewer)
 FP16_DECODE_BOUND = 115
 
 
-def _decode_ops(checkpoint, out):
-    return graph_kernel_ops(convert_small(checkpoint, out, dtype="float16"), ["decode"])["decode"]
+def _decode_ops(checkpoint, out, activations="float32"):
+    return graph_kernel_ops(convert_small(checkpoint, out, dtype="float16", activations=activations),
+                            ["decode"])["decode"]
 
 
 def test_fp16_decode_stays_under_its_kernel_bound(models, tmp_path):
@@ -26,6 +27,9 @@ def test_fp16_decode_stays_under_its_kernel_bound(models, tmp_path):
     assert ops["Cast"] == 2 * (3 * 4 + 1) + 1  # in and out: 2 projections + the MLP per layer, lm_head; embedding
     assert not {"Tile", "ReduceSumSquare", "Sqrt", "Reciprocal"} & set(ops)  # l2norm is one RMSNorm
     assert ops["Sigmoid"] == 1 and ops["RotaryEmbedding"] == 2  # the attention's output gate; q and k
+    default = _decode_ops(models.checkpoint("base"), tmp_path / "auto", activations="auto")  # float16 between layers
+    assert default["Cast"] == 2 * 4 + 1  # into and out of each mixer's float32 inside; the logits
+    assert sum(default.values()) == sum(ops.values()) - (ops["Cast"] - default["Cast"])
 
 
 def test_the_bound_catches_a_re_added_cast(models, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ stretches of k = 0 and runs of one k >= 1 in the pipelined loops: tokens, states
 greedy), kernels (GPU time per token by kernel name and class over a generate call, against the
 floor) and kv_windows (the KV window variants against the portable graphs: tokens, states, graph
 counters, tokens/s). Every
-subcommand takes --json FILE for its results and --activations float32|model for the models it
+subcommand takes --json FILE for its results and --activations auto|float32|model for the models it
 converts (convert --activations); a failed identity check makes the exit status 1.
 """
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.SUMMARY, description=module.__doc__, formatter_class=HelpFormatter)
         module.add_arguments(p)
         p.add_argument("--json", metavar="FILE", help="write this subcommand's results here as JSON")
-        p.add_argument("--activations", choices=["float32", "model"], default="float32",
+        p.add_argument("--activations", choices=["auto", "float32", "model"], default="auto",
                        help="the activations every model this subcommand converts gets (convert --activations; "
                             "int4 conversions keep float32)")
         p.set_defaults(run=module.run)

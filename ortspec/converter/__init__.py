@@ -31,7 +31,7 @@ from .weights import WeightPreparer, cast_matrices
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
-            quant: str | None = None, mtp_quant: str | None = None, activations: str = "float32",
+            quant: str | None = None, mtp_quant: str | None = None, activations: str = "auto",
             overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
@@ -39,7 +39,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     verify shape 1..K are written. max_length bounds prompt + generated tokens.
     dtype "float16"/"bfloat16" stores the weight matrices in that dtype (half the size) and
     runs the matrix products in it; the GDN recurrence, attention and every state stay float32.
-    activations: the dtype between layers. "float32" (default): the residual stream and its
+    activations: the dtype between layers. "auto" (default): "model" for float16/bfloat16
+    weights, "float32" with float32 or int4 weights. "float32": the residual stream and its
     norms in float32, each product's input cast down and its output back up. "model": the
     residual stream, embedding rows, norms on the stream and the projections' inputs and
     outputs in the model's dtype, as transformers runs a float16 model: a Cast only where a

@@ -18,7 +18,7 @@ from ..model_spec import FULL, ModelSpec
 from ..validation import machine_memory_bytes
 
 DTYPES = ("float32", "float16", "bfloat16")
-ACTIVATIONS = ("float32", "model")  # the dtype between layers: float32, or the model's (converter/layers.py)
+ACTIVATIONS = ("auto", "float32", "model")  # the dtype between layers: auto (the model's unless int4), float32, the model's
 QUANTS = (None, "int4")
 GRAPHS_PER_SESSION = 4  # prefill, decode, verify, mtp_propose: each holds its own position constant [L] int64
 
@@ -34,7 +34,7 @@ class ConvertOptions:
     stage_layers: tuple[int, ...] | None = None
     quant: str | None = None
     mtp_quant: str | None = None
-    activations: str = "float32"
+    activations: str = "auto"
     overwrite: bool = False
     progress: bool = True
 
@@ -71,20 +71,26 @@ class ConvertOptions:
     def _check_activations(self) -> None:
         if not isinstance(self.activations, str) or self.activations not in ACTIVATIONS:
             raise ConvertOptionError(
-                f"activations={self.activations!r} is not supported; use 'float32' (the default: float32 between "
-                "layers) or 'model' (the model's dtype between layers: fewer Casts with float16/bfloat16).")
-        int4 = [f"{name}='int4'" for name in ("quant", "mtp_quant") if getattr(self, name) == "int4"]
-        if self.activation_dtype != "float32" and int4:
+                f"activations={self.activations!r} is not supported; use 'auto' (the default: the model's "
+                "float16/bfloat16 between layers, float32 with float32 or int4 weights), 'model' or 'float32'.")
+        if self.activations == "model" and self._int4():
             raise ConvertOptionError(
-                f"activations='model' with {' and '.join(int4)} is not supported: int4 products (MatMulNBits) take "
-                "float32 activations here, so every one would gain a Cast pair. Use activations='float32' (the "
-                "default) with int4 weights.")
+                f"activations='model' with {' and '.join(self._int4())} is not supported: int4 products "
+                "(MatMulNBits) take float32 activations here, so every one would gain a Cast pair. Use "
+                "activations='auto' (the default) or 'float32' with int4 weights.")
+
+    def _int4(self) -> list[str]:
+        return [f"{name}='int4'" for name in ("quant", "mtp_quant") if getattr(self, name) == "int4"]
 
     @property
     def activation_dtype(self) -> str:
-        """The dtype between layers: the model's with activations="model", else float32 (a float32
-        model's "model" is float32: the same graphs)."""
-        return self.dtype if self.activations == "model" else "float32"
+        """The dtype between layers: the model's with activations="model", and with "auto" unless
+        int4 weights need float32 ones; else float32 (a float32 model's is float32 either way: the
+        same graphs). On the H200 the model's float16 between layers made greedy 8-9% faster (51
+        Casts per decode of the 20M model became 17), with speculative == greedy in float32,
+        float16 and bfloat16 (BENCHMARKS.md)."""
+        wanted = self.activations == "model" or (self.activations == "auto" and not self._int4())
+        return self.dtype if wanted else "float32"
 
 
 def _integer(name: str, value) -> int:

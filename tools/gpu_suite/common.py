@@ -41,7 +41,7 @@ CODE_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:
                 "for i in range(10):"]
 
 
-ACTIVATIONS = "float32"  # convert's activations in every subcommand; tools/gpu.py --activations sets it
+ACTIVATIONS = "auto"  # convert's activations in every subcommand; tools/gpu.py --activations sets it
 
 
 def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline_stages: int = 1,
