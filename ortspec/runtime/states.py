@@ -215,6 +215,11 @@ class StateSet:
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
         self._layers_by_device = list(groups.values())
+        # contiguous rows (start, stop) -> the feeds over whole buffers (window None: CUDA) and the
+        # layer buffers' views per device: the same objects every step (the buffers live as long
+        # as this set), made once instead of ~2 per state per step on the host's critical path
+        self._whole_feeds: dict[tuple[int, int], dict] = {}
+        self._layer_views: dict[tuple[int, int], list] = {}
 
     @property
     def kinds(self) -> list:
@@ -222,10 +227,16 @@ class StateSet:
         return [*self.caches, *self.layers]
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
-        feeds = {}
-        for kind in self.kinds:
-            feeds.update(kind.feeds(rows, window))
-        return feeds
+        """Every state's graph input for these rows (a new dict each call: callers may add to it)."""
+        key = (rows.slice.start, rows.slice.stop) if rows.slice is not None and window is None else None
+        feeds = self._whole_feeds.get(key) if key else None
+        if feeds is None:
+            feeds = {}
+            for kind in self.kinds:
+                feeds.update(kind.feeds(rows, window))
+            if key:
+                self._whole_feeds[key] = feeds
+        return dict(feeds)
 
     def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
@@ -234,8 +245,17 @@ class StateSet:
             for layer in self.layers:
                 layer.advance(outputs, rows)
             return
-        for arrays, layers in self._layers_by_device:
-            arrays.copy_many([rows.take(arrays, s.buffer) for s in layers], [outputs[s.out_name] for s in layers])
+        for (arrays, layers), views in zip(self._layers_by_device, self._views_of(rows)):
+            arrays.copy_many(views, [outputs[s.out_name] for s in layers])
+
+    def _views_of(self, rows: Rows) -> list[list]:
+        """(contiguous rows) Per device group, the views of these rows of each layer's buffer."""
+        key = (rows.slice.start, rows.slice.stop)
+        views = self._layer_views.get(key)
+        if views is None:
+            views = self._layer_views[key] = [[rows.take(arrays, s.buffer) for s in layers]
+                                              for arrays, layers in self._layers_by_device]
+        return views
 
     def select(self, outputs, rows: Rows, positions: np.ndarray, accepted, counts=None) -> None:
         """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a.
@@ -290,6 +310,7 @@ class StateSet:
     def release(self) -> None:
         """Drops every buffer (Session.close): memory goes even if a stale holder keeps this set."""
         self.caches, self.layers, self._layers_by_device = [], [], []
+        self._whole_feeds, self._layer_views = {}, {}
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""
