@@ -166,12 +166,12 @@ def format_table(result: dict) -> str:
     several = len({r.get("dtype") for r in result["rows"]}) > 1
     lead = "| dtype " if several else ""
     lines = [lead + "| k | batch | tokens/s | vs greedy | tokens/step | acceptance | propose ms | verify ms | commit ms "
-             "| decode ms |", ("|---" if several else "") + "|---|---|---|---|---|---|---|---|---|---|"]
+             "| decode ms | prefill ms |", ("|---" if several else "") + "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("transformers", []):
         greedy = next((g for g in result["rows"] if g["k"] == 0 and g["batch"] == r["batch"]), None)
         ratio = f"{r['tokens_per_second'] / greedy['tokens_per_second']:.2f}x" if greedy else "-"
         lines.append(("| - " if several else "") + f"| transformers generate | {r['batch']} | "
-                     f"{r['tokens_per_second']:.1f} | {ratio} | 1.00 | - | - | - | - | - |")
+                     f"{r['tokens_per_second']:.1f} | {ratio} | 1.00 | - | - | - | - | - | - |")
     for r in result["rows"]:
         ph = r["phase_ms"]
         ratio = f"{r['speedup_vs_greedy']:.2f}x" if r["speedup_vs_greedy"] else "-"
@@ -179,7 +179,7 @@ def format_table(result: dict) -> str:
         lines.append((f"| {r['dtype']} " if several else "") + f"| {k} | {r['batch']} | "
                      f"{r['tokens_per_second']:.1f} | {ratio} | "
                      f"{r['mean_tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | {ph['propose']:.1f} | "
-                     f"{ph['verify']:.1f} | {ph['commit']:.1f} | {ph['decode']:.1f} |")
+                     f"{ph['verify']:.1f} | {ph['commit']:.1f} | {ph['decode']:.1f} | {ph.get('prefill', 0.0):.1f} |")
     return "\n".join(lines)
 
 

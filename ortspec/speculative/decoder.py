@@ -34,6 +34,14 @@ from .stats import Stats
 PREFILL_GROUP_TOKENS = 4096  # prompt tokens per grouped prefill forward (bounds its [B, n, V] logits)
 
 
+def pads_prompts(graphs: GraphSet) -> bool:
+    """Whether the head may catch up over prompts of different lengths in one run, padded
+    (``DeferredEntries.take_prompts``): on CUDA (states there match a plain decode within a
+    tolerance), and on the CPU with float32 activations, where each row keeps its own bits
+    (measured; float16 activations do not: ``deferred_entries``)."""
+    return graphs.arrays.device != "cpu" or graphs.manifest.activations == "float32"
+
+
 class Decoder:
     """Runs prefill, then greedy (k=0) or speculative (k>=1) steps until every request is done.
 
@@ -85,7 +93,7 @@ class Decoder:
         self.chooser = k_chooser
         self.static_batch = False  # set by steps(): a generate call's requests, none joins (auto_k.Tail)
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
-        self.deferred = DeferredEntries(graphs.arrays)
+        self.deferred = DeferredEntries(graphs.arrays, pad_lengths=pads_prompts(graphs))
         self._last_k: int | None = None  # the k the last step ran (None: none yet, a plain step for want of room,
         #                                   or a loop's run: the next plain step is no steady step)
         self._chosen_after: int | None = None  # the next step's choice of k for the step after it, made
@@ -118,8 +126,10 @@ class Decoder:
         prefill and after every step, so a caller can stream each request's new tokens. The
         requests are a static batch: the chooser weighs their tail (``auto_k.Tail``)."""
         self.static_batch = True
-        for group in self._prefill_groups(requests):
-            self.prefill_group(group)
+        groups = self._prefill_groups(requests)
+        for group in groups:  # several groups: the head's entries wait, to catch up in one run per row range
+            self.prefill_group(group, defer_head=len(groups) > 1)
+        self._catch_up_prompts()
         yield
         while True:
             loop = self._pipelined_loop(requests)
@@ -145,6 +155,14 @@ class Decoder:
             else:
                 groups.append([req])
         return groups
+
+    def _catch_up_prompts(self) -> None:
+        """After a call's prefills, when its first step speculates: the head over every waiting
+        prompt, one run per range of consecutive rows (``DeferredEntries.take_prompts``), instead of
+        a run per prefill group (on CUDA, per request). Auto k's k = 0 keeps them waiting."""
+        if self.deferred and self.step_k > 0:
+            with self.graphs.device_lock, self.stats.timed("prefill"):
+                self._catch_up_deferred(self.step_k)
 
     def step(self, occupants: list[Request]) -> bool:
         """One step over the unfinished requests (all occupants when rows are fixed); False
@@ -203,14 +221,15 @@ class Decoder:
     def prefill(self, req: Request) -> None:
         self.prefill_group([req])
 
-    def prefill_group(self, requests: list[Request]) -> None:
+    def prefill_group(self, requests: list[Request], defer_head: bool = False) -> None:
         """Requests with prompts of one length n in consecutive rows, in one forward: the target
         over the prompts (positions 0..n-1) -> each first token; then the MTP head's entries 0..n-1,
-        or (auto k, the next step a plain decode) those entries left for later (``deferred_entries``):
-        greedy does not pay for a head it does not use."""
+        or those entries left for later (``deferred_entries``): where the caller merges several
+        groups' catch-ups (defer_head), or (auto k) where the next step is a plain decode: greedy
+        does not pay for a head it does not use."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
         self.deferred.drop_rows(rows)  # a reused row's waiting prompt entries were its last request's
-        defer_head = self.chooser is not None and self.step_k == 0
+        defer_head = defer_head or (self.chooser is not None and self.step_k == 0)
         if self.deferred.has_steps or (self.deferred and not defer_head):
             # the rows stepping beside these catch up first: deferred rows stay in step
             with self.graphs.device_lock, self.stats.timed("commit"):
@@ -318,9 +337,9 @@ class Decoder:
         return Tail.of(batch.requests) if self.static_batch and self.fixed_rows else None
 
     def _catch_up_deferred(self, drafts: int) -> None:
-        """The head over the entries left for later (``DeferredEntries``): first each waiting
-        prompt, one run per prefill group as its prefill would have run it, then the plain decode
-        steps' entries in one run (entry p of the head's cache follows entries 0..p-1)."""
+        """The head over the entries left for later (``DeferredEntries``): first the waiting
+        prompts, one run per range of consecutive rows, then the plain decode steps' entries in one
+        run (entry p of the head's cache follows entries 0..p-1)."""
         for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
             self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
         if self.deferred.has_steps:

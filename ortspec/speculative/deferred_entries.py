@@ -6,6 +6,16 @@ to exist before the head drafts again, so each such step leaves here, per row, t
 hidden state at p (on the host), the token that followed (x_{p+1}) and p. The next catch-up
 (``Decoder``) runs the head over all of a row's entries at once, the way the prefill's
 catch-up runs over a prompt, and then drafts from the last of them.
+
+Prompts wait here too: a prefill whose next step is a plain decode leaves its prompt's entries
+0..n-1, and so does every prefill of a generate call of several prefill groups (``Decoder.steps``:
+on CUDA each request is prefilled alone). ``take_prompts`` then runs the head once per run of
+consecutive rows instead of once per group: prompts of different lengths padded to the longest,
+row j's entries past last[j] = n_j - 1 padding the head computes but never writes (as a verify's
+rejected drafts). On the CPU with float32 activations a row's entries then have the bits of its
+own run's (tests/test_merged_prompts.py checks the states); with float16 activations they do not
+(the head's key.mtp of a one-token prompt padded to 17 rows differed by 9.5e-7), so there
+(``pad_lengths=False``) only prompts of one length share a run.
 """
 
 from __future__ import annotations
@@ -25,10 +35,12 @@ class DeferredEntries:
     Rows step together, so every row of the latest step took part in every step kept: a request
     joins only through a prefill, which catches the others up first (``Decoder``), and on the CPU
     a finished request's row leaves the steps (its entries are dropped at the catch-up). Waiting
-    prompts are the exception: kept per prefill group, run before the steps' entries."""
+    prompts are the exception: kept per prefill group, run before the steps' entries, one run per
+    run of consecutive rows (``take_prompts``)."""
 
-    def __init__(self, arrays) -> None:
+    def __init__(self, arrays, pad_lengths: bool = True) -> None:
         self.arrays = arrays
+        self.pad_lengths = pad_lengths  # whether prompts of different lengths share a run (``take_prompts``)
         self._steps: list[tuple[np.ndarray, ...]] = []  # per step: rows [b], hidden [b, H] host, x_{p+1} [b], p [b]
         self._last: tuple[list, Rows] | None = None  # the latest step's requests and rows
         self._dtype = None  # the hidden states' dtype on their device
@@ -46,8 +58,8 @@ class DeferredEntries:
     def add_prompts(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray) -> None:
         """One prefill group's entries 0..n-1: hidden [B, n, H] on its device (downloaded now),
         next_ids [B, n] (x_{p+1}: the prompt's next token, then the first generated one)."""
-        self._prompts.append(PromptEntries(list(requests), rows.indices.copy(), self.arrays.download(hidden),
-                                           hidden.dtype, np.array(next_ids, np.int64)))
+        self._prompts.append(PromptEntries.of_group(requests, rows.indices.copy(), self.arrays.download(hidden),
+                                                    hidden.dtype, np.array(next_ids, np.int64)))
 
     def drop_rows(self, rows: Rows) -> None:
         """Forgets the waiting prompt entries of these rows (a new request takes them over)."""
@@ -55,10 +67,20 @@ class DeferredEntries:
         self._prompts = [group for group in kept if group is not None]
 
     def take_prompts(self) -> list[tuple]:
-        """Every waiting prompt group, forgetting them, in prefill order: per group (requests, rows,
-        hidden [B, n, H] on the device, next_ids [B, n], positions [B, n] = 0..n-1, last [B] = n-1)."""
+        """Every waiting prompt entry, forgetting them: one catch-up per run of consecutive rows
+        (a run is one contiguous range, as CUDA's states need; without pad_lengths also of one
+        prompt length), in row order: per run (requests, rows, hidden [B, n, H] on the device,
+        next_ids [B, n], positions [B, n] = 0..n-1, last [B] = n_j - 1), n its longest prompt."""
         groups, self._prompts = self._prompts, []
-        return [group.catch_up_inputs(self.arrays) for group in groups]
+        if not groups:
+            return []
+        waiting = PromptEntries.padded(groups).rows_at(np.argsort(np.concatenate([g.rows for g in groups]),
+                                                                  kind="stable"))  # every row, in row order
+        breaks = np.diff(waiting.rows) != 1  # [B - 1]: row j + 1 does not follow row j
+        if not self.pad_lengths:
+            breaks |= np.diff(waiting.lengths) != 0
+        runs = np.split(np.arange(len(waiting.rows)), np.flatnonzero(breaks) + 1)
+        return [waiting.rows_at(run).catch_up_inputs(self.arrays) for run in runs]
 
     def add(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray) -> None:
         """One plain decode step: hidden [B, W, H] on its device (row 0 is the step's token),
@@ -87,26 +109,49 @@ class DeferredEntries:
 
 @dataclasses.dataclass
 class PromptEntries:
-    """A prefill group's waiting head entries 0..n-1 (rows in the order the prefill ran them)."""
+    """Waiting head entries 0..lengths[j]-1 of prompts (one prefill group's, or several padded
+    to the longest): columns past lengths[j] - 1 are padding (zeros), never written."""
 
     requests: list
     rows: np.ndarray  # [B]
     hidden: np.ndarray  # [B, n, H] on the host, as arrays.download gives it
     dtype: object  # the hidden states' dtype on their device
     next_ids: np.ndarray  # [B, n]
+    lengths: np.ndarray  # [B] each row's prompt length n_j <= n
+
+    @classmethod
+    def of_group(cls, requests: list, rows: np.ndarray, hidden: np.ndarray, dtype, next_ids: np.ndarray):
+        """One prefill group's entries: prompts of one length n (hidden [B, n, H], next_ids [B, n])."""
+        return cls(list(requests), rows, hidden, dtype, next_ids, np.full(len(rows), next_ids.shape[1], np.int64))
+
+    @classmethod
+    def padded(cls, groups: list["PromptEntries"]) -> "PromptEntries":
+        """The groups' rows one after another, padded with zeros to the longest prompt."""
+        n = max(g.next_ids.shape[1] for g in groups)
+
+        def pad(a: np.ndarray) -> np.ndarray:  # [B, n_g, ...] -> [B, n, ...]
+            return np.pad(a, [(0, 0), (0, n - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+
+        return cls([r for g in groups for r in g.requests], np.concatenate([g.rows for g in groups]),
+                   np.concatenate([pad(g.hidden) for g in groups]), groups[0].dtype,
+                   np.concatenate([pad(g.next_ids) for g in groups]), np.concatenate([g.lengths for g in groups]))
+
+    def rows_at(self, at: np.ndarray) -> "PromptEntries":
+        """These entries' rows ``at`` (indices or a mask [B]), cut to the longest of them."""
+        lengths = self.lengths[at]
+        n = int(lengths.max())
+        return PromptEntries([self.requests[j] for j in np.arange(len(self.rows))[at]], self.rows[at],
+                             self.hidden[at, :n], self.dtype, self.next_ids[at, :n], lengths)
 
     def without(self, dropped: np.ndarray) -> "PromptEntries | None":
-        """This group less the rows ``dropped`` (None: none left)."""
+        """These entries less the rows ``dropped`` (None: none left)."""
         keep = ~np.isin(self.rows, dropped)  # [B]
-        if not keep.any():
-            return None
-        return PromptEntries([r for r, k in zip(self.requests, keep) if k], self.rows[keep], self.hidden[keep],
-                             self.dtype, self.next_ids[keep])
+        return self.rows_at(keep) if keep.any() else None
 
     def catch_up_inputs(self, arrays) -> tuple:
         batch, n = self.next_ids.shape
-        positions = np.tile(np.arange(n, dtype=np.int64), (batch, 1))  # [B, n]
-        last = np.full(batch, n - 1, np.int64)  # [B]
+        positions = np.tile(np.arange(n, dtype=np.int64), (batch, 1))  # [B, n]; past lengths[j] - 1: padding
+        last = self.lengths - 1  # [B]
         return (self.requests, Rows(self.rows), arrays.from_host(self.hidden, self.dtype), self.next_ids,
                 positions, last)
 
