@@ -84,8 +84,11 @@ class HostArrays:
         return np.array(src)
 
     def select(self, window, index: np.ndarray, live) -> None:
-        """live[b] = window[index[b], b]; window [W, B, ...]."""
-        live[...] = window[index, np.arange(len(index))]
+        """live[b] = window[index[b]][b]; window [W, B, ...], or W arrays [B, ...] (the CPU graphs'
+        per-row states, ``LayerState.window``). One copy per row, straight into live (a gather
+        by fancy index made a temporary of every selected state, then copied it again)."""
+        for b, slot in enumerate(index.tolist()):
+            np.copyto(live[b], window[slot][b])
 
     def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
         for window, live in zip(windows, lives):
