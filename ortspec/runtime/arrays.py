@@ -119,14 +119,18 @@ class HostArrays:
         positions[...] = np.minimum(positions[:, :1] + accepted[:, None] + 1, last_start) + np.arange(k + 1)
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
-        """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b]."""
-        for b in range(cache.shape[0]):
-            n = positions.shape[1] if counts is None else int(counts[b])
-            index = [slice(None)] * (cache.ndim - 1)
-            index[axis - 1] = positions[b, :n]
-            source = [slice(None)] * (cache.ndim - 1)
-            source[axis - 1] = slice(0, n)
-            cache[b][tuple(index)] = rows[b][tuple(source)]
+        """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b].
+        Every forward the runtime runs has consecutive positions per row (T, T+1, ...): each row is
+        then one slice assignment, about a third of the time of an assignment through an index array
+        (which other positions still take)."""
+        lead = (slice(None),) * (axis - 1)
+        width = positions.shape[1]
+        counts = [width] * len(positions) if counts is None else counts.tolist()
+        consecutive = width == 1 or bool((np.diff(positions, axis=1) == 1).all())
+        for b, (start, n) in enumerate(zip(positions[:, 0].tolist(), counts)):
+            at = slice(start, start + n) if consecutive else positions[b, :n]
+            cache[b][(*lead, at)] = rows[b][(*lead, slice(0, n))]  # cache[b] first: an index array
+            # beside the int b would move the indexed axis to the front
 
     def staging(self, name: str, shape, dtype) -> np.ndarray:
         """A buffer valid until the next staging() of this name (eager hand-overs between devices)."""
