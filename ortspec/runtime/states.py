@@ -66,10 +66,6 @@ class Rows:
         else:
             buffer[self.indices] = values
 
-    def each(self):
-        """(position in this batch, single-row Rows) pairs, for per-row work on a subset."""
-        return [(j, Rows([row])) for j, row in enumerate(self.indices)]
-
 
 @dataclasses.dataclass
 class Snapshot:
@@ -148,15 +144,17 @@ class KVCache:
         """Writes the first counts[j] new rows of batch row j (all rows when counts is None)."""
         new_key, new_value = outputs[self._new[0]], outputs[self._new[1]]  # [B,kvh,hd,M], [B,kvh,M,hd]
         if rows.slice is not None:
-            self._write(rows, new_key, new_value, positions, counts)
+            self._write(rows.slice.start, rows.slice.stop, new_key, new_value, positions, counts)
             return
-        for j, one in rows.each():  # a subset of rows (CPU): one row at a time
-            self._write(one, new_key[j: j + 1], new_value[j: j + 1], positions[j: j + 1],
+        for j, row in enumerate(rows.indices.tolist()):  # a subset of rows (CPU): one row at a time
+            self._write(row, row + 1, new_key[j: j + 1], new_value[j: j + 1], positions[j: j + 1],
                         None if counts is None else counts[j: j + 1])
 
-    def _write(self, rows, new_key, new_value, positions, counts) -> None:
-        self.arrays.write_rows(rows.take(self.arrays, self.key), new_key, positions, counts, axis=3)
-        self.arrays.write_rows(rows.take(self.arrays, self.value), new_value, positions, counts, axis=2)
+    def _write(self, start: int, stop: int, new_key, new_value, positions, counts) -> None:
+        """Batch rows start..stop take their new rows (through a view of those rows: no Rows object
+        per row, which a subset's every step made for every cache)."""
+        self.arrays.write_rows(self.arrays.rows(self.key, start, stop), new_key, positions, counts, axis=3)
+        self.arrays.write_rows(self.arrays.rows(self.value, start, stop), new_value, positions, counts, axis=2)
 
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
         """The live entries of one row (positions < length), as host copies."""
