@@ -126,7 +126,7 @@ class HostArrays:
         lead = (slice(None),) * (axis - 1)
         width = positions.shape[1]
         counts = [width] * len(positions) if counts is None else counts.tolist()
-        consecutive = width == 1 or bool((np.diff(positions, axis=1) == 1).all())
+        consecutive = width == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())  # 2.8 us; np.diff 4.1
         for b, (start, n) in enumerate(zip(positions[:, 0].tolist(), counts)):
             at = slice(start, start + n) if consecutive else positions[b, :n]
             cache[b][(*lead, at)] = rows[b][(*lead, slice(0, n))]  # cache[b] first: an index array
