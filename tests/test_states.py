@@ -51,7 +51,8 @@ def test_rollback_fails_loudly_naming_both_lengths(target):
     assert all(np.array_equal(before[name], after[name]) for name in before)
 
 
-@pytest.mark.parametrize("positions", [[[5, 6, 7], [0, 1, 2]], [[5, 0, 2], [1, 3, 6]]], ids=["consecutive", "scattered"])
+@pytest.mark.parametrize("positions", [[[5, 6, 7], [0, 1, 2]], [[5, 0, 2], [1, 3, 6]]],
+                         ids=["consecutive", "scattered"])
 @pytest.mark.parametrize("counts", [None, [3, 1]])
 def test_host_write_rows_puts_each_new_row_at_its_position(positions, counts):
     """HostArrays.write_rows (slices where a row's positions run on, an index array elsewhere) against

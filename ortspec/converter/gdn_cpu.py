@@ -66,7 +66,8 @@ def _conv_rows(g: GraphBuilder, spec: ModelSpec, taps_weight: str, conv_state: s
     taps = g.op("Gather", [inputs, g.const([[j + t for t in range(K)] for j in range(rows)])], axis=1)  # [B, M, K, C]
     summed = g.op("ReduceSum", [g.op("Mul", [taps, g.weight(taps_weight)]), g.const([2])], keepdims=0)  # [B, M, C]
     last_rows = range(rows) if windows else [rows - 1]  # the state after row j: inputs j+1 .. j+K-1
-    states = [g.op("Slice", [inputs, g.const([j + 1]), g.const([j + K]), g.const([1])]) for j in last_rows]  # [B, K-1, C]
+    states = [g.op("Slice", [inputs, g.const([j + 1]), g.const([j + K]), g.const([1])])  # [B, K-1, C]
+              for j in last_rows]
     return make_silu(g, summed), (states if windows else states[0])
 
 
