@@ -48,6 +48,14 @@ def graph_name(kind: str, k: int) -> str:
     return f"{kind}_k{k}"
 
 
+def window_row_name(window: str, row: int) -> str:
+    """The output holding slot ``row`` of a state window (the state after that row of a verify)
+    where a graph emits one output per row, as the CPU variants do: ``recurrent_window.2.1`` for
+    slot 1 of layer 2's window. The portable graphs emit the stacked ``recurrent_window.2``
+    [M, B, ...] (CUDA selects slots of it on the device); either is read by runtime.states."""
+    return f"{window}.{row}"
+
+
 def stage_graph_name(graph: str, stage: int) -> str:
     """A pipeline stage of a target graph: decode.stage0, decode.stage1, ..."""
     return f"{graph}.stage{stage}"

@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 import ortspec
-from ortspec.runtime.graphs import GraphRunner
+from ortspec.manifest import Manifest
+from ortspec.runtime.graphs import GraphRunner, GraphSet
 from ortspec.runtime.kv_window import window_slots
+from ortspec.runtime.model import TargetModel
+from ortspec.runtime.states import Rows
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 
@@ -61,3 +64,21 @@ def test_every_window_covers_the_positions_its_graph_writes(models, monkeypatch)
     monkeypatch.setattr(GraphRunner, "run", checking)
     session.generate([p * 11 for p in PROMPTS], max_new_tokens=60)  # up to 187 + 60 tokens: windows 64..256
     assert short == []
+
+
+def test_a_subset_of_rows_gathers_only_their_window(models):
+    """Rows 0 and 2 of 3 (the request between them finished): each KV feed is those rows' first W
+    slots in one contiguous array (what ONNX Runtime reads without another copy), not a gather of
+    all max_length slots cut afterwards."""
+    graphs = GraphSet(Manifest.load(models.converted("base")))
+    target = TargetModel(graphs, batch=3)
+    rng = np.random.default_rng(0)
+    for cache in target.states.caches:
+        cache.key[...] = rng.standard_normal(cache.key.shape)
+        cache.value[...] = rng.standard_normal(cache.value.shape)
+    feeds = target.states.feeds(Rows([0, 2]), window=64)
+    for cache in target.states.caches:
+        key, value = feeds[cache.names[0]], feeds[cache.names[1]]
+        assert key.flags.c_contiguous and value.flags.c_contiguous
+        assert np.array_equal(key, cache.key[[0, 2]][..., :64])
+        assert np.array_equal(value, cache.value[[0, 2]][:, :, :64])

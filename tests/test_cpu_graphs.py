@@ -72,3 +72,25 @@ def test_cpu_and_portable_graphs_agree_on_tokens(models):
         del entry["cpu"]
     portable, _ = plain_decode_states(GraphSet(manifest), PROMPTS, 12, 1)
     assert portable == cpu
+
+
+def output_producers(manifest: Manifest, name: str, provider: str | None) -> dict[str, str]:
+    """Graph output name -> the op type of the node that writes it."""
+    graph = onnx.load(str(manifest.graph_path(name, provider)), load_external_data=False).graph
+    producers = {out: node.op_type for node in graph.node for out in node.output}
+    return {o.name: producers.get(o.name) for o in graph.output}
+
+
+def test_cpu_verify_graphs_emit_each_rows_state_as_its_own_output(models):
+    """The CPU variants' windows: the state after row j of GDN layer i is the output
+    {kind}_window.{i}.{j}, written by the op that computes it (no stacking Concat: one copy of
+    every state less per step); the portable graphs keep the stacked [M, B, ...] window CUDA reads."""
+    manifest = Manifest.load(models.converted("base"))
+    layer = manifest.spec.layer_types.index("linear_attention")
+    for name in ("verify_select_k2", "verify_mtp_k2"):
+        cpu, portable = output_producers(manifest, name, "cpu"), output_producers(manifest, name, None)
+        for kind in ("conv", "recurrent"):
+            window = f"{kind}_window.{layer}"
+            assert window in portable and window not in cpu
+            assert {n for n in cpu if n.startswith(window + ".")} == {f"{window}.{j}" for j in range(3)}
+        assert cpu[f"recurrent_window.{layer}.2"] == "Add" and cpu[f"conv_window.{layer}.0"] == "Slice"

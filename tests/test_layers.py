@@ -67,7 +67,11 @@ def cpu_gdn_session(checkpoint, tmp_path, layer: int, rows: int, windows: bool):
     rec = g.input("rec", F32, ["B", spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim])
     for value, name in zip(make_gated_deltanet_rows(g, spec, x, "L", conv, rec, rows, windows),
                            ("out", "conv_out", "rec_out")):
-        g.output(value, name, F32, None)
+        if isinstance(value, list):  # windows: the state after each row, one output per row
+            for j, row in enumerate(value):
+                g.output(row, f"{name}.{j}", F32, None)
+        else:
+            g.output(value, name, F32, None)
     import onnx
 
     path = tmp_path / f"gdn_{rows}_{windows}.onnx"
@@ -98,8 +102,8 @@ def test_cpu_gdn_layer_matches_transformers_and_its_verify_its_decodes(models, t
     windows = run_layer(verify, x[:, T - 4:], None, before)
     assert np.array_equal(windows["out"], np.concatenate(outs[T - 4:], axis=1))
     for j in range(4):
-        assert np.array_equal(windows["conv_out"][j], after[T - 4 + j]["conv"])
-        assert np.array_equal(windows["rec_out"][j], after[T - 4 + j]["rec"])
+        assert np.array_equal(windows[f"conv_out.{j}"], after[T - 4 + j]["conv"])
+        assert np.array_equal(windows[f"rec_out.{j}"], after[T - 4 + j]["rec"])
 
 
 def zero_states(spec, session, batch):

@@ -65,7 +65,7 @@ def test_outputs_sliced_by_request_rows(graphs, monkeypatch):
     looks right for request 0 at slot 0 and is wrong for the rest of the batch."""
 
     def sliced_by_requests(self, window, index, live):
-        flat = window.reshape((-1,) + window.shape[2:])  # [M*B, ...]
+        flat = np.concatenate(list(window))  # [M*B, ...] (window: [M, B, ...], or M per-row arrays [B, ...])
         live[...] = flat[: len(index)]
 
     monkeypatch.setattr(HostArrays, "select", sliced_by_requests)

@@ -44,7 +44,9 @@ def test_the_gdn_check_detects_a_verify_of_another_formulation(monkeypatch):
         if rows == 1:
             return original(g, spec, x, prefix, conv, rec, rows, windows)
         g.weights.add(f"{prefix}.conv", g.weights.arrays[f"{prefix}.conv_taps"].T[:, None])  # [K, C] -> [C, 1, K]
-        return make_gated_deltanet(g, spec, x, prefix, conv, rec, per_position=rows)
+        out, conv_window, rec_window = make_gated_deltanet(g, spec, x, prefix, conv, rec, per_position=rows)
+        per_row = [[g.op("Gather", [w, g.const(j)], axis=0) for j in range(rows)] for w in (conv_window, rec_window)]
+        return out, *per_row  # [M, B, ...] -> M per-row states, as the CPU layer emits them
 
     monkeypatch.setattr(row_invariance, "make_gated_deltanet_rows", portable_verify)
     assert not gdn_rows_invariant(threads=1)

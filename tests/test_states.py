@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import ortspec
+from ortspec.runtime.arrays import HostArrays
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import TargetModel
 from ortspec.runtime.states import KVCache, LayerState, PositionalState, ReplacedState, Rows, StateError
@@ -48,3 +49,22 @@ def test_rollback_fails_loudly_naming_both_lengths(target):
     target.restore(snapshot, rows, np.array([2, 2]))
     after = target.states.row_state(1, 2)
     assert all(np.array_equal(before[name], after[name]) for name in before)
+
+
+@pytest.mark.parametrize("positions", [[[5, 6, 7], [0, 1, 2]], [[5, 0, 2], [1, 3, 6]]],
+                         ids=["consecutive", "scattered"])
+@pytest.mark.parametrize("counts", [None, [3, 1]])
+def test_host_write_rows_puts_each_new_row_at_its_position(positions, counts):
+    """HostArrays.write_rows (slices where a row's positions run on, an index array elsewhere) against
+    a one-row-at-a-time reference, for both KV layouts: key [B, kvh, hd, L], value [B, kvh, L, hd]."""
+    rng = np.random.default_rng(3)
+    positions, counts = np.array(positions), None if counts is None else np.array(counts)
+    for shape, axis in (((2, 2, 4, 8), 3), ((2, 2, 8, 4), 2)):
+        cache = rng.standard_normal(shape).astype(np.float32)
+        new = rng.standard_normal(shape[:axis] + (3,) + shape[axis + 1:]).astype(np.float32)
+        expected = cache.copy()
+        for b in range(2):
+            for j in range(3 if counts is None else counts[b]):
+                np.moveaxis(expected[b], axis - 1, 0)[positions[b, j]] = np.moveaxis(new[b], axis - 1, 0)[j]
+        HostArrays().write_rows(cache, new, positions, counts, axis)
+        assert np.array_equal(cache, expected)

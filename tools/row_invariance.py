@@ -219,12 +219,13 @@ def gdn_rows_invariant(threads: int = 1, seed: int = 0, batch: int = 2) -> bool:
     decode, rng = _gdn_session(1, False, threads, seed), np.random.default_rng(seed)
     for m in GDN_ROWS:
         feeds = _gdn_feeds(rng, batch, m)
-        out, conv, rec = _gdn_session(m, True, threads, seed).run(None, feeds)  # [B,M,H], [M,...], [M,...]
+        verify = _gdn_session(m, True, threads, seed)
+        out = dict(zip([o.name for o in verify.get_outputs()], verify.run(None, feeds)))  # y [B, M, H]; states per row
         state = {"conv": feeds["conv"], "rec": feeds["rec"]}
         for j in range(m):
             one, state["conv"], state["rec"] = decode.run(None, {"x": feeds["x"][:, j: j + 1], **state})
-            if not (np.array_equal(one, out[:, j: j + 1]) and np.array_equal(state["conv"], conv[j])
-                    and np.array_equal(state["rec"], rec[j])):
+            if not (np.array_equal(one, out["y"][:, j: j + 1]) and np.array_equal(state["conv"], out[f"conv_out.{j}"])
+                    and np.array_equal(state["rec"], out[f"rec_out.{j}"])):
                 return False
     return True
 
@@ -239,7 +240,8 @@ def _gdn_spec() -> ModelSpec:
 
 
 def _gdn_session(rows: int, windows: bool, threads: int, seed: int) -> ort.InferenceSession:
-    """The CPU graphs' GDN layer alone: x [B, rows, H], conv, rec -> y, conv_out, rec_out (windows: after each row)."""
+    """The CPU graphs' GDN layer alone: x [B, rows, H], conv, rec -> y, conv_out, rec_out (windows: the
+    state after each row j, conv_out.{j} and rec_out.{j})."""
     spec, store, rng = _gdn_spec(), WeightStore(), np.random.default_rng(seed)
     H, C, nv, dv, vd = spec.hidden_size, spec.conv_dim, spec.linear_num_value_heads, spec.linear_value_head_dim, \
         spec.linear_value_dim
@@ -255,7 +257,8 @@ def _gdn_session(rows: int, windows: bool, threads: int, seed: int) -> ort.Infer
     rec = g.input("rec", F32, ["B", nv, spec.linear_key_head_dim, dv])
     outputs = make_gated_deltanet_rows(g, spec, x, "L", conv, rec, rows, windows)
     for value, name in zip(outputs, ("y", "conv_out", "rec_out")):
-        g.output(value, name, F32, None)
+        for j, row in enumerate(value if isinstance(value, list) else [value]):
+            g.output(row, f"{name}.{j}" if isinstance(value, list) else name, F32, None)
     directory = Path(tempfile.mkdtemp(prefix="row_invariance_"))
     onnx.save(g.build(store.save(directory)), str(directory / "gdn.onnx"))  # weights.bin beside it
     options = ort.SessionOptions()

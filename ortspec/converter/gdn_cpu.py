@@ -38,7 +38,11 @@ def make_gated_deltanet_rows(g: GraphBuilder, spec: ModelSpec, x: str, prefix: s
                              recurrent_state: str, rows: int, windows: bool = False):
     """As layers.make_gated_deltanet for a static row count M (``rows``): returns (output
     [B, M, H], conv, recurrent): the states after the last row [B, K-1, C] and [B, nv, dk, dv],
-    or with windows=True the state after each row, [M, B, K-1, C] and [M, B, nv, dk, dv]."""
+    or with windows=True the state after each row, as lists of M tensors [B, K-1, C] and
+    [B, nv, dk, dv]: one graph output each (``manifest.window_row_name``). Stacking them into
+    one [M, B, ...] window, as the portable graphs do, copied every state once more: ~0.5 ms of a
+    batch-4 verify_mtp_k2 (BENCHMARKS.md, issue 13), and the select commit copies one row out of
+    them either way."""
     nv, kd, vd, C = spec.linear_num_value_heads, spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
     qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj", out_dtype=F32), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)  # [B, M, C], [B, M, vd], [B, M, nv] x 2, float32
@@ -56,17 +60,15 @@ def _conv_rows(g: GraphBuilder, spec: ModelSpec, taps_weight: str, conv_state: s
     """Depthwise causal conv (kernel K) + SiLU over qkv [B, M, C]: row j's output is
     silu(sum_t w[t] * inputs[j + t]) over the K inputs ending at j (the conv tail, then this
     call's rows); taps_weight w [K, C] is the conv weight tap-major. Returns (output [B, M, C],
-    the conv state after the last row [B, K-1, C], or after each row [M, B, K-1, C])."""
+    the conv state after the last row [B, K-1, C], or after each row: M of them)."""
     K = spec.linear_conv_kernel_dim
     inputs = g.op("Concat", [conv_state, qkv], axis=1)  # [B, K-1+M, C]
     taps = g.op("Gather", [inputs, g.const([[j + t for t in range(K)] for j in range(rows)])], axis=1)  # [B, M, K, C]
     summed = g.op("ReduceSum", [g.op("Mul", [taps, g.weight(taps_weight)]), g.const([2])], keepdims=0)  # [B, M, C]
-    if windows:  # the state after row j: inputs j+1 .. j+K-1
-        after = g.op("Gather", [inputs, g.const([[j + 1 + i for i in range(K - 1)] for j in range(rows)])], axis=1)
-        state = g.op("Transpose", [after], perm=[1, 0, 2, 3])  # [M, B, K-1, C]
-    else:
-        state = g.op("Slice", [inputs, g.const([rows]), g.const([rows + K - 1]), g.const([1])])  # [B, K-1, C]
-    return make_silu(g, summed), state
+    last_rows = range(rows) if windows else [rows - 1]  # the state after row j: inputs j+1 .. j+K-1
+    states = [g.op("Slice", [inputs, g.const([j + 1]), g.const([j + K]), g.const([1])])  # [B, K-1, C]
+              for j in last_rows]
+    return make_silu(g, summed), (states if windows else states[0])
 
 
 def _recurrence_rows(g: GraphBuilder, spec: ModelSpec, state: str, q: str, k: str, v: str, decay: str, beta: str,
@@ -82,8 +84,8 @@ def _recurrence_rows(g: GraphBuilder, spec: ModelSpec, state: str, q: str, k: st
     over S'. Inputs: q, k [B, M, kd] (pre-norm), v [B, M, nv*dv], decay (g), beta [B, M, nv].
     Everything per row is [B, nv, ...], the state's own layout, so each row's state is written
     once, by its Add, straight into the graph output (a Reshape there would copy it).
-    Returns (o [B, M, nv, dv], the state after the last row [B, nv, dk, dv] or after each
-    [M, B, nv, dk, dv])."""
+    Returns (o [B, M, nv, dv], the state after the last row [B, nv, dk, dv], or after each row:
+    M of them, each the Add that computed it, so a graph output without a copy)."""
     nv, dk, dv = spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
     lead = [0, 0] if rows > 1 else [-1]  # [B, M, ...] for a verify, [B, ...] for a decode
     e = g.op("Reshape", [g.op("Exp", [decay]), g.const(lead + [nv, 1, 1])])  # [B, (M,) nv, 1, 1]
@@ -105,7 +107,7 @@ def _recurrence_rows(g: GraphBuilder, spec: ModelSpec, state: str, q: str, k: st
         s = g.op("Add", [g.op("Mul", [s, e_j]), g.op("MatMul", [k_column_j, u])])  # [B, nv, dk, dv]
         states.append(s)
     heads = g.op("Reshape", [_stack(g, outputs, axis=1), g.const([0, rows, nv, dv])])  # [B, M, nv, dv]
-    return heads, (_stack(g, states, axis=0) if windows else s)
+    return heads, (states if windows else s)
 
 
 def _value_head_rows(g: GraphBuilder, spec: ModelSpec, x: str, lead: list[int], scale: float = 1.0) -> str:

@@ -11,6 +11,8 @@ Target graph I/O (B requests, M rows each, L = max_length):
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
        conv_out.{i}, recurrent_out.{i}                                states after the last row
     or conv_window.{i} [M, ...], recurrent_window.{i} [M, ...]       state after each row (select)
+    or (CPU variants) conv_window.{i}.{j}, recurrent_window.{i}.{j}  the state after row j, one
+                         output per row (manifest.window_row_name): no stacking copy
 
 MTP graph I/O: in input_ids [B, M] (the token after each hidden's position), hidden [B, M, H]
 (target final-normed hidden, or the MTP's own output when drafting), positions [B, M],
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from ..manifest import graph_name
+from ..manifest import graph_name, window_row_name
 from ..model_spec import FULL, ModelSpec
 from .builder import CPU, PORTABLE, GraphBuilder, WeightStore
 from .gdn_cpu import make_gated_deltanet_rows
@@ -130,9 +132,12 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                 else:
                     out, conv, rec = make_gated_deltanet(g, spec, h, prefix, conv_state, recurrent_state,
                                                          per_position=rows if windows else 0)
-                kind_of = "window" if windows else "out"
-                state_outputs.append((conv, f"conv_{kind_of}.{i}"))
-                state_outputs.append((rec, f"recurrent_{kind_of}.{i}"))
+                for kind, value in (("conv", conv), ("recurrent", rec)):
+                    name = f"{kind}_{'window' if windows else 'out'}.{i}"
+                    if isinstance(value, list):  # the CPU variants: the state after each row, one output each
+                        state_outputs.extend((v, window_row_name(name, j)) for j, v in enumerate(value))
+                    else:
+                        state_outputs.append((value, name))
                 return out
         x, residual = _decoder_layer(g, spec, x, residual, prefix, mixer)
     if last:

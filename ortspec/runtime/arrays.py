@@ -84,8 +84,11 @@ class HostArrays:
         return np.array(src)
 
     def select(self, window, index: np.ndarray, live) -> None:
-        """live[b] = window[index[b], b]; window [W, B, ...]."""
-        live[...] = window[index, np.arange(len(index))]
+        """live[b] = window[index[b]][b]; window [W, B, ...], or W arrays [B, ...] (the CPU graphs'
+        per-row states, ``LayerState.window``). One copy per row, straight into live (a gather
+        by fancy index made a temporary of every selected state, then copied it again)."""
+        for b, slot in enumerate(index.tolist()):
+            np.copyto(live[b], window[slot][b])
 
     def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
         for window, live in zip(windows, lives):
@@ -116,14 +119,18 @@ class HostArrays:
         positions[...] = np.minimum(positions[:, :1] + accepted[:, None] + 1, last_start) + np.arange(k + 1)
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
-        """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b]."""
-        for b in range(cache.shape[0]):
-            n = positions.shape[1] if counts is None else int(counts[b])
-            index = [slice(None)] * (cache.ndim - 1)
-            index[axis - 1] = positions[b, :n]
-            source = [slice(None)] * (cache.ndim - 1)
-            source[axis - 1] = slice(0, n)
-            cache[b][tuple(index)] = rows[b][tuple(source)]
+        """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b].
+        Every forward the runtime runs has consecutive positions per row (T, T+1, ...): each row is
+        then one slice assignment, about a third of the time of an assignment through an index array
+        (which other positions still take)."""
+        lead = (slice(None),) * (axis - 1)
+        width = positions.shape[1]
+        counts = [width] * len(positions) if counts is None else counts.tolist()
+        consecutive = width == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())  # 2.8 us; np.diff 4.1
+        for b, (start, n) in enumerate(zip(positions[:, 0].tolist(), counts)):
+            at = slice(start, start + n) if consecutive else positions[b, :n]
+            cache[b][(*lead, at)] = rows[b][(*lead, slice(0, n))]  # cache[b] first: an index array
+            # beside the int b would move the indexed axis to the front
 
     def staging(self, name: str, shape, dtype) -> np.ndarray:
         """A buffer valid until the next staging() of this name (eager hand-overs between devices)."""

@@ -15,7 +15,8 @@ replaced whole by each forward, so it is what a rollback saves and puts back.
 
     feeds(rows)
     advance(outputs, rows)                    keep the state after a forward's last row
-    select_window(window, rows, index)        keep window[index[j], j]: the state after row index[j]
+    window(outputs, width)                    a windowed forward's state after each of its rows
+    select_window(window, rows, index)        keep window[index[j]][j]: the state after row index[j]
     capture(rows) / put(data, rows)           copy out and put back (StateSet checks the lengths)
     zero(rows)                                a fresh sequence
 
@@ -34,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import OrtspecError
+from ..manifest import window_row_name
 
 
 class StateError(OrtspecError, RuntimeError):
@@ -64,10 +66,6 @@ class Rows:
         else:
             buffer[self.indices] = values
 
-    def each(self):
-        """(position in this batch, single-row Rows) pairs, for per-row work on a subset."""
-        return [(j, Rows([row])) for j, row in enumerate(self.indices)]
-
 
 @dataclasses.dataclass
 class Snapshot:
@@ -91,7 +89,8 @@ class PositionalState(Protocol):
 
 class ReplacedState(Protocol):
     """Replaced whole by each forward: ``out_name`` holds the state after a forward's last row,
-    ``window_name`` [M, B, ...] the state after each row of a windowed forward."""
+    ``window_name`` [M, B, ...] the state after each row of a windowed forward (or, from the CPU
+    variants, one output per row: ``window``)."""
 
     names: tuple[str, ...]
     arrays: object
@@ -101,6 +100,7 @@ class ReplacedState(Protocol):
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict: ...
     def advance(self, outputs: dict, rows: Rows) -> None: ...
+    def window(self, outputs: dict, width: int): ...
     def select_window(self, window, rows: Rows, index: np.ndarray) -> None: ...
     def capture(self, rows: Rows) -> dict: ...
     def put(self, data: dict, rows: Rows) -> None: ...
@@ -124,24 +124,37 @@ class KVCache:
         self._new = ("new_" + key_name, "new_" + value_name)
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
-        key, value = rows.take(self.arrays, self.key), rows.take(self.arrays, self.value)
-        if window is not None:  # host views; ONNX Runtime copies the first `window` slots
-            key, value = key[..., :window], value[:, :, :window]
-        return {self.names[0]: key, self.names[1]: value}
+        return {self.names[0]: self._slots(rows, self.key, window, axis=3),
+                self.names[1]: self._slots(rows, self.value, window, axis=2)}
+
+    def _slots(self, rows: Rows, buffer, window: int | None, axis: int):
+        """These rows of a cache, cut to its first ``window`` slots (the CPU's; None: all, CUDA).
+        Contiguous rows: a view (ONNX Runtime copies the window). A subset (the CPU, once a
+        request in the middle finished): a gathered copy of the window only; gathering the rows
+        first copied every max_length slot of each cache, every step (measured: a tail step of
+        2 rows of 4 cost more than a step of all 4)."""
+        if window is None:
+            return rows.take(self.arrays, buffer)
+        cut = (slice(None),) * axis + (slice(0, window),)
+        if rows.slice is not None:
+            return rows.take(self.arrays, buffer)[cut]
+        return buffer[cut][rows.indices]  # [B, ...] with `window` slots
 
     def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Writes the first counts[j] new rows of batch row j (all rows when counts is None)."""
         new_key, new_value = outputs[self._new[0]], outputs[self._new[1]]  # [B,kvh,hd,M], [B,kvh,M,hd]
         if rows.slice is not None:
-            self._write(rows, new_key, new_value, positions, counts)
+            self._write(rows.slice.start, rows.slice.stop, new_key, new_value, positions, counts)
             return
-        for j, one in rows.each():  # a subset of rows (CPU): one row at a time
-            self._write(one, new_key[j: j + 1], new_value[j: j + 1], positions[j: j + 1],
+        for j, row in enumerate(rows.indices.tolist()):  # a subset of rows (CPU): one row at a time
+            self._write(row, row + 1, new_key[j: j + 1], new_value[j: j + 1], positions[j: j + 1],
                         None if counts is None else counts[j: j + 1])
 
-    def _write(self, rows, new_key, new_value, positions, counts) -> None:
-        self.arrays.write_rows(rows.take(self.arrays, self.key), new_key, positions, counts, axis=3)
-        self.arrays.write_rows(rows.take(self.arrays, self.value), new_value, positions, counts, axis=2)
+    def _write(self, start: int, stop: int, new_key, new_value, positions, counts) -> None:
+        """Batch rows start..stop take their new rows (through a view of those rows: no Rows object
+        per row, which a subset's every step made for every cache)."""
+        self.arrays.write_rows(self.arrays.rows(self.key, start, stop), new_key, positions, counts, axis=3)
+        self.arrays.write_rows(self.arrays.rows(self.value, start, stop), new_value, positions, counts, axis=2)
 
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
         """The live entries of one row (positions < length), as host copies."""
@@ -154,8 +167,9 @@ class LayerState:
     """A GDN state a forward replaces whole: the conv tail [B, K-1, C] or recurrent S [B, nv, dk, dv].
 
     The plain graphs return ``{kind}_out.{i}`` (state after the last row); the select verify
-    graphs return ``{kind}_window.{i}`` [M, B, ...] (state after each row) and ``select_window``
-    copies slot index[j] of row j into the live buffer.
+    graphs return ``{kind}_window.{i}`` [M, B, ...] (state after each row), or in their CPU
+    variants ``{kind}_window.{i}.{j}`` [B, ...] per row j; ``select_window`` copies slot index[j]
+    of row j into the live buffer.
     """
 
     def __init__(self, arrays, name: str, shape) -> None:
@@ -164,6 +178,17 @@ class LayerState:
         self.names = (name,)
         self.buffer = arrays.zeros(shape)
         self.out_name, self.window_name = f"{kind}_out.{layer}", f"{kind}_window.{layer}"
+        self._row_names: list[str] = []  # window_row_name(window_name, j), made once
+
+    def window(self, outputs: dict, width: int):
+        """The state after each of a windowed forward's ``width`` rows: the stacked [M, B, ...]
+        output, or (CPU variants) the list of M per-row outputs [B, ...]; either is indexed
+        window[j][b]."""
+        if self.window_name in outputs:
+            return outputs[self.window_name]
+        while len(self._row_names) < width:
+            self._row_names.append(window_row_name(self.window_name, len(self._row_names)))
+        return [outputs[name] for name in self._row_names[:width]]
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
         return {self.names[0]: rows.take(self.arrays, self.buffer)}
@@ -172,11 +197,12 @@ class LayerState:
         rows.put(self.arrays, self.buffer, outputs[self.out_name])
 
     def select_window(self, window, rows: Rows, index: np.ndarray) -> None:
-        """Row j of the live state takes window[index[j], j]; window is [W, B, ...]."""
+        """Row j of the live state takes window[index[j]][j] (``window``)."""
         if rows.slice is not None:
             self.arrays.select(window, index, rows.take(self.arrays, self.buffer))
-        else:
-            self.buffer[rows.indices] = window[index, np.arange(len(rows))]
+            return
+        for j, row in enumerate(rows.indices):  # a subset of rows (CPU)
+            self.buffer[row] = window[index[j]][j]
 
     def capture(self, rows: Rows) -> dict:
         return {self.names[0]: self.arrays.clone(rows.take(self.arrays, self.buffer))}
@@ -262,12 +288,13 @@ class StateSet:
         counts: accepted + 1, where the caller has it already (a device buffer: the loop that runs
         ahead of the GPU never has the accept lengths on the host; ``runtime.device_verify``)."""
         self.write(outputs, rows, positions, counts=accepted + 1 if counts is None else counts)
+        width = positions.shape[1]
         if rows.slice is None:
             for layer in self.layers:
-                layer.select_window(outputs[layer.window_name], rows, accepted)
+                layer.select_window(layer.window(outputs, width), rows, accepted)
             return
         for arrays, layers in self._layers_by_device:  # contiguous rows: one call per device, not per layer
-            arrays.select_many([outputs[s.window_name] for s in layers], accepted,
+            arrays.select_many([s.window(outputs, width) for s in layers], accepted,
                                [rows.take(arrays, s.buffer) for s in layers])
 
     def write(self, outputs, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
