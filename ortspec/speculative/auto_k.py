@@ -74,6 +74,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 import statistics
 import threading
 
@@ -186,11 +187,9 @@ class KChooser:
     def _tokens_moments(self) -> tuple[list[float], list[float]]:
         """Per k, the mean and variance of a request's tokens per step t (t > i with probability
         a1*...*ai): E[t] = sum_i P(t > i), E[t^2] = sum_i (2i+1) P(t > i), i = 0..k."""
-        beyond, mean, square = 1.0, [], []  # P(t > i); E[t] and E[t^2] with i drafts
-        for i, rate in enumerate([None, *self._rates()]):
-            beyond = beyond * rate if rate is not None else 1.0
-            mean.append((mean[-1] if mean else 0.0) + beyond)
-            square.append((square[-1] if square else 0.0) + (2 * i + 1) * beyond)
+        beyond = list(itertools.accumulate(self._rates(), operator.mul, initial=1.0))  # [K+1] P(t > i)
+        mean = list(itertools.accumulate(beyond))  # [K+1] index k: E[t] with k drafts
+        square = itertools.accumulate((2 * i + 1) * p for i, p in enumerate(beyond))  # [K+1] E[t^2]
         return mean, [sq - m * m for sq, m in zip(square, mean)]
 
     def expected_tokens(self, k: int) -> float:

@@ -19,6 +19,7 @@ import ortspec
 from .common import STEP_PROMPT, markdown_table, write_json
 
 SUMMARY = "a step's host time itemised with cProfile (CUDA graphs replayed)"
+OWN, CUMULATIVE = 2, 3  # the columns of a pstats entry (primitive calls, calls, own, cumulative) to sort by
 
 
 def add_arguments(parser) -> None:
@@ -69,16 +70,7 @@ def profile_steps(model: str, k: int, batch: int, steps: int, provider: str = "c
     for _ in range(steps):
         batcher.step()
     wall = (time.perf_counter() - start) / steps
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(steps):
-        batcher.step()
-    profiler.disable()
-    stats = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
-    return wall, [{"function": f"{name} ({Path(path).name}:{line})" if path != "~" else f"{name} (built-in)",
-                   "calls_per_step": calls / steps, "own_us_per_step": 1e6 * own / steps,
-                   "cumulative_us_per_step": 1e6 * cumulative / steps}
-                  for (path, line, name), (_, calls, own, cumulative, _) in stats]
+    return wall, profiled(batcher.step, steps, top, OWN)
 
 
 def profile_calls(model: str, k, batch: int, calls: int, new_tokens: int, provider: str = "cuda", top: int = 22,
@@ -95,14 +87,21 @@ def profile_calls(model: str, k, batch: int, calls: int, new_tokens: int, provid
     for _ in range(calls):
         session.generate(prompts, max_new_tokens=new_tokens)
     wall = (time.perf_counter() - start) / calls
+    rows = profiled(lambda: session.generate(prompts, max_new_tokens=new_tokens), calls, top, CUMULATIVE)
+    session.close()
+    return wall, rows
+
+
+def profiled(unit, units: int, top: int, by: int) -> list[dict]:
+    """cProfile over `units` calls of unit(): the `top` functions by column `by`, per unit (a step
+    or a call; the keys say "per_step" for both, as the JSON always has)."""
     profiler = cProfile.Profile()
     profiler.enable()
-    for _ in range(calls):
-        session.generate(prompts, max_new_tokens=new_tokens)
+    for _ in range(units):
+        unit()
     profiler.disable()
-    session.close()
-    stats = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]
-    return wall, [{"function": f"{name} ({Path(path).name}:{line})" if path != "~" else f"{name} (built-in)",
-                   "calls_per_step": calls_ / calls, "own_us_per_step": 1e6 * own / calls,
-                   "cumulative_us_per_step": 1e6 * cumulative / calls}
-                  for (path, line, name), (_, calls_, own, cumulative, _) in stats]
+    stats = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: kv[1][by], reverse=True)[:top]
+    return [{"function": f"{name} ({Path(path).name}:{line})" if path != "~" else f"{name} (built-in)",
+             "calls_per_step": calls / units, "own_us_per_step": 1e6 * own / units,
+             "cumulative_us_per_step": 1e6 * cumulative / units}
+            for (path, line, name), (_, calls, own, cumulative, _) in stats]
