@@ -113,9 +113,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--pipeline-stages", type=int, default=1, help="also write the target graphs split in N stages")
     c.add_argument("--quant", choices=["int4"], default=None,
                    help="int4 projection weights (MatMulNBits, blocks of 32; default: none)")
-    c.add_argument("--mtp-quant", choices=["int4"], default=None,
-                   help="int4 weights for the MTP draft head only (cheaper drafts; the output is the target's; "
-                        "default: none)")
+    c.add_argument("--mtp-quant", choices=["auto", "int4", "none"], default="auto",
+                   help="the MTP draft head's weights: int4 (cheaper drafts; the output is the target's), none (the "
+                        "model's dtype), or auto (default: int4 for a float32 model, none for float16/bfloat16)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)

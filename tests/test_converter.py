@@ -134,6 +134,21 @@ def test_int4_draft_head_only(plain, tmp_path):
         convert(root / "ck", tmp_path / "bad", mtp_quant="int8")
 
 
+def test_draft_head_quant_default_follows_the_dtype(plain, tmp_path):
+    """mtp_quant="auto" (the default): a float32 model gets the int4 draft head (cheaper drafts on
+    the CPU), a float16 one keeps its head in float16; "none" keeps float32; the output is the
+    target's greedy either way."""
+    root, _ = plain
+    assert Manifest.load(root / "out").mtp_quant == "int4"
+    convert(root / "ck", tmp_path / "none", mtp_quant="none")
+    convert(root / "ck", tmp_path / "fp16", dtype="float16")
+    assert Manifest.load(tmp_path / "none").mtp_quant is None and Manifest.load(tmp_path / "fp16").mtp_quant is None
+    greedy = ortspec.Session(tmp_path / "none").generate(PROMPTS, max_new_tokens=12)
+    assert ortspec.Session(root / "out", num_speculative_tokens=2).generate(PROMPTS, max_new_tokens=12) == greedy
+    with pytest.raises(ortspec.CheckpointError, match="use 'auto'"):
+        convert(root / "ck", tmp_path / "bad", mtp_quant="int2")
+
+
 def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")

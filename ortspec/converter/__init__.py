@@ -31,7 +31,7 @@ from .weights import WeightPreparer, cast_matrices
 
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
-            quant: str | None = None, mtp_quant: str | None = None, activations: str = "auto",
+            quant: str | None = None, mtp_quant: str | None = "auto", activations: str = "auto",
             overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
@@ -53,7 +53,9 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
     lm_head and the MTP fc as 4-bit blocks of 32 (MatMulNBits); the embedding keeps dtype.
     mtp_quant="int4" does that for the MTP draft head alone (with its own int4 copy of the
-    lm_head): drafts get cheaper, the output stays exactly the target's.
+    lm_head): drafts get cheaper, the output stays exactly the target's. mtp_quant="auto" (the
+    default) is "int4" for float32 weights (a CPU model: a draft pass costs a third there) and
+    "none" for float16/bfloat16 (ConvertOptions.head_quant says why).
 
     Every graph is written portable (fused ops: what CUDA runs) and, for float32 models, also
     as a CPU variant ({graph}.cpu.onnx, built with what ONNX Runtime's CPU EP runs fastest:
@@ -102,8 +104,7 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                                    weights=layout, graphs=graphs, tokenizer_files=tokenizer_files,
                                    source=str(checkpoint_dir), model_type=hf_config.get("model_type"),
                                    stage_layers=boundaries, quant=options.quant, files=staging.files,
-                                   mtp_quant="int4" if with_mtp and "int4" in (options.quant, options.mtp_quant)
-                                   else None, activations=options.activation_dtype)
+                                   mtp_quant=options.head_quant if with_mtp else None, activations=options.activation_dtype)
         staging.write_bytes(MANIFEST_FILE, manifest.to_json().encode(), record=False)
         staging.publish()
     return out_dir
@@ -120,7 +121,7 @@ def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: Convert
     WeightPreparer(spec, reader, store).prepare_all(options.max_length, with_mtp)
     if options.quant == "int4":
         quantize_store(store)
-    elif options.mtp_quant == "int4" and with_mtp:
+    elif options.head_quant == "int4" and with_mtp:
         quantize_draft_head(store)
     cast_matrices(store, options.dtype, options.activation_dtype)
     return store

@@ -20,6 +20,7 @@ from ..validation import machine_memory_bytes
 DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATIONS = ("auto", "float32", "model")  # the dtype between layers: auto (the model's unless int4), float32, the model's
 QUANTS = (None, "int4")
+HEAD_QUANTS = ("auto", "int4", "none", None)  # mtp_quant: auto (int4 for a float32 model), int4, none (None: none)
 GRAPHS_PER_SESSION = 4  # prefill, decode, verify, mtp_propose: each holds its own position constant [L] int64
 
 
@@ -33,7 +34,7 @@ class ConvertOptions:
     pipeline_stages: int = 1
     stage_layers: tuple[int, ...] | None = None
     quant: str | None = None
-    mtp_quant: str | None = None
+    mtp_quant: str | None = "auto"
     activations: str = "auto"
     overwrite: bool = False
     progress: bool = True
@@ -52,9 +53,11 @@ class ConvertOptions:
         self._check_ranges()
 
     def _check_ranges(self) -> None:
-        for name in ("quant", "mtp_quant"):
-            if getattr(self, name) not in QUANTS:
-                raise ConvertOptionError(f"{name}={getattr(self, name)!r} is not supported; use 'int4' or leave it out.")
+        if self.quant not in QUANTS:
+            raise ConvertOptionError(f"quant={self.quant!r} is not supported; use 'int4' or leave it out.")
+        if self.mtp_quant not in HEAD_QUANTS:
+            raise ConvertOptionError(f"mtp_quant={self.mtp_quant!r} is not supported; use 'auto' (the default: "
+                                     "int4 for a float32 model), 'int4' or 'none'.")
         if self.dtype not in DTYPES:
             raise ConvertOptionError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
         self._check_activations()
@@ -81,6 +84,18 @@ class ConvertOptions:
 
     def _int4(self) -> list[str]:
         return [f"{name}='int4'" for name in ("quant", "mtp_quant") if getattr(self, name) == "int4"]
+
+    @property
+    def head_quant(self) -> str | None:
+        """The MTP draft head's weights: "int4" (MatMulNBits, blocks of 32) or None (the model's
+        dtype). mtp_quant="auto" quantizes a float32 model's head: drafts are only proposals, so
+        the output stays the target's, and on the CPU a draft pass costs a third (the 20M model's
+        mtp_propose_k3: 1.7 -> 0.9 ms; best k 1.26-1.54x -> 1.71-1.86x greedy at batch 1,
+        BENCHMARKS.md) for acceptance within 0.03 per depth. A float16/bfloat16 model is a GPU
+        model whose products and activations stay in its dtype: its head does too."""
+        if self.quant == "int4" or self.mtp_quant == "int4":
+            return "int4"
+        return "int4" if self.mtp_quant == "auto" and self.dtype == "float32" else None
 
     @property
     def activation_dtype(self) -> str:
