@@ -159,15 +159,9 @@ MEASURED_HISTOGRAMS = [[2, 7, 3, 8, 14], [2, 2, 0, 0, 25], [3, 15, 14, 2, 9], [3
                        [4, 9, 2, 10, 12], [4, 4, 2, 1, 21], [0, 0, 4, 12, 14], [2, 13, 2, 1, 18]]
 
 
-def measured_batch(chooser: KChooser) -> tuple[RowAcceptance, list]:
-    """16 requests (MEASURED_HISTOGRAMS twice) with 128 tokens left, their accept lengths
-    recorded as the decoder records them: each row's own, and the chooser's pooled."""
-    rows = RowAcceptance(16, chooser)
-    for row, histogram in enumerate(MEASURED_HISTOGRAMS * 2):
-        for length in np.repeat(np.arange(len(histogram)), histogram):
-            rows.record(np.array([row]), np.array([length]), 4)
-            chooser.record_accepts([length], 4)
-    return rows, [ortspec.speculative.requests.Request(row, [1], 129, tokens=[1]) for row in range(16)]
+def accept_lengths_of(histograms) -> list[np.ndarray]:
+    """Each request's accept lengths, a histogram's counts of a = 0, 1, ... spelt out."""
+    return [np.repeat(np.arange(len(h)), h) for h in histograms]
 
 
 def test_row_acceptance_counts_as_the_chooser_does():
@@ -199,9 +193,15 @@ def simulated_request_steps(acceptance: np.ndarray, tokens: int, batches: int, s
 def test_the_slowest_of_requests_that_differ_matches_a_simulation(k):
     """Requests with the 20M model's own acceptance each: the per-request tail predicts the steps
     of a simulated batch of 16 within 6%; the pooled rate misses them by more than 10% at k = 4."""
+    lengths = accept_lengths_of(MEASURED_HISTOGRAMS * 2)
     pooled = KChooser(4)
-    rows, requests = measured_batch(pooled)
+    rows = RowAcceptance(16, pooled)
+    for row, a in enumerate(lengths):
+        for length in a:
+            rows.record(np.array([row]), np.array([length]), 4)
+            pooled.record_accepts([length], 4)
     rates = (rows.kept + 1e-9) / (rows.tried + 1e-9)  # [16, 4] each request's own
+    requests = [ortspec.speculative.requests.Request(row, [1], 129, tokens=[1]) for row in range(16)]
     tail = Tail.of(requests, rows)
     simulated = simulated_request_steps(rates[:, :k], 128, batches=300)
     assert 128 / pooled.batch_tokens(k, tail) == pytest.approx(simulated, rel=0.06)
@@ -213,9 +213,15 @@ def test_per_request_tails_choose_what_the_h200_measured_best():
     """The H200 bench at batch 16 (20M fp16, 128 tokens): k = 2 1.08x, k = 3 1.04x, auto 0.98x
     keeping k = 4, whose calls took 44 steps as k = 3's did. With the chooser's own step times
     of that run and these requests' acceptance, the per-request tail picks k = 2; the pooled one more."""
+    lengths = accept_lengths_of(MEASURED_HISTOGRAMS * 2)
     chooser = KChooser(4)
-    rows, requests = measured_batch(chooser)
+    rows = RowAcceptance(16, chooser)
+    for row, a in enumerate(lengths):
+        for length in a:
+            rows.record(np.array([row]), np.array([length]), 4)
+            chooser.record_accepts([length], 4)
     time_all(chooser, 16, {0: 0.565e-3, 1: 0.91e-3, 2: 1.091e-3, 3: 1.276e-3, 4: 1.45e-3})
+    requests = [ortspec.speculative.requests.Request(row, [1], 129, tokens=[1]) for row in range(16)]
     assert chooser.choose(16, Tail.of(requests)) > 2
     chooser._current.clear()
     assert chooser.choose(16, Tail.of(requests, rows)) == 2
