@@ -11,7 +11,7 @@ import pytest
 import ortspec
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative import auto_k
-from ortspec.speculative.auto_k import KChooser, RowAcceptance, ScriptedK, Tail, row_bucket, tail_tokens_per_step
+from ortspec.speculative.auto_k import KChooser, ScriptedK, Tail, row_bucket, tail_tokens_per_step
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
@@ -151,80 +151,6 @@ def test_the_slowest_requests_steps_match_a_simulation(k):
     assert 128 / chooser.expected_tokens(k) < 0.96 * simulated  # the mean alone misses the tail
     assert chooser.batch_tokens(k, Tail(1, 128)) == chooser.expected_tokens(k)  # one request: no tail
     assert chooser.batch_tokens(0, Tail(16, 128)) == 1.0  # greedy: every request one token a step
-
-
-# accept lengths a = 0..4 of 8 requests at k = 4 (the 20M model, the bench's 8 prompts, 128 tokens
-# each, CPU fp32 with the int4 head): the fastest needed 29 steps, the slowest 43
-MEASURED_HISTOGRAMS = [[2, 7, 3, 8, 14], [2, 2, 0, 0, 25], [3, 15, 14, 2, 9], [3, 0, 15, 0, 16],
-                       [4, 9, 2, 10, 12], [4, 4, 2, 1, 21], [0, 0, 4, 12, 14], [2, 13, 2, 1, 18]]
-
-
-def accept_lengths_of(histograms) -> list[np.ndarray]:
-    """Each request's accept lengths, a histogram's counts of a = 0, 1, ... spelt out."""
-    return [np.repeat(np.arange(len(h)), h) for h in histograms]
-
-
-def test_row_acceptance_counts_as_the_chooser_does():
-    rows = RowAcceptance(3, KChooser(4))
-    chooser = KChooser(4)
-    for a, k in [([0, 2, 4], 4), ([1, 1, 3], 3), ([2, 0, 1], 2)]:
-        rows.record(np.array([2, 0, 1]), np.array(a), k)
-    for row, lengths in zip([2, 0, 1], [[0, 1, 2], [2, 1, 0], [4, 3, 1]]):
-        one = KChooser(4)
-        for a, k in zip(lengths, [4, 3, 2]):
-            one.record_accepts([a], k)
-        np.testing.assert_allclose(rows.tried[row], one._tried[1:], rtol=0.01)  # one's counts decay a little
-        np.testing.assert_allclose(rows.kept[row], one._kept[1:], rtol=0.01)
-    rows.reset([0, 2])
-    assert not rows.tried[[0, 2]].any() and rows.tried[1].any()
-    assert chooser.batch_tokens(2, Tail.of([])) == chooser.expected_tokens(2)
-
-
-def simulated_request_steps(acceptance: np.ndarray, tokens: int, batches: int, seed: int = 0) -> float:
-    """Monte Carlo: acceptance [R, k], each request its own rates per depth; the mean over batches of
-    the steps until every request has ``tokens`` tokens."""
-    rng = np.random.default_rng(seed)
-    kept = rng.random((batches, len(acceptance), tokens, acceptance.shape[1])) < acceptance[:, None, :]
-    steps = (np.cumsum(np.cumprod(kept, -1).sum(-1) + 1, -1) < tokens).sum(-1) + 1  # [batches, R]
-    return float(steps.max(-1).mean())
-
-
-@pytest.mark.parametrize("k", [2, 3, 4])
-def test_the_slowest_of_requests_that_differ_matches_a_simulation(k):
-    """Requests with the 20M model's own acceptance each: the per-request tail predicts the steps
-    of a simulated batch of 16 within 6%; the pooled rate misses them by more than 10% at k = 4."""
-    lengths = accept_lengths_of(MEASURED_HISTOGRAMS * 2)
-    pooled = KChooser(4)
-    rows = RowAcceptance(16, pooled)
-    for row, a in enumerate(lengths):
-        for length in a:
-            rows.record(np.array([row]), np.array([length]), 4)
-            pooled.record_accepts([length], 4)
-    rates = (rows.kept + 1e-9) / (rows.tried + 1e-9)  # [16, 4] each request's own
-    requests = [ortspec.speculative.requests.Request(row, [1], 129, tokens=[1]) for row in range(16)]
-    tail = Tail.of(requests, rows)
-    simulated = simulated_request_steps(rates[:, :k], 128, batches=300)
-    assert 128 / pooled.batch_tokens(k, tail) == pytest.approx(simulated, rel=0.06)
-    if k == 4:
-        assert 128 / pooled.batch_tokens(k, Tail(16, 128)) < 0.9 * simulated  # the pooled rate's tail
-
-
-def test_per_request_tails_choose_what_the_h200_measured_best():
-    """The H200 bench at batch 16 (20M fp16, 128 tokens): k = 2 1.08x, k = 3 1.04x, auto 0.98x
-    keeping k = 4, whose calls took 44 steps as k = 3's did. With the chooser's own step times
-    of that run and these requests' acceptance, the per-request tail picks k = 2; the pooled one more."""
-    lengths = accept_lengths_of(MEASURED_HISTOGRAMS * 2)
-    chooser = KChooser(4)
-    rows = RowAcceptance(16, chooser)
-    for row, a in enumerate(lengths):
-        for length in a:
-            rows.record(np.array([row]), np.array([length]), 4)
-            chooser.record_accepts([length], 4)
-    time_all(chooser, 16, {0: 0.565e-3, 1: 0.91e-3, 2: 1.091e-3, 3: 1.276e-3, 4: 1.45e-3})
-    requests = [ortspec.speculative.requests.Request(row, [1], 129, tokens=[1]) for row in range(16)]
-    assert chooser.choose(16, Tail.of(requests)) > 2
-    chooser._current.clear()
-    assert chooser.choose(16, Tail.of(requests, rows)) == 2
 
 
 def test_tail_of_a_generate_calls_requests():

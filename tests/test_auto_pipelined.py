@@ -232,8 +232,7 @@ def test_a_plain_greedy_decoder_reads_no_hidden_rows(graphs, monkeypatch):
 def test_where_the_loop_runs_for_auto_decoders(k, chooser, on_commit, expected):
     arrays = SimpleNamespace(device="cuda", shared_stream=True)
     decoder = SimpleNamespace(graphs=SimpleNamespace(arrays=arrays), target=None, stats=Stats(), max_length=64,
-                              k=k, fixed_rows=True, _emit=None, chooser=chooser, deferred=None,
-                              row_acceptance=None)
+                              k=k, fixed_rows=True, _emit=None, chooser=chooser, deferred=None)
     assert (PipelinedGreedy.for_decoder(decoder, None, None, 1, on_commit) is not None) == expected
     assert PipelinedGreedy.for_decoder(decoder, None, object(), 1, on_commit) is None  # exact mode
 

@@ -176,8 +176,7 @@ def test_where_it_does_not_apply_the_plain_loop_runs(models, graphs):
 def test_on_cuda_it_needs_the_stream_shared_with_onnx_runtime(shared_stream, expected):
     arrays = SimpleNamespace(device="cuda", shared_stream=shared_stream)
     decoder = SimpleNamespace(graphs=SimpleNamespace(arrays=arrays), target=None, stats=Stats(), max_length=64,
-                              k=0, fixed_rows=True, _emit=None, chooser=None, deferred=None,
-                              row_acceptance=None)
+                              k=0, fixed_rows=True, _emit=None, chooser=None, deferred=None)
     assert (PipelinedGreedy.for_decoder(decoder, None, None, 1, None) is not None) == expected
     assert PipelinedGreedy.for_decoder(decoder, None, None, 2, None) is None  # pipeline stages
     assert PipelinedGreedy.for_decoder(decoder, False, None, 1, None) is None

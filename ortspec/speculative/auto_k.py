@@ -55,12 +55,7 @@ N/mu steps, variance N var/mu^3, so the slowest of B live requests needs about
 
 and the chooser weighs k by the batch's tokens per step per request, N / steps_k, in place of
 E(k) (k = 0: var = 0, so 1 either way). N is the largest budget left among live requests (stop
-tokens make it an upper bound). Requests differ, though, and the slowest is the one with the
-lowest acceptance, not the unluckiest draw of one pooled rate: where a call's decoder counts each
-row's own drafts tried and kept (``RowAcceptance``, two or more live requests), mu and var are each
-request's own (its counts blended with the pooled rates) and steps_k is the most over requests of
-N_r/mu_r + z_B sqrt(N_r var_r/mu_r^3). Measured on the H200 (20M, batch 16): k = 4 took 44 steps
-as k = 3 did, which the pooled rate put 15% lower. A batcher's rows are refilled as requests finish: no tail there
+tokens make it an upper bound). A batcher's rows are refilled as requests finish: no tail there
 (``tail=None``), E(k) as before.
 
 What the model leaves out: the MTP head's catch-up over the prompts. A prefill whose next step
@@ -93,83 +88,22 @@ SWITCH_STEPS = 3.0  # what a change of k costs, in steps of the k it leaves (mod
 NEAR, FAR_PROBES = 0.8, 4  # a k slower than NEAR x the best's tokens/s is tried in one probe slot of FAR_PROBES
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
-REQUEST_PRIOR_STEPS = 4.0  # pseudo row-steps at the chooser's rate per depth behind a request's own counts
 
 
 @dataclasses.dataclass(frozen=True)
 class Tail:
     """What a static batch (a generate call: no request joins) has left: ``live`` unfinished
     requests, the most of which needs ``tokens_left`` more tokens. choose weighs k by the
-    slowest request's steps (the module docstring says how). With ``RowAcceptance``
-    (``of(requests, acceptance)``): each live request's tokens left (``left`` [R]) and the mean
-    and variance of its tokens per step by k (``mean``, ``variance`` [R, K+1]) from its own
-    acceptance, so the slowest request is found by its own rates."""
+    slowest request's steps (the module docstring says how)."""
 
     live: int
     tokens_left: int
-    left: np.ndarray | None = dataclasses.field(default=None, compare=False)
-    mean: np.ndarray | None = dataclasses.field(default=None, compare=False)
-    variance: np.ndarray | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, requests, acceptance: "RowAcceptance | None" = None) -> "Tail":
-        """From a generate call's requests (``requests.Request``): placeholders and done ones left
-        out; with their rows' moments where ``acceptance`` is given."""
-        live = [r for r in requests if not r.done and not r.placeholder]
-        left = [r.max_new_tokens - r.output_length for r in live]
-        if acceptance is None or len(live) < 2:
-            return cls(len(left), max(left, default=0))
-        mean, variance = acceptance.moments([r.row for r in live])
-        return cls(len(left), max(left), np.array(left, np.float64), mean, variance)
-
-
-class RowAcceptance:
-    """Each batch row's own drafts tried and kept per depth since its request was prefilled (the
-    chooser's counts are the Session's, decayed). A static batch's steps are set by its slowest
-    request, and requests differ more than one pooled rate says: on the 20M model at k = 4 one
-    of the bench's 8 prompts needed 43 steps for 128 tokens and another 29, so at batch 4 and 16
-    k = 4 took as many steps as k = 3 (44) and auto, weighing the pooled rate, kept k = 4 at
-    0.98-1.02x greedy where k = 2 gave 1.08-1.10x (H200, BENCHMARKS.md). ``Tail.of`` hands a
-    call's rows' moments to the chooser: each row's rate per depth is its own counts blended with
-    the chooser's rate (``REQUEST_PRIOR_STEPS`` pseudo row-steps), made again every
-    ``REFRESH_STEPS`` records (a few tens of microseconds; choose runs every step)."""
-
-    REFRESH_STEPS = 4
-
-    def __init__(self, rows: int, chooser: "KChooser") -> None:
-        self.chooser, self.max_k = chooser, chooser.max_k
-        self.tried = np.zeros((rows, self.max_k))  # [rows, K] row-steps that tried draft i+1
-        self.kept = np.zeros((rows, self.max_k))  # [rows, K] row-steps that accepted draft i+1
-        self._depth = np.arange(1, self.max_k + 1)  # [K]
-        self._moments: tuple[np.ndarray, np.ndarray] | None = None  # [rows, K+1] mean, variance
-        self._records = 0  # records since the moments were made
-
-    def reset(self, rows) -> None:
-        """A new request in these rows (a prefill): nothing known of it yet."""
-        self.tried[rows] = 0.0
-        self.kept[rows] = 0.0
-        self._moments = None
-
-    def record(self, rows, accepted, k: int) -> None:
-        """One step of k drafts: accepted [R] the accept lengths of these rows (``record_accepts``'
-        rule: draft i tried when a >= i - 1 and i <= k, kept when a >= i)."""
-        a = np.asarray(accepted)[:, None]  # [R, 1]
-        self.tried[rows] += self._depth <= np.minimum(a + 1, k)
-        self.kept[rows] += self._depth <= a
-        self._records += 1
-
-    def moments(self, rows) -> tuple[np.ndarray, np.ndarray]:
-        """[R, K+1] each row's mean and variance of tokens per step for k = 0..K (P(t > i) = the
-        product of its rates to depth i: ``KChooser._tokens_moments`` per row)."""
-        if self._moments is None or self._records >= self.REFRESH_STEPS:
-            prior = np.array(self.chooser.acceptance())  # [K]
-            rates = (self.kept + REQUEST_PRIOR_STEPS * prior) / (self.tried + REQUEST_PRIOR_STEPS)  # [rows, K]
-            beyond = np.cumprod(np.concatenate([np.ones((len(rates), 1)), rates], axis=1), axis=1)  # P(t > i)
-            mean = np.cumsum(beyond, axis=1)
-            square = np.cumsum((2 * np.arange(self.max_k + 1) + 1) * beyond, axis=1)  # E[t^2]
-            self._moments, self._records = (mean, np.maximum(square - mean * mean, 0.0)), 0
-        mean, variance = self._moments
-        return mean[rows], variance[rows]
+    def of(cls, requests) -> "Tail":
+        """From a generate call's requests (``requests.Request``): placeholders and done ones left out."""
+        left = [r.max_new_tokens - r.output_length for r in requests if not r.done and not r.placeholder]
+        return cls(len(left), max(left, default=0))
 
 
 @functools.lru_cache(maxsize=256)
@@ -269,22 +203,7 @@ class KChooser:
     def batch_tokens(self, k: int, tail: Tail | None = None) -> float:
         """Tokens per step per request with k drafts: E(k), or in a static batch with this
         tail, N over the slowest request's expected steps."""
-        return self._batch_tokens(tail)[k]
-
-    def _batch_tokens(self, tail: Tail | None) -> list[float]:
-        """batch_tokens for every k = 0..K: with a tail's per-request counts, N over the most
-        expected steps of any live request (``request_steps``), else from the pooled moments."""
-        if tail is None or tail.mean is None or tail.tokens_left <= 0:
-            return [tail_tokens_per_step(m, v, tail) for m, v in zip(self._expected, self._variance)]
-        return [tail.tokens_left / steps for steps in self.request_steps(tail)]
-
-    def request_steps(self, tail: Tail) -> np.ndarray:
-        """[K+1] per k the expected steps of the slowest live request: per request r with N_r
-        tokens left and its own moments (``RowAcceptance.moments``), N_r/mu_r + z_B sqrt(N_r
-        var_r/mu_r^3), the most over r."""
-        n = tail.left[:, None]  # [R, 1]
-        spread = expected_max_normal(tail.live) * np.sqrt(n * tail.variance / tail.mean ** 3)  # [R, K+1]
-        return (n / tail.mean + spread).max(axis=0)
+        return tail_tokens_per_step(self._expected[k], self._variance[k], tail)
 
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
@@ -309,11 +228,10 @@ class KChooser:
         if None in costs:
             untimed = [k for k, c in enumerate(costs) if c is None]
             return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
-        tokens = self._batch_tokens(tail)  # [K+1] per request per step
-        rates = [tokens[k] / costs[k] for k in range(self.max_k + 1)]
+        rates = [self.batch_tokens(k, tail) / costs[k] for k in range(self.max_k + 1)]
         best = max(range(self.max_k + 1), key=lambda k: rates[k])
         current = self._current.get(bucket, best)  # the last choice that was not a trial's
-        if not self._worth_switching(rates[best], rates[current], tokens[current], tail):
+        if not self._worth_switching(rates[best], rates[current], current, tail):
             best = current
         self._current[bucket] = best
         if steps % PROBE_EVERY:
@@ -325,14 +243,13 @@ class KChooser:
             return self._start_trial(bucket, near[(probe - 1) % len(near)]) if near else best
         return self._start_trial(bucket, others[(probe // FAR_PROBES - 1) % len(others)])  # every k, in turn
 
-    def _worth_switching(self, best_rate: float, current_rate: float, current_tokens: float,
-                         tail: Tail | None) -> bool:
+    def _worth_switching(self, best_rate: float, current_rate: float, current: int, tail: Tail | None) -> bool:
         """Whether leaving the k of the last step for a better one gains more than the change
         costs, SWITCH_STEPS steps: over the steps left in a static batch (its tokens left over
-        the current k's tokens per step), or over PROBE_EVERY steps in a batcher."""
+        E(current)), or over PROBE_EVERY steps in a batcher."""
         if best_rate <= current_rate:
             return False
-        steps_left = tail.tokens_left / current_tokens if tail is not None else PROBE_EVERY
+        steps_left = tail.tokens_left / self._expected[current] if tail is not None else PROBE_EVERY
         return (best_rate / current_rate - 1.0) * steps_left > SWITCH_STEPS
 
     def _start_trial(self, bucket: int, k: int) -> int:

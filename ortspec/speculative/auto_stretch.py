@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.device_decode import DeviceDecode
-from .auto_k import KChooser, RowAcceptance, Tail
+from .auto_k import KChooser, Tail
 from .deferred_entries import DeferredEntries
 from .requests import Batch
 from .step_clock import StepClock
@@ -31,15 +31,14 @@ from .step_clock import StepClock
 class AutoStretch:
     """One stretch of k = 0 steps over ``batch`` (fixed rows): entries, choices, step times."""
 
-    def __init__(self, chooser: KChooser, deferred: DeferredEntries, slots, batch: Batch,
-                 acceptance: RowAcceptance | None = None) -> None:
-        self.chooser, self.deferred, self.batch, self.acceptance = chooser, deferred, batch, acceptance
+    def __init__(self, chooser: KChooser, deferred: DeferredEntries, slots, batch: Batch) -> None:
+        self.chooser, self.deferred, self.batch = chooser, deferred, batch
         self.clock = StepClock(chooser, slots, len(batch), 0)
         self.suspended = self.clock.suspended  # around the loop's yield: the caller's time is no step's
 
     def next_k(self) -> int:
         """The k of the step after the one just enqueued (0: the loop enqueues it)."""
-        return self.chooser.choose(len(self.batch), Tail.of(self.batch.requests, self.acceptance))
+        return self.chooser.choose(len(self.batch), Tail.of(self.batch.requests))
 
     def record_step(self, decode: DeviceDecode, n: int, tokens: np.ndarray, positions: np.ndarray) -> None:
         """After step n's tokens [B] were read: its hidden rows (read now, landed with them) and

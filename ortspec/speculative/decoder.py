@@ -20,7 +20,7 @@ from ..runtime.graphs import GraphSet
 from ..runtime.model import Forward, MTPHead
 from ..runtime.states import Rows
 from . import sampler
-from .auto_k import KChooser, RowAcceptance, Tail
+from .auto_k import KChooser, Tail
 from .commits import COMMITS
 from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
@@ -91,8 +91,6 @@ class Decoder:
                  k_chooser: KChooser | None = None, pipelined: bool | None = None, fused_verify: bool = True) -> None:
         self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
         self.chooser = k_chooser
-        # auto k: each row's own acceptance since its prefill, which a static batch's tail weighs (Tail)
-        self.row_acceptance = RowAcceptance(batch_size, k_chooser) if k_chooser is not None and k > 0 else None
         self.static_batch = False  # set by steps(): a generate call's requests, none joins (auto_k.Tail)
         self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
         self.deferred = DeferredEntries(graphs.arrays, pad_lengths=pads_prompts(graphs))
@@ -232,8 +230,6 @@ class Decoder:
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
         self.deferred.drop_rows(rows)  # a reused row's waiting prompt entries were its last request's
         defer_head = defer_head or (self.chooser is not None and self.step_k == 0)
-        if self.row_acceptance is not None:
-            self.row_acceptance.reset(rows.indices)
         if self.deferred.has_steps or (self.deferred and not defer_head):
             # the rows stepping beside these catch up first: deferred rows stay in step
             with self.graphs.device_lock, self.stats.timed("commit"):
@@ -304,7 +300,7 @@ class Decoder:
         live = np.array([not r.done for r in batch.requests])
         self.stats.record_speculative_step(accepted[live], k, fused=head is self.catch_up_in)
         if self.chooser:
-            self.record_accepts(batch.requests, live, accepted, k)
+            self.chooser.record_accepts(accepted[live], k)
         for j, req in enumerate(batch.requests):
             if live[j]:
                 req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
@@ -338,16 +334,7 @@ class Decoder:
         step (fixed rows: CUDA, exact mode), so a finished request's row costs what a live one
         does; none in a batcher (requests join), nor where a step runs only the live requests (the
         CPU: the tail's steps are cheaper by the rows that finished)."""
-        return Tail.of(batch.requests, self.row_acceptance) if self.static_batch and self.fixed_rows else None
-
-    def record_accepts(self, requests: list[Request], live: np.ndarray, accepted: np.ndarray, k: int) -> None:
-        """(auto k) One speculative step's accept lengths [B] of these requests (live [B]: the
-        unfinished ones count): to the chooser, and to each row's own counts (``RowAcceptance``;
-        a tail of one request is weighed by the chooser's rates alone, ``Tail.of``)."""
-        self.chooser.record_accepts(accepted[live], k)
-        if len(requests) > 1:
-            rows = np.array([r.row for r in requests])[live]
-            self.row_acceptance.record(rows, accepted[live], k)
+        return Tail.of(batch.requests) if self.static_batch and self.fixed_rows else None
 
     def _catch_up_deferred(self, drafts: int) -> None:
         """The head over the entries left for later (``DeferredEntries``): first the waiting

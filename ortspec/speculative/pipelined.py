@@ -95,7 +95,6 @@ class PipelinedGreedy:
         self.graphs, self.target, self.stats = decoder.graphs, decoder.target, decoder.stats
         self.max_length, self.emit = decoder.max_length, emit
         self.chooser, self.deferred = decoder.chooser, decoder.deferred  # auto k (else chooser None)
-        self.row_acceptance = decoder.row_acceptance
 
     @classmethod
     def for_decoder(cls, decoder, pipelined: bool | None, exact, stages: int, on_commit) -> "PipelinedGreedy | None":
@@ -117,7 +116,7 @@ class PipelinedGreedy:
         batch = Batch(occupants)
         batch.park_finished(self.max_length - 1)
         first = batch.processed  # T [B]: the position of step 0's input
-        auto = AutoStretch(self.chooser, self.deferred, self.graphs.slots, batch, self.row_acceptance) if self.chooser else None
+        auto = AutoStretch(self.chooser, self.deferred, self.graphs.slots, batch) if self.chooser else None
 
         def positions(n: int) -> np.ndarray:  # [B, 1]: step n's, a finished row's clamped inside the buffers
             return np.minimum(first + n, self.max_length - 1)[:, None]

@@ -79,7 +79,6 @@ class PipelinedSpeculation:
         self.graphs, self.target, self.mtp, self.stats = decoder.graphs, decoder.target, decoder.mtp, decoder.stats
         self.drafts, self.max_length, self.emit = decoder.drafts, decoder.max_length, emit
         self.chooser, self.ks = decoder.chooser, ks  # auto k (else chooser None); the ks whose runs it takes
-        self.row_acceptance, self.record_accepts = decoder.row_acceptance, decoder.record_accepts
 
     @classmethod
     def for_decoder(cls, decoder, pipelined: bool | None, exact, stages: int,
@@ -141,7 +140,7 @@ class PipelinedSpeculation:
     def _choose(self, occupants: list[Request], k: int) -> int:
         """(auto k) The chooser's k for a step (the loop runs generate calls: the static batch's
         tail, ``auto_k.Tail``); a fixed-k decoder's k."""
-        return self.chooser.choose(len(occupants), Tail.of(occupants, self.row_acceptance)) if self.chooser else k
+        return self.chooser.choose(len(occupants), Tail.of(occupants)) if self.chooser else k
 
     def _last_start(self, k: int) -> int:
         """The last first position T at which a step's k+1 positions fit in max_length."""
@@ -174,7 +173,7 @@ class PipelinedSpeculation:
         self.stats.record_speculative_step(accepted[live], k, fused=True)
         self.stats.pipelined_speculative_steps += 1
         if self.chooser:
-            self.record_accepts(occupants, live, accepted, k)
+            self.chooser.record_accepts(accepted[live], k)
         for j, req in enumerate(occupants):
             req.next_drafts, req.draft_probs = next_drafts[j].tolist(), None
             if live[j]:
