@@ -179,14 +179,51 @@ def test_a_static_batchs_tail_can_make_greedy_win():
     assert chooser.choose(16, Tail(16, 10 ** 6)) == 4  # a long way left: the spread is small beside it
 
 
+def test_a_calls_steps_calibrate_its_ks_tail():
+    """The model's tail is a pooled rate's; a call of k = 4 that took 30% more steps than it
+    said makes k = 4's tail that much longer at that row bucket (running mean over calls), and
+    the choice moves to k = 3. Mixed calls, batches of one and k = 0 calls calibrate nothing."""
+    chooser = KChooser(4)
+    for _ in range(300):
+        chooser.record_accepts(ACCEPT_LENGTHS, 4)
+    tail = Tail(16, 127)
+    tokens = [chooser.batch_tokens(k, tail) for k in range(5)]  # the model's, tail included
+    time_all(chooser, 16, {0: 2.0, 1: 10.0, 2: 10.0, 3: tokens[3] / 1.0, 4: tokens[4] / 1.04})  # k=4 4% ahead
+    assert chooser.choose(16, tail) == 4
+    model_steps = 127 / chooser.batch_tokens(4, tail)
+    chooser.record_call(16, [0, 0, 0, 1, round(1.3 * model_steps)], tail)  # k = 4 ran every step but one
+    assert 127 / chooser.batch_tokens(4, tail, 16) == pytest.approx(1.3 * model_steps, rel=0.03)
+    assert chooser.batch_tokens(4, tail, 4) == chooser.batch_tokens(4, tail)  # another bucket: the model's
+    assert chooser.choose(16, tail) == 4  # mid-call: 2% ahead does not pay SWITCH_STEPS
+    assert chooser.choose(16, tail, fresh=True) == 3  # a call's first step: k = 3 (1.225 in between) 2% ahead
+    assert chooser._tail_factors[16] == pytest.approx([1.0, 1.075, 1.15, 1.225, 1.3], rel=0.03)
+    before = dict(chooser._tail_factor)
+    chooser.record_call(16, [20, 0, 0, 0, 30], tail)  # k = 4 on 60% of the steps: mixed
+    chooser.record_call(1, [0, 0, 0, 0, 30], Tail(1, 127))  # one request: no tail
+    chooser.record_call(16, [127], tail)  # greedy
+    assert chooser._tail_factor == before
+    chooser.record_call(16, [0, 0, 0, 0, round(model_steps)], tail)  # a call as the model said
+    assert chooser._tail_factor[(16, 4)] == pytest.approx((1.3 + 1.0) / 2, rel=0.03)
+    assert chooser.snapshot()["tail_factor"] == {16: {4: round(chooser._tail_factor[(16, 4)], 3)}}
+
+
+def test_generate_calls_with_fixed_rows_calibrate_the_tail(models):
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    session.k_chooser = ScriptedK(4, [2])
+    session.generate(PROMPTS, max_new_tokens=24, fixed_rows=False)  # only live rows run: no tail
+    assert not session.k_chooser._tail_factor
+    session.generate(PROMPTS, max_new_tokens=24, fixed_rows=True)
+    assert list(session.k_chooser._tail_factor) == [(row_bucket(len(PROMPTS)), 2)]
+
+
 class TailSpy(ScriptedK):
     def __init__(self, max_k, script) -> None:
         super().__init__(max_k, script)
         self.tails = []
 
-    def choose(self, rows: int, tail: Tail | None = None) -> int:
+    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False) -> int:
         self.tails.append(tail)
-        return super().choose(rows, tail)
+        return super().choose(rows, tail, fresh)
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
@@ -215,8 +252,8 @@ class TimeSpy(ScriptedK):
         super().__init__(max_k, script)
         self.timed, self.chosen = [], []
 
-    def choose(self, rows: int, tail=None) -> int:
-        self.chosen.append(super().choose(rows, tail))
+    def choose(self, rows: int, tail=None, fresh: bool = False) -> int:
+        self.chosen.append(super().choose(rows, tail, fresh))
         return self.chosen[-1]
 
     def record_time(self, rows, k, seconds):

@@ -148,7 +148,8 @@ def test_a_stop_token_and_budgets_inside_runs(graphs, scripted, oracle, monkeypa
     of k = 3: tokens as greedy, at most one step run past the last end."""
     stop = next(t for i, t in enumerate(oracle[0][len(PROMPTS[0]):]) if i >= 15 and t not in oracle[0][:i])
     steps = count_calls(monkeypatch, "step", DeviceVerify)
-    stats = check(graphs, scripted, [2] * 8 + [3] * 8, new_tokens=30, stop_tokens=[stop])
+    # 9 x 2: the Decoder's first choice, the call's first step's (chosen again with its tail), 7 more
+    stats = check(graphs, scripted, [2] * 9 + [3] * 8, new_tokens=30, stop_tokens=[stop])
     assert stats.steps_by_k[2:] == [8, 3] and stats.pipelined_speculative_steps >= 8, stats.steps_by_k
     assert steps[0] - stats.pipelined_speculative_steps in (0, 1)  # at most one step past the last request's end
 

@@ -88,6 +88,7 @@ SWITCH_STEPS = 3.0  # what a change of k costs, in steps of the k it leaves (mod
 NEAR, FAR_PROBES = 0.8, 4  # a k slower than NEAR x the best's tokens/s is tried in one probe slot of FAR_PROBES
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps
 PRIOR_ROW_STEPS = 1.0  # pseudo row-steps at acceptance 0.5 per depth
+CALL_K_SHARE = 0.75  # a call calibrates its k's tail when at least this share of its steps ran that k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +142,8 @@ class KChooser:
         self._steps: dict[int, int] = {}  # bucket -> choices made there
         self._probes: dict[int, int] = {}  # bucket -> trials made there after every k was timed
         self._current: dict[int, int] = {}  # bucket -> the k chosen last there outside a trial
+        self._tail_factor: dict[tuple[int, int], float] = {}  # (bucket, k) -> calls' steps / the model's (record_call)
+        self._tail_factors: dict[int, list[float]] = {}  # bucket -> [K+1] per k, measured or in between (record_call)
         # per depth i = 0..K (lists: K+1 numbers, updated every step; numpy costs more than the sums)
         self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
         self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
@@ -200,23 +203,51 @@ class KChooser:
         """var(k): the variance of the tokens a request gains per step with k drafts."""
         return self._variance[k]
 
-    def batch_tokens(self, k: int, tail: Tail | None = None) -> float:
+    def batch_tokens(self, k: int, tail: Tail | None = None, bucket: int | None = None) -> float:
         """Tokens per step per request with k drafts: E(k), or in a static batch with this
-        tail, N over the slowest request's expected steps."""
-        return tail_tokens_per_step(self._expected[k], self._variance[k], tail)
+        tail, N over the slowest request's expected steps, times the steps that calls of k at
+        this row bucket took over the model's (``record_call``; 1 until one did)."""
+        tokens = tail_tokens_per_step(self._expected[k], self._variance[k], tail)
+        factors = self._tail_factors.get(bucket) if tail is not None and tail.live > 1 else None
+        return tokens / factors[k] if factors else tokens
+
+    def record_call(self, rows: int, steps_by_k, tail: Tail) -> None:
+        """A static batch's call ended: steps_by_k [K+1] the steps it ran by k, tail its tail when
+        its first step was chosen. Where one k >= 1 ran CALL_K_SHARE of them, the call's steps over
+        what the model expected (N/E(k) and the spread, ``tail_tokens_per_step``) calibrate that
+        k's tail at this row bucket, as a running mean over calls (each new call half the weight).
+        Why: the model takes every request's tokens per step as draws of one pooled rate, but
+        requests differ, and the slowest sets the steps: on the H200 (20M fp16, batch 16) k = 4
+        took 44 steps as k = 3 did where the model said 36, and auto kept k = 4 at 0.98x greedy
+        against k = 2's 1.08x. A k no call has run gets the factor in between its measured
+        neighbours (k = 0: 1, a token a step), or the largest measured k's above it; when it then
+        looks best it runs, and its call measures it."""
+        total = sum(steps_by_k)
+        k = max(range(1, len(steps_by_k)), key=lambda i: steps_by_k[i], default=0)
+        if tail.live <= 1 or tail.tokens_left <= 0 or k == 0 or steps_by_k[k] < CALL_K_SHARE * total:
+            return
+        with self._lock:
+            expected = tail.tokens_left / tail_tokens_per_step(self._expected[k], self._variance[k], tail)
+            key = (row_bucket(rows), k)
+            ratio, old = total / expected, self._tail_factor.get(key)
+            self._tail_factor[key] = ratio if old is None else 0.5 * (old + ratio)
+            measured = {0: 1.0, **{j: f for (b, j), f in self._tail_factor.items() if b == key[0]}}
+            self._tail_factors[key[0]] = [float(np.interp(j, sorted(measured), [measured[i] for i in sorted(measured)]))
+                                          for j in range(self.max_k + 1)]
 
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
         return self._costs.get((row_bucket(rows), k))
 
-    def choose(self, rows: int, tail: Tail | None = None) -> int:
+    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False) -> int:
         """The k of the next step over this many rows (the module docstring says how); tail: a
-        static batch's (``Tail``; None: a batcher, whose rows are refilled)."""
+        static batch's (``Tail``; None: a batcher, whose rows are refilled). fresh: the first
+        step of a call, before any draft: changing k there costs nothing (no SWITCH_STEPS)."""
         bucket = row_bucket(rows)
         with self._lock:
-            return self._next_k(bucket, tail)
+            return self._next_k(bucket, tail, fresh)
 
-    def _next_k(self, bucket: int, tail: Tail | None) -> int:
+    def _next_k(self, bucket: int, tail: Tail | None, fresh: bool = False) -> int:
         """(under the lock) choose's answer: a trial's k, else the best k (the last best kept
         unless switching pays, ``_worth_switching``; a trial's k is never kept: leaving it is part
         of the trial's cost), or every PROBE_EVERY steps a probe."""
@@ -228,9 +259,9 @@ class KChooser:
         if None in costs:
             untimed = [k for k, c in enumerate(costs) if c is None]
             return self._start_trial(bucket, min(untimed, key=lambda k: len(self._times.get((bucket, k), ()))))
-        rates = [self.batch_tokens(k, tail) / costs[k] for k in range(self.max_k + 1)]
+        rates = [self.batch_tokens(k, tail, bucket) / costs[k] for k in range(self.max_k + 1)]
         best = max(range(self.max_k + 1), key=lambda k: rates[k])
-        current = self._current.get(bucket, best)  # the last choice that was not a trial's
+        current = best if fresh else self._current.get(bucket, best)  # the last choice that was not a trial's
         if not self._worth_switching(rates[best], rates[current], current, tail):
             best = current
         self._current[bucket] = best
@@ -263,12 +294,15 @@ class KChooser:
         with self._lock:
             times = {key: statistics.median(t) for key, t in self._times.items() if t}
             acceptance, expected = self.acceptance(), list(self._expected)
+            factors = dict(self._tail_factor)
         buckets = sorted({b for b, _ in times})
         return {
             "acceptance_by_depth": [round(float(a), 4) for a in acceptance],
             "expected_tokens": [round(e, 3) for e in expected],
             "step_ms": {b: {k: round(times[(b, k)] * 1e3, 3) for k in range(self.max_k + 1) if (b, k) in times}
                         for b in buckets},
+            "tail_factor": {b: {k: round(f, 3) for (bb, k), f in sorted(factors.items()) if bb == b}
+                            for b in sorted({b for b, _ in factors})},
         }
 
 
@@ -280,5 +314,5 @@ class ScriptedK(KChooser):
         super().__init__(max_k)
         self.script = itertools.cycle(script)
 
-    def choose(self, rows: int, tail: Tail | None = None) -> int:
+    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False) -> int:
         return next(self.script)

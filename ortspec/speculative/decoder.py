@@ -129,6 +129,9 @@ class Decoder:
         groups = self._prefill_groups(requests)
         for group in groups:  # several groups: the head's entries wait, to catch up in one run per row range
             self.prefill_group(group, defer_head=len(groups) > 1)
+        tail = self._tail(Batch(requests)) if self.chooser else None  # where the call's steps start
+        if tail is not None and self.deferred:  # no draft made yet: the call's first k, with its tail
+            self.step_k = self.chooser.choose(len(requests), tail, fresh=True)
         self._catch_up_prompts()
         yield
         while True:
@@ -136,6 +139,8 @@ class Decoder:
             if loop is not None:
                 yield from self._pipelined_steps(loop, requests)
             if not self.step(requests):
+                if tail is not None:  # the call's steps calibrate its k's tail (auto_k.KChooser.record_call)
+                    self.chooser.record_call(len(requests), self.stats.steps_by_k, tail)
                 return
             yield
 
