@@ -207,13 +207,19 @@ def test_a_calls_steps_calibrate_its_ks_tail():
     assert chooser.snapshot()["tail_factor"] == {16: {4: round(chooser._tail_factor[(16, 4)], 3)}}
 
 
-def test_generate_calls_with_fixed_rows_calibrate_the_tail(models):
+def test_generate_calls_calibrate_the_tail_and_batchers_do_not(models):
     session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    for fixed_rows in (False, True):  # only the live rows run, or every row
+        session.k_chooser = ScriptedK(4, [2])
+        session.generate(PROMPTS, max_new_tokens=24, fixed_rows=fixed_rows)
+        assert list(session.k_chooser._tail_factor) == [(row_bucket(len(PROMPTS)), 2)]
     session.k_chooser = ScriptedK(4, [2])
-    session.generate(PROMPTS, max_new_tokens=24, fixed_rows=False)  # only live rows run: no tail
+    with session.batcher(max_batch_size=3) as batcher:  # requests join: no tail, nothing recorded
+        for prompt in PROMPTS:
+            batcher.add_request(prompt, max_new_tokens=24)
+        while batcher.pending:
+            batcher.step()
     assert not session.k_chooser._tail_factor
-    session.generate(PROMPTS, max_new_tokens=24, fixed_rows=True)
-    assert list(session.k_chooser._tail_factor) == [(row_bucket(len(PROMPTS)), 2)]
 
 
 class TailSpy(ScriptedK):
@@ -230,15 +236,13 @@ class TailSpy(ScriptedK):
 def test_generate_calls_tell_the_chooser_their_tail_and_batchers_do_not(models, pipelined):
     session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
     session.k_chooser = spy = TailSpy(4, [0, 0, 0, 2, 0, 0, 3])
-    session.generate(PROMPTS, max_new_tokens=30, fixed_rows=False)  # only live rows run: no tail
-    assert not any(spy.tails)
-    spy.tails.clear()
-    session.generate(PROMPTS, max_new_tokens=30, fixed_rows=True, pipelined=pipelined)
-    tails = spy.tails[1:]  # the first: the Decoder's, before the prefill
-    assert tails and all(t is not None for t in tails)
-    assert tails[0] == Tail(3, 29) and all(t.live <= 3 and t.tokens_left <= 29 for t in tails)
-    assert [t.tokens_left for t in tails] == sorted((t.tokens_left for t in tails), reverse=True)
-    spy.tails.clear()
+    for fixed_rows in (False, True):  # only the live rows run (the CPU's way), or every row
+        session.generate(PROMPTS, max_new_tokens=30, fixed_rows=fixed_rows, pipelined=pipelined and fixed_rows)
+        tails = spy.tails[1:]  # the first: the Decoder's, before the prefill
+        assert tails and all(t is not None for t in tails)
+        assert tails[0] == Tail(3, 29) and all(t.live <= 3 and t.tokens_left <= 29 for t in tails)
+        assert [t.tokens_left for t in tails] == sorted((t.tokens_left for t in tails), reverse=True)
+        spy.tails.clear()
     with session.batcher(max_batch_size=3) as batcher:
         for prompt in PROMPTS:
             batcher.add_request(prompt, max_new_tokens=30)

@@ -335,11 +335,12 @@ class Decoder:
         return self.chooser.choose(len(batch), self._tail(batch)) if self.chooser else k
 
     def _tail(self, batch: Batch) -> Tail | None:
-        """What the chooser weighs beside E(k): a generate call's tail where every row runs every
-        step (fixed rows: CUDA, exact mode), so a finished request's row costs what a live one
-        does; none in a batcher (requests join), nor where a step runs only the live requests (the
-        CPU: the tail's steps are cheaper by the rows that finished)."""
-        return Tail.of(batch.requests) if self.static_batch and self.fixed_rows else None
+        """What the chooser weighs beside E(k): a generate call's tail (its slowest request sets
+        the steps; the calls calibrate the model, ``KChooser.record_call``); none in a batcher
+        (requests join). Where a step runs only the live requests (the CPU) the tail's steps are
+        cheaper than full ones, so the tail weighs a little more than it costs there; without it
+        the CPU at batch 4 kept k = 3 or 4 where k = 2 was 7-14% faster (BENCHMARKS.md)."""
+        return Tail.of(batch.requests) if self.static_batch else None
 
     def _catch_up_deferred(self, drafts: int) -> None:
         """The head over the entries left for later (``DeferredEntries``): first the waiting
