@@ -58,6 +58,20 @@ E(k) (k = 0: var = 0, so 1 either way). N is the largest budget left among live 
 tokens make it an upper bound). A batcher's rows are refilled as requests finish: no tail there
 (``tail=None``), E(k) as before.
 
+The calls calibrate it (``record_call``). The model draws every request's tokens per step from
+one pooled rate, but requests differ, and the slowest is the one with the lowest acceptance: on
+the H200 (20M fp16) k = 4 took 44 steps at batch 4 and 16 where the model said 36, as many as
+k = 3, and auto kept k = 4 at 0.98-1.02x greedy where k = 2 gave 1.08-1.10x; on the CPU at batch
+4 k = 2 and k = 3 both took 26 steps. So a call that ran one k on CALL_K_SHARE of its steps
+records its steps over the model's, per row bucket and k (a k no call ran takes the factor
+between its measured neighbours, k = 0 being 1), and the tail's tokens per step are divided by
+it; a call's first k is chosen once its requests are known (``choose(fresh=True)``), before any
+draft, where changing k costs nothing. (Estimating each request's own acceptance was tried
+instead: a few steps per request are noisy, the slowest of 16 noisy estimates read far too slow,
+and auto fell to 0.77-0.90x; BENCHMARKS.md.) On the CPU, where a step runs only the live
+requests, the tail's steps cost less than full ones, so the tail weighs a little more than it
+costs there.
+
 What the model leaves out: the MTP head's catch-up over the prompts. A prefill whose next step
 is k = 0 leaves it for later (``DeferredEntries``), so an auto Session that runs greedy throughout
 never pays it; one that speculates pays it at its first catch-up, outside every k's cost.
