@@ -2,7 +2,7 @@
 median speed-up over greedy with its min-max over the runs (each run's own greedy), the median
 greedy tokens/s, and which k auto ran.
 
-    python tools/bench_summary.py RUN.json [RUN.json ...] [--label TEXT]
+    python tools/bench_summary.py RUN.json [RUN.json ...]
 
 Runs are grouped by the model, threads and prompt set they record, so one call can take a whole
 matrix (``benchmarks/`` and BENCHMARKS.md show the command that made each). The "best" column is

@@ -157,7 +157,8 @@ class KChooser:
         self._probes: dict[int, int] = {}  # bucket -> trials made there after every k was timed
         self._current: dict[int, int] = {}  # bucket -> the k chosen last there outside a trial
         self._tail_factor: dict[tuple[int, int], float] = {}  # (bucket, k) -> calls' steps / the model's (record_call)
-        self._tail_factors: dict[int, list[float]] = {}  # bucket -> [K+1] per k, measured or in between (record_call)
+        self._tail_factors: dict[int, list[float]] = {}  # bucket -> [K+1] per k, measured or in between: made from
+        #                                                  _tail_factor by record_call, read by every choose
         # per depth i = 0..K (lists: K+1 numbers, updated every step; numpy costs more than the sums)
         self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
         self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
@@ -245,9 +246,9 @@ class KChooser:
             key = (row_bucket(rows), k)
             ratio, old = total / expected, self._tail_factor.get(key)
             self._tail_factor[key] = ratio if old is None else 0.5 * (old + ratio)
-            measured = {0: 1.0, **{j: f for (b, j), f in self._tail_factor.items() if b == key[0]}}
-            self._tail_factors[key[0]] = [float(np.interp(j, sorted(measured), [measured[i] for i in sorted(measured)]))
-                                          for j in range(self.max_k + 1)]
+            measured = sorted({0: 1.0, **{j: f for (b, j), f in self._tail_factor.items() if b == key[0]}}.items())
+            ks, factors = zip(*measured)  # np.interp holds the last measured factor beyond the largest k
+            self._tail_factors[key[0]] = np.interp(range(self.max_k + 1), ks, factors).tolist()
 
     def cost(self, rows: int, k: int) -> float | None:
         """Median seconds of a step with k drafts at this row count; None until MIN_SAMPLES were timed."""
