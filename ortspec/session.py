@@ -18,7 +18,7 @@ from .runtime.graphs import GraphSet, check_provider
 from .speculative.auto_k import KChooser
 from .speculative.commits import COMMITS
 from .speculative.decoder import Decoder
-from .speculative.head_runs import fusable_ks
+from .speculative.step_kinds import fusable_ks
 from .speculative.requests import Request
 from .speculative.sampling import GREEDY, SamplingParams, random_stream
 from .speculative.stats import Stats, StatsTotals

@@ -35,8 +35,8 @@ CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPL
 REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS)  # of add_request
 # Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
 # make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
-# every row every step, as on CUDA), pipelined (greedy a step ahead of the GPU: speculative/pipelined.py),
-# fused_verify (False: the MTP head never runs inside the verify's graph; head_runs.py). Decoder's
+# every row every step, as on CUDA), pipelined (the loop's depth: speculative/decoder.py), fused_verify
+# (False: the MTP head never runs inside the verify's graph; speculative/step_kinds.py). Decoder's
 # engine and stages belong to the Session.
 DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined", "fused_verify")
 

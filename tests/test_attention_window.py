@@ -31,9 +31,9 @@ def test_windowed_and_full_caches_give_the_same_tokens(models, monkeypatch):
     widths = []
     original = GraphRunner.run
 
-    def recording(self, feeds, slot=None):
+    def recording(self, feeds, slot=None, wait=True):
         widths.extend(v.shape[-1] for n, v in feeds.items() if n.startswith("key."))
-        return original(self, feeds, slot)
+        return original(self, feeds, slot, wait)
 
     monkeypatch.setattr(GraphRunner, "run", recording)
     session = ortspec.Session(out, num_speculative_tokens=3)
@@ -52,12 +52,12 @@ def test_every_window_covers_the_positions_its_graph_writes(models, monkeypatch)
     k, short = 3, []
     original = GraphRunner.run
 
-    def checking(self, feeds, slot=None):
+    def checking(self, feeds, slot=None, wait=True):
         width = feeds["key.mtp" if self.name.startswith("mtp") else "key.3"].shape[-1]
         reach = k if self.name.startswith("mtp_propose") else 1
         if width < min(int(feeds["positions"].max()) + reach, max_length):
             short.append((self.name, width, int(feeds["positions"].max())))
-        return original(self, feeds, slot)
+        return original(self, feeds, slot, wait)
 
     session = ortspec.Session(out, num_speculative_tokens=k)
     max_length = session.manifest.max_length

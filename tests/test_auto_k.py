@@ -324,9 +324,9 @@ def test_a_skipped_deferred_catch_up_is_caught(models, monkeypatch):
     from ortspec.speculative.deferred_entries import DeferredEntries
 
     graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
-    original = DeferredEntries.add
-    monkeypatch.setattr(DeferredEntries, "add", lambda self, requests, rows, hidden, ids, positions: (
-        original(self, requests, rows, hidden, ids, positions + 1)))  # entries written one slot too far
+    original = DeferredEntries.add_host
+    monkeypatch.setattr(DeferredEntries, "add_host", lambda self, requests, rows, hidden, dtype, ids, positions: (
+        original(self, requests, rows, hidden, dtype, ids, positions + 1)))  # entries written one slot too far
     with pytest.raises(ExactnessError, match="MTP state"):
         check_speculative(graphs, PROMPTS, 30, 2, "select", p=0.7, k_chooser=ScriptedK(2, [0, 0, 2]))
 

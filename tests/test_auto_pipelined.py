@@ -1,8 +1,8 @@
-"""Auto k's stretches of k = 0 steps run by the pipelined loop (the host a step ahead of the GPU):
-tokens equal greedy and, after every speculative commit and after every catch-up that ends a
-stretch, the states equal a plain decode's bitwise. The loop runs on CUDA by default; here it is
-forced onto the CPU (pipelined=True, fixed rows), where every forward is bitwise reproducible, so
-any difference is the stretch's."""
+"""Auto k's stretches of k = 0 steps at depth 1 (the host a step ahead of the GPU): tokens equal
+greedy and, after every speculative commit and after every catch-up that ends a stretch, the
+states equal a plain decode's bitwise. Depth 1 is the CUDA default; here it is forced onto the
+CPU (pipelined=True, fixed rows), where every forward is bitwise reproducible, so any difference
+is the loop's."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import ortspec
-from ortspec.runtime.device_decode import DeviceDecode
+from ortspec.runtime.decode_run import DecodeRun
 from ortspec.runtime.graphs import GraphSet
-from ortspec.speculative import step_clock
+from ortspec.speculative import decoder as decoder_module
 from ortspec.speculative.auto_k import KChooser, ScriptedK
-from ortspec.speculative.decoder import Decoder
+from ortspec.speculative.decoder import Decoder, Plan, StepClock
 from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
-from ortspec.speculative.pipelined import PipelinedGreedy
+from ortspec.speculative.head import Head
 from ortspec.speculative.stats import Stats
 from tests.test_auto_k import TimeSpy
 
@@ -40,8 +40,8 @@ def reference(graphs):
     return plain_decode_states(graphs, PROMPTS, NEW_TOKENS + 4 + 1, 4)
 
 
-def count_calls(monkeypatch, name: str, cls=DeviceDecode) -> list[int]:
-    """Counts calls of cls.<name> (DeviceDecode.step: the forwards the loop enqueued)."""
+def count_calls(monkeypatch, name: str, cls=DecodeRun) -> list[int]:
+    """Counts calls of cls.<name> (DecodeRun.enqueue: the forwards the loop enqueued)."""
     calls, original = [0], getattr(cls, name)
 
     def counted(self, *args):
@@ -53,14 +53,14 @@ def count_calls(monkeypatch, name: str, cls=DeviceDecode) -> list[int]:
 
 
 def check_catch_ups(monkeypatch) -> list[int]:
-    """Counts the catch-ups that end a stretch (the Decoder's, after the loop returned a k)."""
-    calls, original = [0], Decoder._catch_up_deferred
+    """Counts the catch-ups over waiting entries (one ends each stretch)."""
+    calls, original = [0], Head.catch_up_deferred
 
     def counted(self, drafts):
         calls[0] += 1
         return original(self, drafts)
 
-    monkeypatch.setattr(Decoder, "_catch_up_deferred", counted)
+    monkeypatch.setattr(Head, "catch_up_deferred", counted)
     return calls
 
 
@@ -69,7 +69,7 @@ def test_long_k0_stretches_run_pipelined_and_stay_exact(graphs, reference, monke
     """Scripted k with stretches of up to 12 k = 0 steps, batch of 3: every k = 0 step runs in the
     pipelined loop, and the states are checked after each speculative commit and each catch-up."""
     for script in LONG_STRETCHES:
-        catch_ups, hidden_reads = check_catch_ups(monkeypatch), count_calls(monkeypatch, "hidden")
+        catch_ups, hidden_reads = check_catch_ups(monkeypatch), count_calls(monkeypatch, "_start_hidden")
         stats = check_speculative(graphs, PROMPTS, NEW_TOKENS, 4, commit, p=0.7, seed=3, reference=reference,
                                   fixed_rows=True, pipelined=True, k_chooser=ScriptedK(4, script))
         assert stats.pipelined_steps == stats.steps_by_k[0] > 20, stats.steps_by_k
@@ -96,14 +96,14 @@ def test_a_stop_token_inside_a_stretch(models, graphs, reference, monkeypatch):
     assert greedy[-1] == stop and len(greedy) < NEW_TOKENS
     session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
     session.k_chooser = ScriptedK(4, [0])
-    steps = count_calls(monkeypatch, "step")
+    steps = count_calls(monkeypatch, "enqueue")
     assert session.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, stop_tokens=[stop], fixed_rows=True,
                             pipelined=True) == greedy
     assert steps[0] == session.stats["pipelined_steps"] + 1  # the step past the stop, run a step ahead
 
 
 def test_a_budget_ending_inside_a_stretch_runs_no_extra_step(graphs, reference, monkeypatch):
-    steps = count_calls(monkeypatch, "step")
+    steps = count_calls(monkeypatch, "enqueue")
     stats = check_speculative(graphs, PROMPTS, 30, 4, "select", p=0.7, reference=reference, fixed_rows=True,
                               pipelined=True, k_chooser=ScriptedK(4, [3, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
     assert stats.steps_by_k[0] > 10
@@ -113,13 +113,14 @@ def test_a_budget_ending_inside_a_stretch_runs_no_extra_step(graphs, reference, 
 def test_hidden_rows_read_one_step_late_are_caught(graphs, reference, monkeypatch):
     """The state check is not vacuous: the head's entries from the hidden rows of the step before
     (a pipelining bug that reads the wrong readback) leave the MTP head's state wrong."""
-    original, history = DeviceDecode.hidden, []
+    original, history = DecodeRun.read, []
 
     def one_step_late(self, n):
-        history.append(original(self, n))
-        return history[-2] if len(history) > 1 else history[-1]
+        tokens, hidden = original(self, n)
+        history.append(hidden)
+        return tokens, history[-2] if len(history) > 1 else history[-1]
 
-    monkeypatch.setattr(DeviceDecode, "hidden", one_step_late)
+    monkeypatch.setattr(DecodeRun, "read", one_step_late)
     with pytest.raises(ExactnessError, match="MTP state"):
         check_speculative(graphs, PROMPTS, 30, 4, "select", p=0.7, reference=reference, fixed_rows=True,
                           pipelined=True, k_chooser=ScriptedK(4, [0, 0, 0, 0, 2]))
@@ -128,13 +129,16 @@ def test_hidden_rows_read_one_step_late_are_caught(graphs, reference, monkeypatc
 def test_stretch_positions_feed_the_accept_length_check(graphs, reference, monkeypatch):
     """A stretch step records where it ran (Request.last_first_position): forget it and the next
     speculative step's accept length from positions disagrees (counted, then raised)."""
-    def emit_forgetting_positions(self, occupants, tokens, positions):
-        self.stats.record_decode_step()
-        for req, token in zip(occupants, tokens):
-            if not req.done:
-                self.emit(req, [token])
+    record = Decoder._record
 
-    monkeypatch.setattr(PipelinedGreedy, "_emit_step", emit_forgetting_positions)
+    def record_forgetting_positions(self, flight, result):
+        kept = {id(r): (r.last_first_position, r.last_accepted) for r in flight.run.requests}
+        record(self, flight, result)
+        if flight.run.plan.k == 0:
+            for r in flight.run.requests:
+                r.last_first_position, r.last_accepted = kept[id(r)]
+
+    monkeypatch.setattr(Decoder, "_record", record_forgetting_positions)
     with pytest.raises(ExactnessError, match="position mismatches"):
         check_speculative(graphs, PROMPTS, 30, 4, "select", p=0.7, reference=reference, fixed_rows=True,
                           pipelined=True, k_chooser=ScriptedK(4, [0, 0, 0, 2]))
@@ -161,14 +165,14 @@ def test_stretch_steps_are_timed_as_the_interval_between_token_reads(graphs, mon
 def test_stretch_steps_around_a_graph_setup_are_not_timed(graphs, monkeypatch):
     """A first run or capture (GraphSlots.setup_runs) waits for the GPU, which then has no step
     queued: both intervals it touches are left out (here: setups planted at steps 0 and 5)."""
-    original = DeviceDecode.step
+    original = DecodeRun.enqueue
 
-    def planted_setups(self, n, ids, positions):
+    def planted_setups(self, n, *args):
         if n in (0, 5):
             self.graphs.slots.setup_runs += 1
-        return original(self, n, ids, positions)
+        return original(self, n, *args)
 
-    monkeypatch.setattr(DeviceDecode, "step", planted_setups)
+    monkeypatch.setattr(DecodeRun, "enqueue", planted_setups)
     spy = TimeSpy(4, [0])
     decoder = run_stretch(graphs, spy, 12)
     # intervals 1..10 timed but 1 (after step 0's setup), 4 and 5 (step 5 enqueued in interval 4)
@@ -176,20 +180,22 @@ def test_stretch_steps_around_a_graph_setup_are_not_timed(graphs, monkeypatch):
 
 
 def test_step_clock_times_steady_intervals_only(monkeypatch):
-    """A fake clock: step 0 untimed, the time suspended at the yield left out, and both intervals
+    """A fake clock: step 0 untimed, the caller's time between calls left out, and both intervals
     that touch a CUDA graph setup left out."""
-    now, timed = [0.0], []
-    monkeypatch.setattr(step_clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    slots = SimpleNamespace(setup_runs=0)
-    clock = step_clock.StepClock(SimpleNamespace(record_time=lambda *a: timed.append(a)), slots, 3, 2)
+    now = [0.0]
+    monkeypatch.setattr(decoder_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    graphs = SimpleNamespace(slots=SimpleNamespace(setup_runs=0))
+    clock, plan, timed = StepClock(graphs, depth=1), Plan(object, 2, 2, (0, 1, 2)), []
+    clock.start_run()
     for n, (seconds, caller, setup) in enumerate([(1.0, 5, 0), (0.5, 0, 0), (0.25, 7, 0), (0.125, 0, 1),
                                                   (2.0, 0, 0), (0.75, 0, 0)]):
-        now[0] += seconds
-        slots.setup_runs += setup
-        clock.read(n)
-        with clock.suspended():
-            now[0] += caller
-    assert timed == [(3, 2, 0.5), (3, 2, 0.25), (3, 2, 0.75)]
+        with clock.inside():
+            now[0] += seconds
+            graphs.slots.setup_runs += setup
+            timed.append(clock.read(n, plan))
+        now[0] += caller
+    assert timed == [None, 0.5, 0.25, None, None, 0.75]
+    assert clock.read(6, Plan(object, 2, 3, (0, 1, 2))) is None  # the next step's k differs: not steady
 
 
 def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
@@ -201,7 +207,7 @@ def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):
     streamed = session.generate(PROMPTS[2], max_new_tokens=40, stream=True, fixed_rows=True, pipelined=True)
     assert list(streamed) == greedy[2]
     stats = session.stats
-    assert stats["pipelined_steps"] == stats["steps_by_k"][0] > 0 and sum(stats["steps_by_k"][1:]) > 0
+    assert 0 < stats["pipelined_steps"] <= stats["steps_by_k"][0] and sum(stats["steps_by_k"][1:]) > 0
     assert 0 in stats["auto_k"]["step_ms"][4]  # k = 0's cost at 3 rows (bucket 4): measured in stretches
     assert stats["pipelined_speculative_steps"] > 0  # the trials of k >= 1: runs of the speculative loop
     assert any(k >= 1 for k in stats["auto_k"]["step_ms"][4])  # timed there (its plain steps: hand-overs)
@@ -218,23 +224,26 @@ def test_sampled_requests_run_the_plain_loop(models):
 
 def test_a_plain_greedy_decoder_reads_no_hidden_rows(graphs, monkeypatch):
     """k = 0 Sessions have no head to catch up: their loop reads back tokens only, as before."""
-    monkeypatch.setattr(DeviceDecode, "hidden", lambda self, n: pytest.fail("a greedy loop read hidden rows"))
+    monkeypatch.setattr(DecodeRun, "_start_hidden", lambda self, n, h: pytest.fail("a greedy loop read hidden rows"))
     decoder = Decoder(graphs, len(PROMPTS), 0, "select", Stats(), fixed_rows=True, pipelined=True)
     requests = make_requests(PROMPTS, 10)
-    assert decoder.pipelined is not None and decoder.generate(requests)
-    assert not decoder.deferred and decoder.stats.pipelined_steps == 9
+    assert decoder.depth == 1 and decoder.generate(requests)
+    assert decoder.head is None and decoder.stats.pipelined_steps == 9
 
 
-@pytest.mark.parametrize("k,chooser,on_commit,expected", [
-    (0, None, None, True), (2, None, None, False),  # a speculative decoder of a fixed k: never
-    (4, KChooser(4), None, True), (4, KChooser(4), HOOK, True),  # auto: its hook is called where stretches end
-    (0, None, HOOK, False)])  # a plain decoder with a hook: the plain loop (the hook sees every step)
-def test_where_the_loop_runs_for_auto_decoders(k, chooser, on_commit, expected):
-    arrays = SimpleNamespace(device="cuda", shared_stream=True)
-    decoder = SimpleNamespace(graphs=SimpleNamespace(arrays=arrays), target=None, stats=Stats(), max_length=64,
-                              k=k, fixed_rows=True, _emit=None, chooser=chooser, deferred=None)
-    assert (PipelinedGreedy.for_decoder(decoder, None, None, 1, on_commit) is not None) == expected
-    assert PipelinedGreedy.for_decoder(decoder, None, object(), 1, on_commit) is None  # exact mode
+@pytest.mark.parametrize("k,chooser,on_commit", [(0, None, None), (2, None, None), (4, KChooser(4), None),
+                                                  (4, KChooser(4), HOOK), (0, None, HOOK)])
+def test_the_depth_is_chosen_once_whatever_the_k_and_hook(monkeypatch, graphs, k, chooser, on_commit):
+    """On CUDA (a stand-in arrays object: the decoder is only built) every decoder runs at depth 1,
+    greedy, fixed k or auto, with or without a hook (called where nothing is in flight); exact
+    mode at depth 0."""
+    from ortspec.runtime.forward_shapes import ExactShape
+
+    monkeypatch.setattr(graphs, "arrays", SimpleNamespace(device="cuda", shared_stream=True))
+    engine = SimpleNamespace(target=SimpleNamespace(graphs=graphs), mtp=None)
+    options = dict(engine=engine, k_chooser=chooser, on_commit=on_commit)
+    assert Decoder(graphs, 3, k, "select", Stats(), **options).depth == 1
+    assert Decoder(graphs, 4, k, "select", Stats(), exact=ExactShape(4, 4), **options).depth == 0
 
 
 def test_stretch_entries_equal_the_plain_loops(graphs):
@@ -245,7 +254,7 @@ def test_stretch_entries_equal_the_plain_loops(graphs):
         decoder = Decoder(graphs, len(PROMPTS), 4, "select", Stats(), fixed_rows=True, pipelined=pipelined,
                           k_chooser=ScriptedK(4, [0]))
         decoder.generate(make_requests(PROMPTS, 9))
-        taken.append(decoder.deferred.take())
+        taken.append(decoder.head.deferred.take())
     (_, rows_a, *plain), (_, rows_b, *piped) = taken
     assert rows_a.indices.tolist() == rows_b.indices.tolist()
     for a, b in zip(plain, piped):

@@ -1,8 +1,8 @@
-"""Auto k's runs of one k >= 1 in the pipelined speculative loop (the host a step ahead of the GPU):
-tokens equal greedy; the states equal a plain decode's bitwise where each run ends (drained) and
-after every plain step; the chooser is asked once per step, as in the plain loop, so a script of
-k runs the same steps in both loops. Forced onto the CPU (pipelined=True, fixed rows), where every
-forward is bitwise reproducible.
+"""Auto k's runs of one k >= 1 at depth 1 (the host a step ahead of the GPU): tokens equal greedy;
+the states equal a plain decode's bitwise where each run ends (read out) and after every step not
+run ahead; the chooser is asked once per step, as at depth 0, so a script of k runs the same steps
+at both depths. Forced onto the CPU (pipelined=True, fixed rows), where every forward is bitwise
+reproducible.
 
 The tiny random models accept almost no MTP draft, so every draft the head makes is scripted
 (``script_drafts``): its own catch-up's and the fused graph's alike, as a pure function of the row
@@ -18,15 +18,15 @@ import pytest
 
 import ortspec
 from ortspec.manifest import graph_name
-from ortspec.runtime.device_verify import DeviceVerify
+from ortspec.runtime.fused_run import FusedRun
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead
 from ortspec.speculative.auto_k import ScriptedK
 from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
-from ortspec.speculative.pipelined_speculation import PipelinedSpeculation
 from ortspec.speculative.stats import Stats
+from ortspec.speculative.step_kinds import FusedSteps
 from tests.test_auto_k import TimeSpy
 from tests.test_auto_pipelined import count_calls
 
@@ -110,16 +110,19 @@ def oracle(graphs, scripted, monkeypatch):
     return scripted[0]
 
 
-def record_run_ends(monkeypatch) -> list:
-    """The RunEnds of the speculative loop's runs, in order."""
-    ends, steps = [], PipelinedSpeculation.steps
+def record_hand_overs(monkeypatch) -> list:
+    """The chooser's answers a run handed to the step after it (asked for the step it would have
+    enqueued ahead, which then ran from the host), in order."""
+    handed, ahead = [], Decoder._plan_ahead
 
-    def recorded(self, occupants, k):
-        ends.append((yield from steps(self, occupants, k)))
-        return ends[-1]
+    def recorded(self, flight):
+        planned = ahead(self, flight)
+        if planned is None and self._chosen is not None:
+            handed.append(self._chosen)
+        return planned
 
-    monkeypatch.setattr(PipelinedSpeculation, "steps", recorded)
-    return ends
+    monkeypatch.setattr(Decoder, "_plan_ahead", recorded)
+    return handed
 
 
 def check(graphs, scripted, script, new_tokens: int = NEW_TOKENS, **options) -> Stats:
@@ -130,16 +133,14 @@ def check(graphs, scripted, script, new_tokens: int = NEW_TOKENS, **options) -> 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_of_one_k_run_pipelined_and_stay_exact(graphs, scripted, oracle, monkeypatch, script):
-    """Tokens equal greedy; states checked after every plain step and where every run ends; most
-    speculative steps pipelined; each change of k hands one step to the plain loop."""
-    ends = record_run_ends(monkeypatch)
+    """Tokens equal greedy; states checked after every step not run ahead and where every run ends;
+    most speculative steps pipelined; each change of k hands the chooser's answer to the next step."""
+    handed = record_hand_overs(monkeypatch)
     stats = check(graphs, scripted, script)
     assert stats.pipelined_speculative_steps > stats.speculative_steps / 2, stats
     assert stats.steps_by_k[0] > 0 and all(stats.steps_by_k[1:4]), stats.steps_by_k
     assert min(stats.accept_histogram[:3]) > 0 and stats.position_mismatches == 0, stats.accept_histogram
-    handed = [end for end in ends if end.chosen_after is not None and end.in_step]  # checked where they ended
-    assert len(handed) >= 3 and 0 in {end.chosen_after for end in handed} and len({e.chosen_after for e in handed}) > 1
-    assert any(not end.in_step and end.chosen_after is not None for end in ends)  # a single step of k: none ran
+    assert len(handed) >= 3 and 0 in handed and len(set(handed)) > 1, handed
 
 
 def test_a_stop_token_and_budgets_inside_runs(graphs, scripted, oracle, monkeypatch):
@@ -147,16 +148,16 @@ def test_a_stop_token_and_budgets_inside_runs(graphs, scripted, oracle, monkeypa
     on, its states checked where the run hands over to k = 3, and ends by its budget inside the run
     of k = 3: tokens as greedy, at most one step run past the last end."""
     stop = next(t for i, t in enumerate(oracle[0][len(PROMPTS[0]):]) if i >= 15 and t not in oracle[0][:i])
-    steps = count_calls(monkeypatch, "step", DeviceVerify)
-    # 9 x 2: the Decoder's first choice, the call's first step's (chosen again with its tail), 7 more
-    stats = check(graphs, scripted, [2] * 9 + [3] * 8, new_tokens=30, stop_tokens=[stop])
+    steps = count_calls(monkeypatch, "enqueue", FusedRun)
+    # 8 x 2: the call's first choice (made with its tail once its prompts are in) and 7 more
+    stats = check(graphs, scripted, [2] * 8 + [3] * 8, new_tokens=30, stop_tokens=[stop])
     assert stats.steps_by_k[2:] == [8, 3] and stats.pipelined_speculative_steps >= 8, stats.steps_by_k
     assert steps[0] - stats.pipelined_speculative_steps in (0, 1)  # at most one step past the last request's end
 
 
 def test_near_max_length_the_plain_loop_finishes(graphs, monkeypatch):
     """A request that fills max_length: runs of k = 3 stop running ahead while T + 2k + 1 still
-    fits and hand over to the plain loop (speculative steps, then decode steps where k no longer fits)."""
+    fits, and the host plans the last steps (speculative, then decode steps where k no longer fits)."""
     long = list(np.arange(200) % 300 + 1)
     prompts, budget = [long, PROMPTS[1]], graphs.manifest.max_length - len(long)
     oracle, reference = scripted_reference(graphs, prompts, budget)
@@ -167,19 +168,17 @@ def test_near_max_length_the_plain_loop_finishes(graphs, monkeypatch):
 
 
 def test_next_drafts_left_stale_at_a_run_end_are_caught(graphs, scripted, oracle, monkeypatch):
-    """Planted: the host keeps no next drafts from the pipelined steps (the device needs none from
-    it while it runs ahead). Tokens stay greedy's (any drafts verify), but where a run ends the
+    """Planted: the host keeps no next drafts from the fused steps (the device needs none from it
+    while it runs ahead). Tokens stay greedy's (any drafts verify), but where a run ends the
     head's drafts are not the plain decode's: the check at each run end catches it."""
-    take = PipelinedSpeculation._take_step
+    read = FusedSteps.read
 
-    def drafts_kept_on_the_device_only(self, occupants, T, drafts, step_ids):
-        kept = [r.next_drafts for r in occupants]
-        result = take(self, occupants, T, drafts, step_ids)
-        for req, before in zip(occupants, kept):
-            req.next_drafts = before
+    def drafts_kept_on_the_device_only(self, n):
+        result = read(self, n)
+        result.next_drafts = None
         return result
 
-    monkeypatch.setattr(PipelinedSpeculation, "_take_step", drafts_kept_on_the_device_only)
+    monkeypatch.setattr(FusedSteps, "read", drafts_kept_on_the_device_only)
     with pytest.raises(ExactnessError, match="next drafts"):
         check(graphs, scripted, SCRIPTS[0])
 
@@ -207,21 +206,35 @@ def steps_run(graphs, script, pipelined: bool) -> tuple[list, StepKs]:
 
 
 def ask_twice_at_a_hand_over(monkeypatch) -> None:
-    """Planted: the plain step after a run asks the chooser again instead of taking the run's choice."""
-    monkeypatch.setattr(Decoder, "_choose_next", lambda self, batch, k: self.chooser.choose(len(batch)))
+    """Planted: the step after a run asks the chooser again instead of taking the run's answer."""
+    plan = Decoder._plan
+
+    def asking_again(self):
+        self._chosen = None
+        return plan(self)
+
+    monkeypatch.setattr(Decoder, "_plan", asking_again)
 
 
 def run_on_past_a_change(monkeypatch) -> None:
     """Planted: the run asks the chooser but enqueues the next step of its k whatever it chose."""
-    choose = PipelinedSpeculation._choose
-    monkeypatch.setattr(PipelinedSpeculation, "_choose", lambda self, occupants, k: (choose(self, occupants, k), k)[1])
+    ahead = Decoder._plan_ahead
+
+    def running_on(self, flight):
+        planned = ahead(self, flight)
+        if planned is None and self._chosen is not None and flight.plan.k:
+            self._chosen = None
+            return flight.plan, flight.run.requests
+        return planned
+
+    monkeypatch.setattr(Decoder, "_plan_ahead", running_on)
 
 
 @pytest.mark.parametrize("planted", [None, ask_twice_at_a_hand_over, run_on_past_a_change])
 def test_the_chooser_is_asked_once_per_step(graphs, oracle, monkeypatch, planted):
-    """The same script runs the same k at every step in both loops (the pipelined loop asks before
-    enqueueing step n+1 what the plain loop asks during it), with the same accept lengths; a
-    hand-over that asks twice, or a run that runs on past a change, shifts the steps' k."""
+    """The same script runs the same k at every step at both depths (depth 1 asks before enqueueing
+    step n+1 what depth 0 asks when it plans it), with the same accept lengths; a hand-over that
+    asks twice, or a run that runs on past a change, shifts the steps' k."""
     plain, plain_stats = steps_run(graphs, SCRIPTS[1], pipelined=False)
     if planted:
         planted(monkeypatch)
@@ -232,8 +245,8 @@ def test_the_chooser_is_asked_once_per_step(graphs, oracle, monkeypatch, planted
 
 
 def test_pipelined_steps_give_the_chooser_their_time_and_accept_lengths(graphs, oracle, monkeypatch):
-    """record_time for k >= 1 from pipelined steps (all but each run's step 0), record_accepts
-    from every speculative step, plain or pipelined."""
+    """record_time for k >= 1 from fused steps (all but each run's step 0), record_accepts from
+    every speculative step, run ahead or not."""
     class Spy(TimeSpy):
         def __init__(self, max_k, script) -> None:
             super().__init__(max_k, script)
@@ -244,22 +257,23 @@ def test_pipelined_steps_give_the_chooser_their_time_and_accept_lengths(graphs, 
 
     spy = Spy(K, [2] * 7 + [3] * 7)
     decoder = Decoder(graphs, len(PROMPTS), K, "select", Stats(), fixed_rows=True, pipelined=True, k_chooser=spy)
-    runs = count_calls(monkeypatch, "__init__", DeviceVerify)  # the runs that ran a step
+    runs = count_calls(monkeypatch, "__init__", FusedRun)  # the runs that ran a step
     decoder.generate(make_requests(PROMPTS, 40))
     stats = decoder.stats
     assert {k for k, _ in spy.timed} == {2, 3} and runs[0] >= 3
-    assert len(spy.timed) == stats.pipelined_speculative_steps - runs[0]  # no graph set up on the CPU
+    assert len(spy.timed) == stats.fused_verify_steps - runs[0]  # no graph set up on the CPU
     assert len(spy.accepts) == stats.speculative_steps and {k for _, k in spy.accepts} == {2, 3}
 
 
-def test_where_auto_runs_the_speculative_loop(graphs):
-    def loop(**options):
+def test_where_auto_runs_speculative_steps_ahead(graphs):
+    def decoder(**options):
         return Decoder(graphs, 3, K, options.pop("commit", "select"), Stats(), fixed_rows=True, pipelined=True,
-                       k_chooser=ScriptedK(K, [2]), **options).pipelined_speculation
+                       k_chooser=ScriptedK(K, [2]), **options)
 
-    assert loop().ks == frozenset(range(1, K + 1))
-    assert loop(on_commit=lambda decoder, batch: None) is not None  # auto: called where runs end
-    for options in (dict(commit="readvance"), dict(fused_verify=False),
-                    dict(make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: [], 300))):
-        assert loop(**options) is None, options
-
+    assert decoder().kinds.fused_ks == frozenset(range(1, K + 1))
+    assert decoder(on_commit=lambda d, batch: None).depth == 1  # the hook is called where nothing is in flight
+    for options in (dict(commit="readvance"), dict(fused_verify=False)):
+        assert decoder(**options).kinds.fused_ks == frozenset(), options
+    scripted = decoder(make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: [], 300))
+    scripted.generate(make_requests(PROMPTS, 12))
+    assert scripted.stats.pipelined_speculative_steps == 0 < scripted.stats.fused_verify_steps  # proposed from the host

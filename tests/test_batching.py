@@ -38,7 +38,7 @@ def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3):
                 if req.placeholder:
                     continue  # fills a free row in the fixed-rows batching
                 tokens, table = refs[tuple(req.prompt)]
-                diffs = row_state(decoder, req).differences(table[req.processed])
+                diffs = row_state(decoder.engine, req).differences(table[req.processed])
                 if diffs:
                     raise ExactnessError(f"request {req.prompt[:3]}... at length {req.processed}: {', '.join(diffs)}")
                 checked.append(req.processed)

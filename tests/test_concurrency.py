@@ -106,7 +106,11 @@ def test_one_engine_for_everyone_is_caught(sessions, monkeypatch):
         return lease
 
     monkeypatch.setattr(EnginePool, "lease", one_engine_for_everyone)
-    assert len(wrong_in_threads(sessions, rounds=2)) >= 2
+    try:
+        wrong = wrong_in_threads(sessions, rounds=2)
+    except ortspec.InternalError:  # or loudly: a fused step's accept lengths checked against the host's rule
+        return
+    assert len(wrong) >= 2
 
 
 def test_a_batcher_interleaved_with_generate(model):
@@ -145,10 +149,10 @@ def test_graph_slots_are_keyed_by_engine(model, monkeypatch):
     seen = []
     original = GraphRunner.run
 
-    def recording(self, feeds, slot=None):
+    def recording(self, feeds, slot=None, wait=True):
         if slot is not None:
             seen.append(slot)
-        return original(self, feeds, slot)
+        return original(self, feeds, slot, wait)
 
     monkeypatch.setattr(GraphRunner, "run", recording)
     session = ortspec.Session(model, num_speculative_tokens=2)

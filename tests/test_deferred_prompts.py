@@ -14,6 +14,7 @@ from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.deferred_entries import PromptEntries
 from ortspec.speculative.exactness import ExactnessError, check_speculative, make_requests, plain_decode_states
 from ortspec.speculative.exactness import row_state
+from ortspec.speculative.head import Head
 from ortspec.speculative.stats import Stats
 from tests.test_auto_pipelined import graphs  # noqa: F401  (a fixture: the base model's graphs)
 
@@ -44,14 +45,14 @@ def count_eager_catch_ups(monkeypatch) -> list:
 def test_a_prefill_before_a_plain_step_runs_no_head(graphs, monkeypatch):
     calls = count_eager_catch_ups(monkeypatch)
     decoder = Decoder(graphs, 3, 4, "select", Stats(), k_chooser=ScriptedK(4, [0]))
-    requests = make_requests(PROMPTS, 4)
-    for group in decoder._prefill_groups(requests):
-        decoder.prefill_group(group)
-    assert calls == [] and decoder.deferred and not decoder.deferred.has_steps
-    # a fixed k (or an auto step that speculates next) still catches up at the prefill
+    decoder.admit(make_requests(PROMPTS, 4))
+    assert calls == [] and decoder.head.waiting and not decoder.head.deferred.has_steps
+    # a fixed k (or an auto step that speculates next) catches up before its first step
     decoder = Decoder(graphs, 3, 4, "select", Stats(), k_chooser=ScriptedK(4, [2]))
-    decoder.prefill(make_requests(PROMPTS, 4)[0])
-    assert calls == [([0], 7)] and not decoder.deferred
+    decoder.admit(make_requests(PROMPTS, 4)[:1])
+    assert calls == [] and decoder.head.waiting
+    decoder.step()
+    assert calls == [([0], 7)] and not decoder.head.waiting
 
 
 @pytest.mark.parametrize("commit", ["select", "readvance"])
@@ -62,9 +63,9 @@ def test_deferred_prompts_are_exact(graphs, reference, monkeypatch, commit, fixe
                               fixed_rows=fixed_rows, k_chooser=ScriptedK(4, SCRIPT))
     assert stats.steps_by_k[0] > 5 and sum(stats.steps_by_k[1:]) > 5, stats.steps_by_k
     # the first catch-up (before the script's first k > 0 speculates): the prompts of both prefill
-    # groups in one run (consecutive rows, padded to the longest), then the k = 0 steps' entries: 2
-    # (the call's first k, chosen again with its tail once the prompts are in, takes a script entry)
-    assert calls[:2] == [([0, 1, 2], 16), ([0, 1, 2], 2)]
+    # groups in one run (consecutive rows, padded to the longest), then the k = 0 steps' entries: 3
+    # (the call's first k, chosen with its tail once the prompts are in, then one per step)
+    assert calls[:2] == [([0, 1, 2], 16), ([0, 1, 2], 3)]
 
 
 def test_deferred_prompts_in_pipelined_stretches_are_exact(graphs, reference):
@@ -77,11 +78,11 @@ def test_prompts_flushed_after_the_decode_entries_are_caught(graphs, reference, 
     def wrong_order(self, drafts):
         if self.deferred.has_steps:
             requests, rows, hidden, next_ids, positions, last = self.deferred.take()
-            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+            self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
         for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
-            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+            self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
 
-    monkeypatch.setattr(Decoder, "_catch_up_deferred", wrong_order)
+    monkeypatch.setattr(Head, "catch_up_deferred", wrong_order)
     with pytest.raises(ExactnessError, match="MTP state|next drafts"):
         check_speculative(graphs, PROMPTS, 20, 4, "select", p=0.7, reference=reference,
                           k_chooser=ScriptedK(4, SCRIPT))
@@ -112,9 +113,9 @@ def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
 
     def compare(decoder, batch):
         for req in batch.requests:
-            if req.placeholder or req.done or decoder.deferred:
+            if req.placeholder or req.done or decoder.head.waiting:
                 continue
-            diffs = row_state(decoder, req).differences(plain[tuple(req.prompt)][(0, req.processed)])
+            diffs = row_state(decoder.engine, req).differences(plain[tuple(req.prompt)][(0, req.processed)])
             assert not diffs, (req.row, req.processed, diffs)
             checked.append(req.row)
 

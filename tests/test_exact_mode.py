@@ -80,10 +80,10 @@ def target_shapes(monkeypatch, call) -> set[tuple[str, tuple[int, ...]]]:
     ran = []
     original = GraphRunner.run
 
-    def spy(self, feeds, slot=None):
+    def spy(self, feeds, slot=None, wait=True):
         if not self.name.startswith(("prefill", "mtp")):
             ran.append((self.name, tuple(np.shape(feeds["input_ids"]))))
-        return original(self, feeds, slot)
+        return original(self, feeds, slot, wait)
 
     with monkeypatch.context() as patch:
         patch.setattr(GraphRunner, "run", spy)

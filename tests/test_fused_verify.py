@@ -15,7 +15,7 @@ from ortspec.runtime.graph_slots import SlotKey, is_captured_graph
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.kv_window import window_slots
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
-from ortspec.speculative.head_runs import CatchUpInVerify
+from ortspec.speculative.step_kinds import FusedSteps
 from ortspec.speculative.sampling import accept_lengths
 from tests.test_auto_k import ScriptedK
 
@@ -168,8 +168,9 @@ def off_by_one(tmp_path_factory, models):
 
 
 def test_an_off_by_one_acceptance_in_the_graph_is_refused(off_by_one):
-    """The host's rule disagrees with the graph's: InternalError before anything is committed, and
-    the Session still generates (the head in its own Run)."""
+    """The host's rule disagrees with the graph's: InternalError as the step is read (its commit ran
+    on the device: its rows are wrong until a prefill resets them), and the Session still generates
+    (the head in its own Run)."""
     session = ortspec.Session(off_by_one, num_speculative_tokens=2)
     greedy = ortspec.Session(off_by_one).generate(PROMPTS, max_new_tokens=16)
     with pytest.raises(InternalError, match=r"verify_mtp_k2 accepted .* where the greedy rule accepts"):
@@ -180,7 +181,7 @@ def test_an_off_by_one_acceptance_in_the_graph_is_refused(off_by_one):
 def test_the_state_check_catches_it_without_the_host_rule(off_by_one, monkeypatch):
     """With the host's cross-check planted away too, the head's entries and drafts come from the
     wrong row, and the state comparison with the plain decode fails."""
-    monkeypatch.setattr(CatchUpInVerify, "check_acceptance", lambda self, verified, accepted: None)
+    monkeypatch.setattr(FusedSteps, "check_acceptance", lambda self, accepted, drafts, tokens: None)
     graphs = GraphSet(ortspec.Session(off_by_one).manifest)
     with pytest.raises(ExactnessError, match="MTP state|next drafts"):
         check_speculative(graphs, PROMPTS, 16, 2, "select", p=0.5)

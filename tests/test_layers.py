@@ -202,10 +202,10 @@ def test_drafts_match_reference(models, config):
     graphs = GraphSet(ortspec.Session(models.converted(config)).manifest)
     prompt = [7, 3, 99, 14, 2, 60, 5, 8]
     decoder = Decoder(graphs, 1, 4, "select", Stats())
-    req = Request(row=0, prompt=prompt, max_new_tokens=8)
-    decoder.prefill(req)
+    req = Request(row=0, prompt=prompt, max_new_tokens=30)
+    decoder.admit([req])
     for _ in range(3):  # a few steps so the catch-up path (not only prefill) fed the head
-        decoder.speculative_step(Batch([req]), 4)
+        decoder.step()
     drafts = MTPDrafts(decoder.mtp).propose(Batch([req]), 4)[0]
     want, logits = reference_drafts(models.checkpoint(config), req.tokens, 4, return_logits=True)
     for i, (got, ref) in enumerate(zip(drafts.tolist(), want.tolist())):

@@ -1,7 +1,8 @@
-"""The pipelined greedy loop (the host a step ahead of the GPU) is the plain greedy loop, bit for
-bit: same tokens, same states, the same steps counted; a stop token costs one dropped step, a
-budget none. It runs on CUDA by default; here it is forced onto the CPU (pipelined=True, fixed
-rows), where every forward is bitwise reproducible, so any difference is the loop's."""
+"""The loop at depth 1 (the host a step ahead of the GPU) over greedy decode steps is the loop at
+depth 0, bit for bit: same tokens, same states, the same steps counted; a stop token costs one
+dropped step, a budget none. Depth 1 is the CUDA default; here it is forced onto the CPU
+(pipelined=True, fixed rows), where every forward is bitwise reproducible, so any difference is
+the loop's."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import numpy as np
 import pytest
 
 import ortspec
-from ortspec.runtime.device_decode import DeviceDecode
+from ortspec.runtime.decode_run import DecodeRun
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.streams import HostReadback
 from ortspec.speculative.decoder import Decoder
-from ortspec.speculative.pipelined import PipelinedGreedy
 from ortspec.speculative.requests import Request
 from ortspec.speculative.stats import Stats
 
@@ -32,20 +32,20 @@ def decode(graphs, specs, pipelined: bool) -> tuple[list[list[int]], Decoder]:
     requests = [Request(row=i, prompt=list(p), max_new_tokens=n, stop_tokens=frozenset(stops))
                 for i, (p, n, stops) in enumerate(specs)]
     decoder = Decoder(graphs, len(requests), 0, "select", Stats(), fixed_rows=True, pipelined=pipelined)
-    assert (decoder.pipelined is not None) == pipelined
+    assert decoder.depth == pipelined
     return decoder.generate(requests), decoder
 
 
 def count_steps(monkeypatch) -> list[int]:
-    """Counts the forwards the pipelined loop enqueues (DeviceDecode.step calls)."""
+    """Counts the forwards the loop enqueues (DecodeRun.enqueue calls)."""
     calls = [0]
-    original = DeviceDecode.step
+    original = DecodeRun.enqueue
 
     def counted(self, *args):
         calls[0] += 1
         return original(self, *args)
 
-    monkeypatch.setattr(DeviceDecode, "step", counted)
+    monkeypatch.setattr(DecodeRun, "enqueue", counted)
     return calls
 
 
@@ -122,7 +122,7 @@ def stand_in_static_inputs(monkeypatch, graphs, graph: str) -> dict:
 
 
 def test_the_captured_slot_path_equals_the_plain_loop(models, monkeypatch):
-    """DeviceDecode's CUDA path (next inputs written into a captured slot's static buffers, the
+    """DecodeRun's CUDA path (next inputs written into a captured slot's static buffers, the
     positions advanced where they live, the KV commit reading them) run on the CPU over a
     stand-in slot table that loads each run's host inputs into the static buffers, as
     CapturedSlot.load_inputs does; with a request parked at max_length."""
@@ -155,31 +155,33 @@ def test_a_step_late_feed_is_caught(graphs, monkeypatch):
         history.append(np.array(out["tokens"]))
         return (history[-2] if len(history) > 1 else history[-1]), positions
 
-    monkeypatch.setattr(DeviceDecode, "feed", stale_feed)
+    monkeypatch.setattr(DecodeRun, "_feed", stale_feed)
     piped, _ = decode(graphs, [(p, 20, ()) for p in PROMPTS], pipelined=True)
     assert piped != plain
 
 
-def test_where_it_does_not_apply_the_plain_loop_runs(models, graphs):
+def test_where_no_step_runs_ahead(models, graphs):
     session = ortspec.Session(models.converted("base"))
-    session.generate(PROMPTS, max_new_tokens=8)  # the CPU default: plain loop, rows not fixed
-    session.generate(PROMPTS, max_new_tokens=8, pipelined=True)  # rows not fixed: plain loop
-    session.generate(PROMPTS, max_new_tokens=8, fixed_rows=True, on_commit=lambda d, b: None, pipelined=True)
+    session.generate(PROMPTS, max_new_tokens=8)  # the CPU default: depth 0
+    session.generate(PROMPTS, max_new_tokens=8, fixed_rows=True, pipelined=False)
     sampled = dict(max_new_tokens=8, temperature=0.8, seed=3, fixed_rows=True)
     assert session.generate(PROMPTS, **sampled, pipelined=True) == session.generate(PROMPTS, **sampled)
-    assert session.stats["pipelined_steps"] == 0
-    speculative = Decoder(graphs, 3, 2, "select", Stats(), fixed_rows=True, pipelined=True)
-    assert not isinstance(speculative.pipelined, PipelinedGreedy)  # k >= 1: test_pipelined_speculation.py
+    assert session.stats["pipelined_steps"] == 0  # a sampled token is picked on the host: its steps do not run ahead
+    session.generate(PROMPTS, max_new_tokens=8, pipelined=True)  # rows not fixed: the running rows run ahead
+    assert session.stats["pipelined_steps"] > 0
 
 
-@pytest.mark.parametrize("shared_stream,expected", [(True, True), (False, False)])
-def test_on_cuda_it_needs_the_stream_shared_with_onnx_runtime(shared_stream, expected):
+@pytest.mark.parametrize("shared_stream,stages,pipelined,expected", [
+    (True, 1, None, 1), (False, 1, None, 0), (True, 2, None, 0), (True, 1, False, 0)])
+def test_on_cuda_depth_1_needs_the_stream_shared_with_onnx_runtime(monkeypatch, graphs, shared_stream, stages,
+                                                                   pipelined, expected):
+    """Depth 1 on CUDA: the default where the stream is shared with ONNX Runtime and one pipeline
+    stage runs; a stand-in CUDA arrays object (nothing runs: the decoder is only built)."""
     arrays = SimpleNamespace(device="cuda", shared_stream=shared_stream)
-    decoder = SimpleNamespace(graphs=SimpleNamespace(arrays=arrays), target=None, stats=Stats(), max_length=64,
-                              k=0, fixed_rows=True, _emit=None, chooser=None, deferred=None)
-    assert (PipelinedGreedy.for_decoder(decoder, None, None, 1, None) is not None) == expected
-    assert PipelinedGreedy.for_decoder(decoder, None, None, 2, None) is None  # pipeline stages
-    assert PipelinedGreedy.for_decoder(decoder, False, None, 1, None) is None
+    monkeypatch.setattr(graphs, "arrays", arrays)
+    engine = SimpleNamespace(target=SimpleNamespace(graphs=graphs), mtp=None)
+    decoder = Decoder(graphs, 3, 0, "select", Stats(), engine=engine, stages=stages, pipelined=pipelined)
+    assert decoder.depth == expected
 
 
 def test_host_readback_returns_what_was_started():

@@ -1,7 +1,7 @@
-"""The pipelined speculative loop (the host a step ahead of the GPU, k >= 1, one fused Run per step)
-is the plain speculative loop, bit for bit: same tokens and acceptance, and each request's states
-at its end equal a plain one-token-at-a-time decode's. It runs on CUDA by default; here it is
-forced onto the CPU (pipelined=True, fixed rows), where every forward is bitwise reproducible.
+"""The loop at depth 1 over fused speculative steps (the host a step ahead of the GPU, k >= 1, one
+Run per step) is the loop at depth 0, bit for bit: same tokens and acceptance, and each request's
+states at its end equal a plain one-token-at-a-time decode's. Depth 1 is the CUDA default; here
+it is forced onto the CPU (pipelined=True, fixed rows), where every forward is bitwise reproducible.
 
 The tiny random models accept almost no MTP draft, so most tests script the fused graph's drafts
 (``scripted_drafts``): its step_ids and drafts outputs are replaced, row by row, by drafts right
@@ -16,12 +16,11 @@ import pytest
 import ortspec
 from ortspec import InternalError
 from ortspec.runtime.arrays import HostArrays
-from ortspec.runtime.device_verify import DeviceVerify
+from ortspec.runtime.fused_run import FusedRun
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.speculative.exactness import plain_decode_states
-from ortspec.speculative.pipelined_speculation import PipelinedSpeculation
 from ortspec.speculative.requests import Request
 from ortspec.speculative.stats import Stats
 from tests.test_auto_k import ScriptedK
@@ -68,7 +67,7 @@ def decode(graphs, specs, k: int, pipelined: bool, **options) -> tuple[list[list
     requests = [Request(row=i, prompt=list(p), max_new_tokens=n, stop_tokens=frozenset(stops))
                 for i, (p, n, stops) in enumerate(specs)]
     decoder = Decoder(graphs, len(requests), k, "select", Stats(), fixed_rows=True, pipelined=pipelined, **options)
-    assert isinstance(decoder.pipelined_speculation, PipelinedSpeculation) == pipelined
+    assert decoder.depth == pipelined
     return decoder.generate(requests), decoder
 
 
@@ -108,8 +107,8 @@ def test_budgets_and_a_stop_token(graphs, reference, monkeypatch):
     plain, plain_decoder = decode(graphs, specs, 2, pipelined=False)
     assert plain[0][-1] == stop and len(plain[1]) == 1 and len(plain[2]) == 9
     calls = [0]
-    step = DeviceVerify.step
-    monkeypatch.setattr(DeviceVerify, "step", lambda self, *a: (calls.__setitem__(0, calls[0] + 1), step(self, *a))[1])
+    step = FusedRun.enqueue
+    monkeypatch.setattr(FusedRun, "enqueue", lambda self, *a: (calls.__setitem__(0, calls[0] + 1), step(self, *a))[1])
     piped, piped_decoder = decode(graphs, specs, 2, pipelined=True)
     assert piped == plain
     steps = plain_decoder.stats.speculative_steps
@@ -119,7 +118,7 @@ def test_budgets_and_a_stop_token(graphs, reference, monkeypatch):
 
 def test_near_max_length_the_plain_loop_finishes(models, monkeypatch):
     """A request that fills max_length: the loop stops running ahead while T + 2k + 1 still fits and
-    hands over to the plain loop (speculative steps, then decode steps for the last positions)."""
+    plans the last steps from the host (speculative steps, then decode steps for the last positions)."""
     graphs = GraphSet(ortspec.Session(models.converted("base")).manifest)
     long = list(np.arange(200) % 300 + 1)
     budget = graphs.manifest.max_length - len(long)
@@ -137,7 +136,7 @@ def test_near_max_length_the_plain_loop_finishes(models, monkeypatch):
 
 
 def test_the_captured_slot_path_equals_the_plain_loop(graphs, reference, monkeypatch):
-    """DeviceVerify's CUDA path (the next inputs written into a captured slot's static buffers, the
+    """FusedRun's CUDA path (the next inputs written into a captured slot's static buffers, the
     commit reading them) on the CPU over a stand-in slot table that loads each run's host inputs
     into the static buffers, as CapturedSlot.load_inputs does."""
     oracle, _ = reference[3]
@@ -188,20 +187,26 @@ def test_a_wrong_accept_length_is_an_internal_error_and_the_session_goes_on(mode
     assert session.stats["pipelined_speculative_steps"] > 0
 
 
-def test_where_it_does_not_apply_the_plain_loop_runs(models, graphs):
-    def loop(k=2, **options):
+def test_where_no_speculative_step_runs_ahead(models, graphs):
+    prompts = [list(p) for p in PROMPTS]
+
+    def ahead_steps(k=2, **options):
         options.setdefault("fixed_rows", True)
         options.setdefault("pipelined", True)
-        return Decoder(graphs, 3, k, options.pop("commit", "select"), Stats(), **options).pipelined_speculation
+        stats = Stats()
+        decoder = Decoder(graphs, 3, k, options.pop("commit", "select"), stats, **options)
+        decoder.generate([Request(row=i, prompt=p, max_new_tokens=12) for i, p in enumerate(prompts)])
+        return stats.pipelined_speculative_steps, stats.speculative_steps
 
-    assert isinstance(loop(), PipelinedSpeculation)
-    assert not isinstance(loop(k=0), PipelinedSpeculation)  # greedy: PipelinedGreedy
-    assert isinstance(loop(k_chooser=ScriptedK(2, [2])), PipelinedSpeculation)  # auto: its runs of one k >= 1
-    for options in (dict(commit="readvance"), dict(fused_verify=False), dict(fixed_rows=False), dict(pipelined=False),
-                    dict(on_commit=lambda d, b: None),
+    ahead, steps = ahead_steps()
+    assert 0 < ahead == steps
+    assert ahead_steps(k=0) == (0, 0)  # greedy: test_pipelined.py
+    assert ahead_steps(k_chooser=ScriptedK(2, [2]))[0] > 0  # auto: its runs of one k >= 1
+    for options in (dict(commit="readvance"), dict(fused_verify=False), dict(pipelined=False),
+                    dict(pipelined=None),  # the CPU default
                     dict(make_drafts=lambda mtp: ScriptedDrafts(MTPDrafts(mtp), lambda r: [], 300))):
-        assert loop(**options) is None, options
-    assert loop(pipelined=None) is None  # the CPU default
+        ahead, steps = ahead_steps(**options)
+        assert ahead == 0 < steps, options
     session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
     sampled = dict(max_new_tokens=8, temperature=0.8, seed=3, fixed_rows=True)
     assert session.generate(PROMPTS, **sampled, pipelined=True) == session.generate(PROMPTS, **sampled)

@@ -144,11 +144,11 @@ def forced_decode_states(decoder: Decoder, prompt: list[int], tokens: list[int])
     decoder.target.reset(rows)
     positions = np.arange(n)[None]
     out = decoder.target.prefill(rows, np.array([prompt]), positions)
-    decoder.mtp.catch_up(rows, out["hidden"], np.array([sequence[1: n + 1]]), positions, np.array([n - 1]), decoder.k)
+    decoder.mtp.catch_up(rows, out["hidden"], np.array([sequence[1: n + 1]]), positions, np.array([n - 1]), 3)
     table = {n: (decoder.target.states.row_state(0, n), decoder.mtp.row_state(0, n))}
     for T in range(n, len(sequence) - 1):
         out = decoder.target.decode(rows, np.array([[sequence[T]]]), np.array([[T]]))
-        decoder.mtp.catch_up(rows, out["hidden"], np.array([[sequence[T + 1]]]), np.array([[T]]), np.array([0]), decoder.k)
+        decoder.mtp.catch_up(rows, out["hidden"], np.array([[sequence[T + 1]]]), np.array([[T]]), np.array([0]), 3)
         table[T + 1] = (decoder.target.states.row_state(0, T + 1), decoder.mtp.row_state(0, T + 1))
     return table
 
@@ -169,7 +169,7 @@ def test_sampled_states_equal_a_plain_decode_after_every_commit(model, commit, f
     def record(decoder, batch):
         for req in batch.requests:
             if not req.done:
-                state = row_state(decoder, req)
+                state = row_state(decoder.engine, req)
                 seen[(tuple(req.prompt), req.processed)] = (state.target, state.mtp)
 
     outs = session.generate(PROMPTS, max_new_tokens=20, seed=5, on_commit=record, fixed_rows=fixed_rows, **HOT)

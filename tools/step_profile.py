@@ -5,7 +5,7 @@
 
 For each k a Session runs --calls generate calls of ``ortspec bench``'s prompts (or --prompts,
 a JSON list of texts) after two warm-up calls. Each prefill group and each step is timed from
-outside (``Decoder.prefill_group``, ``Decoder.step``) and each graph Run from inside
+outside (``Decoder._prefill``, ``Decoder.step``) and each graph Run from inside
 (``GraphRunner.run``), so every row of the table splits its time into the Runs and the host's
 work around them (feeds, commits, acceptance, bookkeeping). Rows: the prefill groups by prompt
 length, and the steps by the rows they ran: all of the batch, or (the static batch's tail, once
@@ -35,7 +35,7 @@ from ortspec.speculative.decoder import Decoder  # noqa: E402
 
 
 class RunClock:
-    """Times Decoder.prefill_group, Decoder.step and GraphRunner.run while ``installed``:
+    """Times Decoder._prefill, Decoder.step and GraphRunner.run while ``installed``:
     records (what, seconds, seconds inside Runs) per prefill group and per step that ran."""
 
     def __init__(self) -> None:
@@ -44,7 +44,7 @@ class RunClock:
 
     @contextlib.contextmanager
     def installed(self):
-        originals = Decoder.prefill_group, Decoder.step, GraphRunner.run
+        originals = Decoder._prefill, Decoder.step, GraphRunner.run
         clock = self
 
         def run(runner, feeds, slot=None, wait=True):
@@ -58,19 +58,20 @@ class RunClock:
             with clock._timed(f"prefill, {len(requests)} x {len(requests[0].prompt)} tokens"):
                 originals[0](decoder, requests, *args, **kwargs)
 
-        def step(decoder, occupants):
+        def step(decoder):
+            occupants = [r for r in decoder.occupants if r is not None]
             live = [r.row for r in occupants if not r.done]
             contiguous = live == list(range(live[0], live[0] + len(live))) if live else True
-            label = (f"step, k={decoder.step_k}, {len(live)} of {len(occupants)} rows"
+            label = (f"step, k={decoder.next_k}, {len(live)} of {len(occupants)} rows"
                      + ("" if contiguous else " (subset)"))
             with clock._timed(label):
-                return originals[1](decoder, occupants)
+                return originals[1](decoder)
 
-        Decoder.prefill_group, Decoder.step, GraphRunner.run = prefill_group, step, run
+        Decoder._prefill, Decoder.step, GraphRunner.run = prefill_group, step, run
         try:
             yield self
         finally:
-            Decoder.prefill_group, Decoder.step, GraphRunner.run = originals
+            Decoder._prefill, Decoder.step, GraphRunner.run = originals
 
     @contextlib.contextmanager
     def _timed(self, label: str):

@@ -42,6 +42,21 @@ class Engine:
             return cls(engine_id, batch, TargetModel(graphs, batch, stages, engine_id),
                        MTPHead(graphs, batch, k, engine_id) if k else None)
 
+    @property
+    def arrays(self):
+        return self.target.graphs.arrays
+
+    @contextlib.contextmanager
+    def step(self):
+        """Holds the device for one step's or prefill's work done from the host: the device lock
+        (on CUDA every caller's steps take turns) and a fresh step scratch, after reporting any
+        index error a kernel recorded. The loops whose control stays on the device take it
+        themselves (``decode_run``, ``fused_run``)."""
+        graphs = self.target.graphs
+        with graphs.device_lock:
+            graphs.begin_step()
+            yield
+
     def release(self) -> None:
         """Drops the buffers (Session.close); a stale holder keeps an empty shell."""
         self.target.release()

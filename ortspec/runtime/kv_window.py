@@ -8,7 +8,7 @@ zeros), so they cost time, not bits; each provider narrows them its own way:
   buffers, so the runtime runs the graph's window variant (converter/kv_windows.py), the
   smallest W of its buckets (256, 512, ...) past the positions, or the portable graph (all
   max_length slots) past every bucket. The plain loop picks per forward from the positions it
-  runs; a loop that runs ahead of the GPU (``runtime.device_decode``, ``device_verify``) does not
+  runs; a run of steps fed on the device (``runtime.decode_run``, ``fused_run``) does not
   know them on the host and fixes one graph per run from a ``RunBound``.
 
 A forward over positions up to p that reaches ``reach`` slots past p needs slots [0, p + reach):
@@ -90,6 +90,11 @@ class RunBound:
         output_length, max_new_tokens, done)."""
         return cls(max((r.processed + r.max_new_tokens - r.output_length - 1 for r in requests if not r.done),
                        default=-1))
+
+    @classmethod
+    def one_step(cls, requests) -> "RunBound":
+        """A run of one step (its inputs come from the host every step): its running rows' positions."""
+        return cls(max((r.processed for r in requests if not r.done), default=-1))
 
     def end(self, tokens_per_step: int, reach: int) -> int:
         """Slots [0, end) hold every position a running row's step touches: a step of M tokens from

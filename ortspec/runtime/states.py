@@ -286,7 +286,7 @@ class StateSet:
     def select(self, outputs, rows: Rows, positions: np.ndarray, accepted, counts=None) -> None:
         """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a.
         counts: accepted + 1, where the caller has it already (a device buffer: the loop that runs
-        ahead of the GPU never has the accept lengths on the host; ``runtime.device_verify``)."""
+        ahead of the GPU never has the accept lengths on the host; ``runtime.fused_run``)."""
         self.write(outputs, rows, positions, counts=accepted + 1 if counts is None else counts)
         width = positions.shape[1]
         if rows.slice is None:

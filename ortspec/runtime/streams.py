@@ -93,5 +93,5 @@ class StepReadbacks:
         return self._readbacks[n % 2].wait()
 
     def close(self) -> None:
-        """Drops the page-locked memory and events (a caller holds the device lock: ``DeviceDecode.close``)."""
+        """Drops the page-locked memory and events (a caller holds the device lock: ``DecodeRun.close``)."""
         self._readbacks = []

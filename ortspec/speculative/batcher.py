@@ -43,7 +43,6 @@ class Batcher:
         rows = session.exact.rows_for(max_batch_size) if session.exact else max_batch_size
         validation.batch_fits_memory(rows, session.manifest.states, session.graphs.arrays.device)
         self.session, self.max_batch_size = session, max_batch_size
-        self.rows: list[Request | None] = [None] * rows  # the engine's rows; requests take the first max_batch_size
         self.requests: dict[int, Request] = {}
         self._reported: dict[int, int] = {}  # request id -> output tokens step() has returned
         self._next_id = 0
@@ -56,8 +55,7 @@ class Batcher:
                 self.decoder = Decoder(session.graphs, rows, session.k, session.commit, Stats(), engine=engine,
                                        exact=session.exact, k_chooser=session.k_chooser, **decoder_options)
                 if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
-                    for row in range(rows):
-                        self._place(Request.filler(row))
+                    self.decoder.admit([Request.filler(row) for row in range(rows)])
         except BaseException:
             self.close()
             raise
@@ -69,8 +67,14 @@ class Batcher:
         self.close()
 
     def close(self) -> None:
-        """Gives the engine back (idempotent). add_request and step then raise ClosedError;
-        result and pending still answer."""
+        """Drops the step in flight, then gives the engine back (idempotent). add_request and step
+        then raise ClosedError; result and pending still answer."""
+        if not self.closed and self.decoder is not None:
+            try:
+                with self._call():
+                    self.decoder.close()
+            except ClosedError:  # the Session closed first: nothing to read out
+                pass
         self._give_back()
 
     @property
@@ -89,6 +93,11 @@ class Batcher:
             finally:
                 if self.decoder is not None:
                     self.session.record_stats(self.decoder.take_stats())
+
+    @property
+    def rows(self) -> list[Request | None]:
+        """The engine's rows (the loop's occupants): requests take the first max_batch_size."""
+        return self.decoder.occupants
 
     @property
     def pending(self) -> list[int]:
@@ -126,14 +135,10 @@ class Batcher:
                 raise InputError(f"all {self.max_batch_size} rows are busy; call step() until a request finishes, "
                                  "or open a batcher with a larger max_batch_size.")
             req.row = row
-            self._place(req)
+            self.decoder.admit([req])
             rid, self._next_id = self._next_id, self._next_id + 1
             self.requests[rid], self._reported[rid] = req, 0
             return rid
-
-    def _place(self, req: Request) -> None:
-        self.rows[req.row] = req
-        self.decoder.prefill(req)
 
     def step(self) -> dict[int, list[int]]:
         """One decoding step for every running request (none when no request runs); returns, for
@@ -141,7 +146,7 @@ class Batcher:
         a new request's first token (made when it was added) comes with its first step."""
         with self._call():
             owed = self.pending
-            self.decoder.step([r for r in self.rows if r is not None])
+            self.decoder.step()
             report = {}
             for rid in owed:
                 report[rid] = self.requests[rid].output(self._reported[rid])

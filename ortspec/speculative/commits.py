@@ -38,8 +38,6 @@ class Verified:
     ids: np.ndarray  # int64 [B, k+1]: x_T, d1..dk
     positions: np.ndarray  # int64 [B, k+1]: T..T+k
     snapshot: Snapshot | None = None  # readvance: the GDN states before the verify
-    accepted: np.ndarray | None = None  # int64 [B]: the accept lengths the fused verify computed (head_runs.py)
-    next_drafts: np.ndarray | None = None  # int64 [B, k]: the head's drafts for the next step, from the fused verify
 
 
 class SelectCommit:

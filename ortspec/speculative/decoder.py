@@ -1,15 +1,31 @@
-"""Greedy and MTP-speculative decoding of a batch of requests.
+"""The one loop: the steps of every caller (``Session.generate``, the batcher, the server) run here.
 
-The speculative step (``speculative_step``) is the heart of ortspec and reads top to
-bottom: propose, verify, accept, commit. How to verify and commit is the commit strategy's
-(``commits``); at which shape the target runs is the forward shapes' (``runtime.forward_shapes``);
-state mechanics live in ``runtime.states``.
+    admit(requests)   prefills new requests into their rows, between steps: the join
+    step()            reads one step of every running row; at depth 1 the step after it is
+                      enqueued first, where it goes on with the same run
+    drain()           reads what is in flight (before a join, at the end); close() too
+
+A run is a sequence of steps of one kind (``step_kinds``) over the same rows. At depth 0 (the
+CPU) a step is read right after it is enqueued; at depth 1 (CUDA) the host enqueues step n+1
+before it reads step n, so the GPU always has the next step queued, and the host knows each
+row a step late. Both depths run the same kinds, so tokens and states are bitwise equal. A
+run ends, read out, where the next step is of another kind or k (the policy's choice, room
+before max_length, a sampled row), where a request joins, or where no request can need
+another step. Rows leave (finished, cancelled, timed out) without ending it: a finished row
+runs on with its results dropped, and its row is free for the next prefill.
+
+The policy (``k_policy``) is asked once per step, when the step is planned, for the drafts
+its MTP head makes: the k of the step after it. A decode step's head entries wait
+(``head.Head``) until a step drafts again.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import dataclasses
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -17,71 +33,65 @@ from ..errors import InputError
 from ..runtime.engines import Engine
 from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
 from ..runtime.graphs import GraphSet
-from ..runtime.model import Forward, MTPHead
+from ..runtime.model import MTPHead
 from ..runtime.states import Rows
 from . import sampler
 from .auto_k import KChooser, Tail
 from .commits import COMMITS
-from .deferred_entries import DeferredEntries
 from .drafts import DraftSource, MTPDrafts
-from .head_runs import CatchUpAfterVerify, CatchUpInVerify
-from .pipelined import PipelinedGreedy
-from .pipelined_speculation import PipelinedSpeculation
+from .head import Head
+from .k_policy import StepRecord, policy_for
 from .requests import Batch, Request
-from .sampling import accept_lengths  # noqa: F401  (the greedy rule; imported from here by callers)
 from .stats import Stats
+from .step_kinds import FusedSteps, StepKinds, StepResult, fusable_ks
 
 PREFILL_GROUP_TOKENS = 4096  # prompt tokens per grouped prefill forward (bounds its [B, n, V] logits)
 
 
-def pads_prompts(graphs: GraphSet) -> bool:
-    """Whether the head may catch up over prompts of different lengths in one run, padded
-    (``DeferredEntries.take_prompts``): on CUDA (states there match a plain decode within a
-    tolerance), and on the CPU with float32 activations, where each row keeps its own bits
-    (measured; float16 activations do not: ``deferred_entries``)."""
-    return graphs.arrays.device != "cpu" or graphs.manifest.activations == "float32"
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One step: its kind, the drafts it verifies (k), the drafts its head makes for the next
+    step (its k), and the rows it runs. A step goes on with the open run where its plan is the run's."""
+
+    kind: type
+    k: int
+    drafts: int
+    rows: tuple[int, ...]
+
+    def continues(self, first: "Plan") -> bool:
+        """Whether this step can be the next of a run that began with ``first``: the same kind, k
+        and rows, and the same drafts where the head runs in the step (a decode's head entries
+        wait: its drafts decide only what follows its read)."""
+        return (self.kind, self.k, self.rows) == (first.kind, first.k, first.rows) and \
+            (self.k == 0 or self.drafts == first.drafts)
+
+
+@dataclasses.dataclass(eq=False)
+class Run:
+    plan: Plan
+    steps: object  # the kind's object over the run's rows
+    requests: list[Request]  # the requests holding those rows, in row order
+    rows: Rows
+    n: int = 0  # the last step enqueued
+
+
+class Flight(NamedTuple):
+    run: Run
+    n: int
+    plan: Plan
+    ahead: bool  # enqueued before the step before it was read
 
 
 class Decoder:
-    """Runs prefill, then greedy (k=0) or speculative (k>=1) steps until every request is done.
+    """The loop over one engine's rows (module docstring).
 
-    One Decoder per generate call or batcher, over an ``Engine`` (state buffers for the batch)
-    that its caller leased from the Session, or its own when none is given. Each step and
-    prefill holds ``graphs.device_lock`` (on CUDA, steps of different callers never overlap).
-    ``on_commit(decoder, batch)`` (tests) is called after every step's commit; in an auto
-    decoder's runs of the loops one step ahead (``pipelined``), whose states run a step ahead,
-    only where a run ends.
-
-    On the CPU each step runs only the unfinished requests. On CUDA and in exact mode
-    (``fixed_rows``) every step runs all rows, so the rows stay one contiguous range at fixed
-    addresses; a finished request's row keeps running, parked where the widest forward stays
-    inside max_length, and its results are dropped.
-
-    commit: "select" or "readvance" (``commits.COMMITS``). exact: run every target forward at
-    that one fixed shape (``runtime.forward_shapes.FixedShape``); batch_size must then be a
-    multiple of its batch_size (placeholder requests fill the rest).
-
-    Tokens are chosen by ``sampler``: the argmax for greedy requests, draws for sampled ones.
-
-    k_chooser (``num_speculative_tokens="auto"``): k is then the most drafts a step may verify,
-    and each step's k (``step_k``, 0..k) is chosen during the previous step, before the MTP
-    head drafts for it (a speculative step: before its verify, whose graph may run the head;
-    ``auto_k``). A plain decode step chosen that way leaves the head's entries for later
-    (``deferred_entries``), and so does a prefill whose next step is one (its prompt's entries).
-    In a generate call (``steps``: a static batch, no request joins) the chooser is told the
-    batch's tail (``auto_k.Tail``: the slowest request sets the steps); a batcher's (``step``
-    alone) is not.
-
-    pipelined: generate calls on CUDA run ``PipelinedGreedy`` (``self.pipelined``: k = 0, and an
-    auto decoder's stretches of k = 0 steps) and ``PipelinedSpeculation``
-    (``self.pipelined_speculation``: a fixed k >= 1, and an auto decoder's runs of one k >= 1), the
-    host a step ahead of the GPU, where they apply (their docstrings say where); None = that
-    default, False = never, True = also on the CPU (tests). Batchers (``step``) always run the plain
-    loop. A run of either loop ends drained and hands the plain loop the k of its next step, and
-    for auto k's speculative runs the k of the step after it, already chosen (``pipelined.RunEnd``).
-
-    fused_verify: where it can (``head_runs.CatchUpInVerify``), a speculative step runs the
-    verify and the MTP head's catch-up in one graph (one Run); False: always two Runs.
+    make_drafts: the draft source (tests script drafts with it). on_commit(decoder, batch)
+    (tests): called after a step's commit wherever no step is in flight, with the requests
+    that took part in it. fixed_rows: every step runs every row (CUDA, exact mode), else the
+    running rows only (the CPU). exact: every target forward at that one fixed shape.
+    k_chooser: auto k (k is then the most drafts a step verifies). pipelined: depth 1 (None:
+    on CUDA where the stream is shared with ONNX Runtime; True: also on the CPU, for tests;
+    False: depth 0). fused_verify=False: never the fused graph (A/B runs).
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
@@ -89,60 +99,155 @@ class Decoder:
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
                  engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None,
                  k_chooser: KChooser | None = None, pipelined: bool | None = None, fused_verify: bool = True) -> None:
-        self.graphs, self.k, self.stats, self.on_commit = graphs, k, stats, on_commit
-        self.chooser = k_chooser
-        self.static_batch = False  # set by steps(): a generate call's requests, none joins (auto_k.Tail)
-        self.step_k = k if k_chooser is None else k_chooser.choose(batch_size)  # the drafts the next step verifies
-        self.deferred = DeferredEntries(graphs.arrays, pad_lengths=pads_prompts(graphs))
-        self._last_k: int | None = None  # the k the last step ran (None: none yet, a plain step for want of room,
-        #                                   or a loop's run: the next plain step is no steady step)
-        self._chosen_after: int | None = None  # the next step's choice of k for the step after it, made
-        #                                        by a speculative run that ended before it (None: ask then)
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
-        self.fixed_rows = (graphs.arrays.device != "cpu" or exact is not None) if fixed_rows is None else fixed_rows
-        self.max_length = graphs.manifest.max_length
+        arrays = graphs.arrays
+        self.graphs, self.stats, self.on_commit = graphs, stats, on_commit
         self.engine = engine or Engine.create(graphs, batch_size, k, stages)
-        self.target, self.mtp = self.engine.target, self.engine.mtp
-        self.forwards = FixedShape(self.target, exact) if exact else ShapePerCall(self.target)
-        self.commit = COMMITS[commit](self.forwards)
-        self.drafts = make_drafts(self.mtp) if k > 0 else None
-        self.catch_up_after = CatchUpAfterVerify(self.commit, self._catch_up)  # the head in a Run of its own,
-        self.catch_up_in = (CatchUpInVerify.create(self.engine, graphs.manifest, commit, exact is not None)
-                            if fused_verify else None)  # or inside the verify's graph (None: never)
-        # the loops one step ahead that run this decoder's k = 0 steps, and its k >= 1 steps (None: the plain loop)
-        self.pipelined = PipelinedGreedy.for_decoder(self, pipelined, exact, stages, on_commit)
-        self.pipelined_speculation = PipelinedSpeculation.for_decoder(self, pipelined, exact, stages, on_commit)
+        self.policy = policy_for(k, k_chooser)
+        self.fixed_rows = (arrays.device != "cpu" or exact is not None) if fixed_rows is None else fixed_rows
+        self.max_length = graphs.manifest.max_length
+        self.forwards = FixedShape(self.engine.target, exact) if exact else ShapePerCall(self.engine.target)
+        mtp = self.engine.mtp
+        self.head = Head(mtp, arrays, pad_lengths=pads_prompts(graphs)) if mtp is not None else None
+        source = make_drafts(mtp) if mtp is not None else None
+        device = stages == 1 and exact is None and (arrays.device == "cpu" or arrays.shared_stream)
+        fused = fusable_ks(graphs.manifest, commit, exact is not None, stages) if fused_verify else frozenset()
+        self.kinds = StepKinds(self.engine, self.forwards, COMMITS[commit](self.forwards), source, self.head, stats,
+                               device, fused)
+        self.depth = int(device and (arrays.device != "cpu" if pipelined is None else pipelined))
+        self.occupants: list[Request | None] = [None] * batch_size  # by row
+        self.static = False  # a generate call's requests: no request joins (auto k weighs their tail)
+        self.next_k = 0  # the drafts the rows hold: what the next step verifies
+        self._chosen: int | None = None  # the policy's answer for a step not yet planned (asked a step early)
+        self._run: Run | None = None  # the open run
+        self._flight: Flight | None = None  # the step enqueued ahead, not read yet
+        self._clock = StepClock(graphs, self.depth)
 
-    # -- driver ----------------------------------------------------------------------------
-    def generate(self, requests: list[Request]) -> list[list[int]]:
-        for _ in self.steps(requests):
-            pass
-        return [r.output() for r in requests]
+    @property
+    def target(self):
+        return self.engine.target
 
-    def steps(self, requests: list[Request]):
-        """Prefills the requests (rows in order), then steps until all are done; yields after the
-        prefill and after every step, so a caller can stream each request's new tokens. The
-        requests are a static batch: the chooser weighs their tail (``auto_k.Tail``)."""
-        self.static_batch = True
-        groups = self._prefill_groups(requests)
-        for group in groups:  # several groups: the head's entries wait, to catch up in one run per row range
-            self.prefill_group(group, defer_head=len(groups) > 1)
-        tail = self._tail(Batch(requests)) if self.chooser else None  # where the call's steps start
-        if tail is not None and self.deferred:  # no draft made yet: the call's first k, with its tail
-            self.step_k = self.chooser.choose(len(requests), tail, fresh=True)
-        self._catch_up_prompts()
-        yield
-        while True:
-            loop = self._pipelined_loop(requests)
-            if loop is not None:
-                yield from self._pipelined_steps(loop, requests)
-            if not self.step(requests):
-                if tail is not None:  # the call's steps calibrate its k's tail (auto_k.KChooser.record_call)
-                    self.chooser.record_call(len(requests), self.stats.steps_by_k, tail)
-                return
-            yield
+    @property
+    def mtp(self):
+        return self.engine.mtp
+
+    # -- the loop ----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Reads one step, the next enqueued first where it goes on with the run; False when no row runs."""
+        with self._clock.inside():
+            flight = self._flight or self._enqueue(self._plan())
+            if flight is None:
+                return False
+            self._flight = self._enqueue(self._plan_ahead(flight), ahead=True) if self.depth else None
+            self._record(flight, flight.run.steps.read(flight.n))
+            return True
+
+    def _plan(self) -> tuple[Plan, list[Request]] | None:
+        """The next step from the host's view of the rows (nothing in flight). Prompts admitted
+        since the last step catch up first where it drafts: one head run per range of rows."""
+        running = [r for r in self.occupants if r is not None and not r.done]
+        if not running:
+            return None
+        if self.next_k > 0 and self.head.waiting:
+            with self.engine.step(), self.stats.timed("prefill"):
+                self.head.catch_up_deferred(self.next_k)
+        requests = [r for r in self.occupants if r is not None] if self.fixed_rows else running
+        room = self.max_length - 1 - max(r.processed for r in running)  # last writable position - T
+        k = self.next_k if room >= self.next_k else 0
+        drafts, self._chosen = self._chosen if self._chosen is not None else self._ask(requests), None
+        return Plan(self.kinds.choose(requests, k, drafts), k, drafts, tuple(r.row for r in requests)), requests
+
+    def _plan_ahead(self, flight: Flight) -> tuple[Plan, list[Request]] | None:
+        """Step n+1 where it goes on with step n's run, decided before step n is read (the host
+        knows the rows a step late); else None, and the next step is planned once step n is read."""
+        run = flight.run
+        running = np.array([not r.done for r in run.requests])
+        if not (run.steps.ahead and self._may_need_another(run.requests) and run.steps.fits_next(flight.n, running)):
+            return None
+        k = flight.plan.drafts  # what step n drafted for step n+1
+        drafts = self._ask(run.requests)  # step n+1's head drafts for step n+2
+        plan = Plan(self.kinds.choose(run.requests, k, drafts), k, drafts, run.plan.rows)
+        if not plan.continues(run.plan):
+            self._chosen = drafts  # the policy was asked for that step: its answer holds
+            return None
+        return plan, run.requests
+
+    def _enqueue(self, planned: tuple[Plan, list[Request]] | None, ahead: bool = False) -> Flight | None:
+        """Enqueues the planned step: the open run's next where it goes on, else step 0 of a new run
+        from the host's view of the batch."""
+        if planned is None:
+            return None
+        plan, requests = planned
+        run = self._run
+        if run is not None and run.steps.ahead and plan.continues(run.plan):
+            run.n += 1
+            run.steps.enqueue(run.n)
+        else:
+            self._close_run()
+            batch = Batch(requests)
+            batch.park_finished(self.max_length - self.forwards.positions_used(plan.k))
+            self._clock.start_run()
+            run = self._run = Run(plan, self.kinds.open(plan.kind, batch, plan.k, plan.drafts), requests, batch.rows)
+            run.steps.enqueue(0, batch)
+        return Flight(run, run.n, plan, ahead)
+
+    def _record(self, flight: Flight, result: StepResult) -> None:
+        """What a read step did: emit each live row's tokens, check positions, count, keep the
+        head's entries, tell the policy; the hook where nothing is in flight."""
+        plan, requests = flight.plan, flight.run.requests
+        live = np.array([not r.done for r in requests])
+        if not live.any():
+            return  # a step run past the end of every request: its tokens are dropped, it is not counted
+        self._count(plan, result.accepted[live], flight)
+        for j, req in enumerate(requests):
+            if result.next_drafts is not None:
+                req.next_drafts, req.draft_probs = result.next_drafts[j].tolist(), None
+            if live[j]:
+                self._check_positions(req, int(result.first[j]))
+                req.last_first_position, req.last_accepted = int(result.first[j]), int(result.accepted[j])
+                self._emit(req, result.tokens[j, : result.accepted[j] + 1])
+        if result.hidden is not None:  # a decode: its head entries wait
+            self.head.defer_step(requests, flight.run.rows, result.hidden, result.hidden_dtype, result.tokens[:, 0],
+                                 result.first)
+        if plan.k == 0 and plan.drafts > 0:  # the next step speculates: the head catches up first
+            with self.engine.step(), self.stats.timed("commit"):
+                self.head.catch_up_deferred(plan.drafts)
+        self.next_k = plan.drafts
+        seconds = self._clock.read(flight.n, plan)
+        self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live], seconds))
+        if self.on_commit and self._flight is None:
+            self.on_commit(self, Batch([r for r, was_live in zip(requests, live) if was_live]))
+
+    def _count(self, plan: Plan, accepted: np.ndarray, flight: Flight) -> None:
+        overlapped = flight.ahead or self._flight is not None  # the GPU had this step or the next queued
+        if plan.k == 0:
+            self.stats.record_decode_step()
+            self.stats.pipelined_steps += overlapped
+        else:
+            self.stats.record_speculative_step(accepted, plan.k, fused=isinstance(flight.run.steps, FusedSteps))
+            self.stats.pipelined_speculative_steps += overlapped
+
+    # -- joining and leaving -----------------------------------------------------------------
+    def admit(self, requests: list[Request]) -> None:
+        """Prefills requests into their rows (``request.row``; a finished row is free), between
+        steps: what is in flight is read out first. Their first tokens come from the prefill; the
+        MTP head's entries over their prompts wait for the next step that drafts."""
+        self.drain()
+        fresh = not any(r is not None and not r.done for r in self.occupants)  # no row holds drafts
+        for req in requests:
+            self.occupants[req.row] = req
+        if self.head is not None:
+            self.head.deferred.drop_rows(Rows([r.row for r in requests]))  # a reused row's last request's
+            if self.head.deferred.has_steps:  # rows in a k = 0 stretch catch up first: their entries stay in step
+                with self.engine.step(), self.stats.timed("commit"):
+                    self.head.catch_up_deferred(max(self.next_k, 1))
+        for group in self._prefill_groups(requests):
+            self._prefill(group)
+        if self.head is not None and fresh:
+            live = [r for r in self.occupants if r is not None]
+            self.next_k = self.policy.next_k(len(live), self._tail(live), fresh=self.static)
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Runs of requests in consecutive rows with prompts of one length, at most
@@ -161,100 +266,22 @@ class Decoder:
                 groups.append([req])
         return groups
 
-    def _catch_up_prompts(self) -> None:
-        """After a call's prefills, when its first step speculates: the head over every waiting
-        prompt, one run per range of consecutive rows (``DeferredEntries.take_prompts``), instead of
-        a run per prefill group (on CUDA, per request). Auto k's k = 0 keeps them waiting."""
-        if self.deferred and self.step_k > 0:
-            with self.graphs.device_lock, self.stats.timed("prefill"):
-                self._catch_up_deferred(self.step_k)
-
-    def step(self, occupants: list[Request]) -> bool:
-        """One step over the unfinished requests (all occupants when rows are fixed); False
-        when none is left. ``occupants`` are the requests holding rows, in row order."""
-        active = [r for r in occupants if not r.done]
-        if not active:
-            return False
-        batch = Batch(occupants if self.fixed_rows else active)
-        batch.park_finished(self.max_length - self.forwards.positions_used(self.k))
-        k, previous_k = self.step_k, self._last_k
-        with self.graphs.device_lock:
-            # timed from before begin_step: on CUDA it waits for the last step's device work still
-            # queued (the commit's kernels, and what a Run left running), part of a step's period
-            start, setups = time.perf_counter(), self.graphs.slots.setup_runs
-            self.graphs.begin_step()
-            room = self.max_length - 1 - int(batch.processed.max())  # last writable position - T
-            if k > 0 and room >= k:
-                self.speculative_step(batch, k)
-            else:
-                self.greedy_step(batch)
-            ran = k if k == 0 or room >= k else None
-            if self.chooser and previous_k == ran == self.step_k and self.graphs.slots.setup_runs == setups:
-                # only a steady step measures k: neither k changed around it nor was a CUDA graph set up
-                self.chooser.record_time(len(batch), k, time.perf_counter() - start)
-            self._last_k = ran
-            if self.on_commit:
-                self.on_commit(self, batch)
-        return True
-
-    def _pipelined_loop(self, requests: list[Request]):
-        """The loop one step ahead that takes the next steps (of ``step_k`` drafts), or None."""
-        for loop in (self.pipelined, self.pipelined_speculation):
-            if loop is not None and loop.takes(requests, self.step_k):
-                return loop
-        return None
-
-    def _pipelined_steps(self, loop, requests: list[Request]):
-        """Steps a step ahead of the GPU until every request is done, or the speculative loop
-        nears max_length, or (auto k) the chooser asks for another k; then the plain loop takes
-        over from where the run ended, drained (``pipelined.RunEnd``): after a stretch of k = 0
-        steps the head catches up over the stretch's entries."""
-        end = yield from loop.steps(requests, self.step_k)
-        self.step_k, self._chosen_after, self._last_k = end.next_k, end.chosen_after, None
-        if self.deferred and self.step_k:
-            with self.graphs.device_lock, self.stats.timed("commit"):
-                self._catch_up_deferred(self.step_k)
-        if self.on_commit and end.in_step:  # (auto k) the only point of a run where states are in step
-            with self.graphs.device_lock:
-                self.on_commit(self, Batch(end.in_step))
-
-    def take_stats(self) -> Stats:
-        """The counters since the last take (a batcher reports them to its Session after each call)."""
-        stats, self.stats = self.stats, Stats()
-        return stats
-
-    def prefill(self, req: Request) -> None:
-        self.prefill_group([req])
-
-    def prefill_group(self, requests: list[Request], defer_head: bool = False) -> None:
+    def _prefill(self, requests: list[Request]) -> None:
         """Requests with prompts of one length n in consecutive rows, in one forward: the target
-        over the prompts (positions 0..n-1) -> each first token; then the MTP head's entries 0..n-1,
-        or those entries left for later (``deferred_entries``): where the caller merges several
-        groups' catch-ups (defer_head), or (auto k) where the next step is a plain decode: greedy
-        does not pay for a head it does not use."""
+        over the prompts (positions 0..n-1) -> each first token; the MTP head's entries 0..n-1 wait."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
-        self.deferred.drop_rows(rows)  # a reused row's waiting prompt entries were its last request's
-        defer_head = defer_head or (self.chooser is not None and self.step_k == 0)
-        if self.deferred.has_steps or (self.deferred and not defer_head):
-            # the rows stepping beside these catch up first: deferred rows stay in step
-            with self.graphs.device_lock, self.stats.timed("commit"):
-                self._catch_up_deferred(max(self.step_k, 1))
         ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
-        last = np.full(len(requests), n - 1, np.int64)  # [B]
-        with self.graphs.device_lock, self.stats.timed("prefill"):
-            self.target.reset(rows)
-            out = self.target.prefill(rows, ids, positions)
+        with self.engine.step(), self.stats.timed("prefill"):
+            target = self.engine.target
+            target.reset(rows)
+            out = target.prefill(rows, ids, positions)
             for req in requests:
                 req.tokens = list(req.prompt)
-            first = sampler.pick(requests, out, last)  # [B]
-            if self.mtp is not None:
+            first = sampler.pick(requests, out, np.full(len(requests), n - 1, np.int64))  # [B]
+            if self.head is not None:
                 next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [B, n]
-                if defer_head:
-                    self.deferred.add_prompts(requests, rows, out["hidden"], next_ids)
-                else:
-                    self._catch_up(rows, out["hidden"], next_ids, out.positions, last, requests,
-                                   max(self.step_k, 1), graphed=False)
+                self.head.defer_prompts(requests, rows, out["hidden"], next_ids)
         for req, token in zip(requests, first):
             req.extend([token])
             if not req.placeholder:
@@ -262,126 +289,126 @@ class Decoder:
                 self.stats.prompt_tokens += n
                 self.stats.generated_tokens += 1
 
-    # -- one step --------------------------------------------------------------------------
-    def greedy_step(self, batch: Batch) -> None:
-        """Plain decode: one target forward of x_T per row (and its MTP entry, when speculating)."""
-        with self.stats.timed("decode"):
-            out = self.forwards.advance(batch.rows, batch.pending[:, None], batch.processed[:, None])
-            tokens = sampler.pick(batch.requests, out, np.zeros(len(batch), np.int64))  # [B]
-            if self.chooser is not None:
-                self._defer_or_catch_up(batch, out, tokens)
-            elif self.mtp is not None:
-                self._catch_up(batch.rows, out["hidden"], tokens[:, None], out.positions, np.zeros(len(batch), np.int64),
-                               batch.requests, self.k)
-        self.stats.record_decode_step()
-        for req, T, t in zip(batch.requests, batch.processed, tokens):
-            if not req.done:
-                req.last_first_position, req.last_accepted = int(T), 0  # a decode step accepts no draft
-                self._emit(req, [t])
+    def drain(self) -> None:
+        """Reads the step in flight (its tokens are emitted) and closes the open run."""
+        with self._clock.inside():
+            while self._flight is not None:
+                flight, self._flight = self._flight, None
+                self._record(flight, flight.run.steps.read(flight.n))
+            self._close_run()
 
-    def speculative_step(self, batch: Batch, k: int) -> None:
-        T = batch.processed
-        self._check_positions(batch)
-        # 1. propose: k drafts per request                                         [B, k]
-        with self.stats.timed("propose"):
-            drafts = self.drafts.propose(batch, k)
-        self.step_k = self._choose_next(batch, k)  # the next step's k
-        head = self._head_runs(batch, k)  # the MTP head in its own Run, or in the verify's graph
-        # 2. verify: one target forward over [x_T, d_1..d_k] at positions T..T+k   [B, k+1]
-        ids = np.concatenate([batch.pending[:, None], drafts], axis=1)
-        positions = T[:, None] + np.arange(k + 1)
-        with self.stats.timed("verify"):
-            verified = head.verify(batch, ids, positions)
-        # 3. accept: greedy rows: a = longest prefix with d_i == g_{i-1} (g: the target's argmaxes),
-        #    bonus g_a. Sampled rows: d_i kept with probability min(1, p_{i-1}(d_i) / q_i(d_i)),
-        #    bonus drawn from norm(max(0, p_a - q_{a+1})), or from p_k when a = k (sampling.py).
-        #    Emit d_1..d_a and the bonus. Both read the verify's first k+1 rows (exact mode: pads follow).
-        accepted, bonus = sampler.accept(batch.requests, drafts, verified.out)  # [B], [B]
-        # 4. commit every state to T + a + 1 tokens, as if decoded one by one: the MTP head
-        #    first (it reads the verify's hiddens, which readvance's re-runs may overwrite)
-        with self.stats.timed("commit"):
-            head.catch_up(batch, verified, accepted, bonus, max(self.step_k, 1))
-            self.commit.commit(batch, verified, accepted, self.stats)
-        live = np.array([not r.done for r in batch.requests])
-        self.stats.record_speculative_step(accepted[live], k, fused=head is self.catch_up_in)
-        if self.chooser:
-            self.chooser.record_accepts(accepted[live], k)
-        for j, req in enumerate(batch.requests):
-            if live[j]:
-                req.last_first_position, req.last_accepted = int(T[j]), int(accepted[j])
-                self._emit(req, list(drafts[j, : accepted[j]]) + [bonus[j]])
+    def _close_run(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            run.steps.close()
 
-    # -- MTP catch-up and bookkeeping -------------------------------------------------------
-    def _head_runs(self, batch: Batch, k: int) -> CatchUpAfterVerify | CatchUpInVerify:
-        """One Run for this step where the fused graph applies (``head_runs``), else two."""
-        fused = self.catch_up_in
-        return fused if fused is not None and fused.applies(batch.requests, k, self.step_k) else self.catch_up_after
+    def close(self) -> None:
+        """Drops the step in flight, unread (a caller that stops or failed wants none of it), and
+        closes the open run: its device work done, its page-locked memory freed."""
+        self._flight = None
+        self._close_run()
 
-    def _defer_or_catch_up(self, batch: Batch, out: Forward, tokens: np.ndarray) -> None:
-        """Auto k after a plain decode: choose the next step's k; for k = 0 leave the head's entry
-        for later, else catch up over every entry left so far and this one, drafting k."""
-        self.deferred.add(batch.requests, batch.rows, out["hidden"], tokens, out.positions[:, 0])
-        self.step_k = self._choose_next(batch, 0)
-        if self.step_k > 0:
-            self._catch_up_deferred(self.step_k)
+    # -- a generate call ---------------------------------------------------------------------
+    def generate(self, requests: list[Request]) -> list[list[int]]:
+        for _ in self.steps(requests):
+            pass
+        return [r.output() for r in requests]
 
-    def _choose_next(self, batch: Batch, k: int) -> int:
-        """The k of the step after this one (of k drafts): the chooser's, asked now or, where a
-        speculative run ended just before this step, when that run did (``RunEnd.chosen_after``:
-        asked once, as in the plain loop); a fixed-k decoder's k."""
-        chosen, self._chosen_after = self._chosen_after, None
-        if chosen is not None:
-            return chosen
-        return self.chooser.choose(len(batch), self._tail(batch)) if self.chooser else k
+    def steps(self, requests: list[Request]):
+        """A static batch: admits the requests (rows in order), then steps until all are done,
+        yielding after the prefill and after every step (a caller streams each request's new
+        tokens). Auto k weighs the batch's tail, and the call calibrates it at its end."""
+        self.static = True
+        try:
+            self.admit(requests)
+            tail = self._tail(requests) if self.head is not None else None  # where the call's steps start
+            yield
+            while self.step():
+                yield
+            if tail is not None:
+                self.policy.end_call(len(requests), self.stats.steps_by_k, tail)
+        finally:
+            self.close()
 
-    def _tail(self, batch: Batch) -> Tail | None:
-        """What the chooser weighs beside E(k): a generate call's tail (its slowest request sets
-        the steps; the calls calibrate the model, ``KChooser.record_call``); none in a batcher
-        (requests join). Where a step runs only the live requests (the CPU) the tail's steps are
-        cheaper than full ones, so the tail weighs a little more than it costs there; without it
-        the CPU at batch 4 kept k = 3 or 4 where k = 2 was 7-14% faster (BENCHMARKS.md)."""
-        return Tail.of(batch.requests) if self.static_batch else None
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _ask(self, requests: list[Request]) -> int:
+        """The policy's k for the step after the one being planned (0 without a head)."""
+        return self.policy.next_k(len(requests), self._tail(requests)) if self.head is not None else 0
 
-    def _catch_up_deferred(self, drafts: int) -> None:
-        """The head over the entries left for later (``DeferredEntries``): first the waiting
-        prompts, one run per range of consecutive rows, then the plain decode steps' entries in one
-        run (entry p of the head's cache follows entries 0..p-1)."""
-        for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
-            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
-        if self.deferred.has_steps:
-            requests, rows, hidden, next_ids, positions, last = self.deferred.take()
-            self._catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+    def _tail(self, requests: list[Request]) -> Tail | None:
+        """A generate call's tail (its slowest request sets the steps); none in a batcher, whose rows are refilled."""
+        return Tail.of(requests) if self.static else None
 
-    def _catch_up(self, rows: Rows, hidden, next_ids, positions, last, requests, drafts: int, graphed=True) -> None:
-        """MTP entries T..T+last[j] from the target forward's hiddens [B, W, H] at positions
-        [B, W] and the tokens that followed (next_ids [B, m]; padded to W, rows past last[j]
-        are padding and never written); the head's output at last[j] is the next step's d1,
-        followed by d2..d_drafts. Sampled requests' drafts are drawn, and the distributions
-        they came from kept for the acceptance."""
-        width = positions.shape[1]
-        if next_ids.shape[1] < width:  # exact mode: the forward ran K_fix+1 rows
-            next_ids = np.concatenate([next_ids, np.zeros((len(next_ids), width - next_ids.shape[1]), np.int64)], 1)
-        sampling = sampler.draft_inputs(requests, drafts)
-        if sampling is None:
-            drafts = self.mtp.catch_up(rows, hidden, next_ids, positions, last, drafts, graphed=graphed)  # [B, k]
-            probs = [None] * len(requests)
-        else:
-            drafts, probs = self.mtp.catch_up_sampled(rows, hidden, next_ids, positions, last, drafts, sampling,
-                                                      graphed=graphed)  # [B, k], [B, k, V]
-        for req, row, q in zip(requests, drafts, probs):
-            req.next_drafts, req.draft_probs = row.tolist(), q if req.samples else None
+    @staticmethod
+    def _may_need_another(requests: list[Request]) -> bool:
+        """Whether a step after the one in flight can matter: a running request will not have
+        reached its budget with that step's tokens (at least one; a stop token is not known yet)."""
+        return any(not r.done and r.output_length + 1 < r.max_new_tokens for r in requests)
 
-    def _check_positions(self, batch: Batch) -> None:
-        """The last accept length again, from positions: this step's first position minus the
-        last step's, minus the bonus token. The states follow positions (every commit writes
-        at T..T+a), so on disagreement positions win; the counter exposes the bug."""
-        for req in batch.requests:
-            if req.last_first_position is None or req.done:
-                continue
-            if req.processed - req.last_first_position - 1 != req.last_accepted:
-                self.stats.position_mismatches += 1
+    def _check_positions(self, req: Request, first: int) -> None:
+        """The last accept length again, from positions: this step's first position minus the last
+        step's, less the bonus token; and this step's first position against the tokens emitted.
+        The states follow positions, so on disagreement positions win; the counter exposes the bug."""
+        if first != req.processed or (req.last_first_position is not None and
+                                      req.processed - req.last_first_position - 1 != req.last_accepted):
+            self.stats.position_mismatches += 1
 
     def _emit(self, req: Request, tokens) -> None:
         before = req.output_length
         req.extend(tokens)
         self.stats.generated_tokens += req.output_length - before
+
+    def take_stats(self) -> Stats:
+        """The counters since the last take (a batcher reports them to its Session after each call)."""
+        return self.stats.take()
+
+
+class StepClock:
+    """Each read step's seconds for the k policy: the time spent inside the loop since the last
+    read (the caller's time between calls is no step's), or None where the step is not steady: at
+    depth 1 the first of a run (it holds the run's start), one whose k differs from the last
+    step's or the next's, or one where a CUDA graph was set up since the read before the last (a
+    first run or capture waits for the GPU, which then has no step queued)."""
+
+    def __init__(self, graphs: GraphSet, depth: int) -> None:
+        self.slots, self.depth = graphs.slots, depth
+        self._inside = 0.0  # seconds inside the loop in calls that have returned
+        self._since: float | None = None  # when the call now running entered
+        self._last_read: float | None = None  # the loop's time at the last read
+        self._setups = collections.deque(maxlen=3)  # graph set-up counts at the last three reads
+        self._last_k: int | None = None
+
+    @contextlib.contextmanager
+    def inside(self):
+        """Around each call into the loop (re-entered calls count once)."""
+        if self._since is not None:
+            yield
+            return
+        self._since = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._inside += time.perf_counter() - self._since
+            self._since = None
+
+    def start_run(self) -> None:
+        """A run opens (before its step 0 is enqueued)."""
+        self._setups.append(self.slots.setup_runs)
+
+    def read(self, n: int, plan: Plan) -> float | None:
+        """Step n of the open run was just read: its seconds where steady, else None."""
+        now = self._inside + (time.perf_counter() - self._since if self._since is not None else 0.0)
+        self._setups.append(self.slots.setup_runs)
+        steady = (n >= 1 or not self.depth) and self._last_k == plan.k == plan.drafts and \
+            self._setups[0] == self._setups[-1]
+        seconds = now - self._last_read if steady else None
+        self._last_read, self._last_k = now, plan.k
+        return seconds
+
+
+def pads_prompts(graphs: GraphSet) -> bool:
+    """Whether the head may catch up over prompts of different lengths in one run, padded
+    (``DeferredEntries.take_prompts``): on CUDA (states there match a plain decode within a
+    tolerance), and on the CPU with float32 activations, where each row keeps its own bits
+    (float16 activations do not: ``deferred_entries``)."""
+    return graphs.arrays.device != "cpu" or graphs.manifest.activations == "float32"

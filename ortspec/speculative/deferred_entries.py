@@ -52,7 +52,7 @@ class DeferredEntries:
 
     @property
     def has_steps(self) -> bool:
-        """Whether plain decode steps left entries (their rows must stay in step: ``Decoder.prefill_group``)."""
+        """Whether plain decode steps left entries (their rows must stay in step: ``Decoder.admit``)."""
         return self._last is not None
 
     def add_prompts(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray) -> None:
@@ -91,7 +91,7 @@ class DeferredEntries:
                  positions: np.ndarray) -> None:
         """One plain decode step whose hidden rows are on the host already: hidden [B, H] as
         ``arrays.download`` gives them (bfloat16: its uint16 bit pattern), dtype: theirs on the
-        device. The pipelined loop reads them back a step late (``auto_stretch``)."""
+        device. A decode run reads them back a step late (``runtime.decode_run``)."""
         self._dtype = dtype
         self._steps.append((rows.indices, hidden, np.array(next_ids, np.int64), np.array(positions, np.int64)))
         self._last = (requests, rows)

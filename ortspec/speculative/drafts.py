@@ -29,7 +29,11 @@ class MTPDrafts:
         self.mtp = mtp
 
     def propose(self, batch: Batch, k: int) -> np.ndarray:
-        """[B, k]; a placeholder row (never caught up) proposes zeros."""
+        return self.of(batch, k)
+
+    @staticmethod
+    def of(batch: Batch, k: int) -> np.ndarray:
+        """[B, k]: each request's first k drafts; a placeholder row (never caught up) proposes zeros."""
         return np.array([(r.next_drafts + [0] * k)[:k] for r in batch.requests], np.int64).reshape(len(batch), k)
 
 

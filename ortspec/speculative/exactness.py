@@ -17,10 +17,13 @@ import dataclasses
 
 import numpy as np
 
+from ..runtime.engines import Engine
 from ..runtime.forward_shapes import ExactShape
 from ..runtime.graphs import GraphSet
+from ..runtime.states import Rows
 from .decoder import Decoder
 from .drafts import MTPDrafts, ScriptedDrafts
+from .head import Head
 from .requests import Batch, Request
 from .stats import Stats
 
@@ -64,10 +67,10 @@ def within(mine: np.ndarray, theirs: np.ndarray, atol: float) -> bool:
     return bool(np.all(np.abs(mine.astype(np.float64) - theirs) <= atol * scale))
 
 
-def row_state(decoder: Decoder, req: Request) -> RowState:
+def row_state(engine: Engine, req: Request) -> RowState:
     T = req.processed
-    return RowState(req.pending, list(req.next_drafts), decoder.target.states.row_state(req.row, T),
-                    decoder.mtp.row_state(req.row, T))
+    mtp = engine.mtp.row_state(req.row, T) if engine.mtp is not None else {}
+    return RowState(req.pending, list(req.next_drafts), engine.target.states.row_state(req.row, T), mtp)
 
 
 def make_requests(prompts, max_new_tokens, rows: int | None = None, stop_tokens=()):
@@ -78,17 +81,36 @@ def make_requests(prompts, max_new_tokens, rows: int | None = None, stop_tokens=
 
 
 def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, stages: int = 1):
-    """-> ({row: prompt + greedy tokens}, {(row, length): RowState})."""
-    decoder = Decoder(graphs, len(prompts), k, "select", Stats(), stages=stages)
+    """The slow reference: each prompt prefilled alone, then greedy M=1 steps, the MTP head fed
+    every token (drafting k) as a speculative run does. -> ({row: prompt + greedy tokens},
+    {(row, length): RowState})."""
+    engine = Engine.create(graphs, len(prompts), k, stages)
+    head = Head(engine.mtp, graphs.arrays, pad_lengths=False) if engine.mtp is not None else None
     requests, table = make_requests(prompts, max_new_tokens), {}
     for req in requests:
-        decoder.prefill(req)
-        table[(req.row, req.processed)] = row_state(decoder, req)
+        rows, n = Rows([req.row]), len(req.prompt)
+        ids, positions = np.array([req.prompt], np.int64), np.arange(n, dtype=np.int64)[None]  # [1, n]
+        with engine.step():
+            engine.target.reset(rows)
+            out = engine.target.prefill(rows, ids, positions)
+            first = out.tokens[:, n - 1]  # [1]
+            if head is not None:
+                head.catch_up(rows, out["hidden"], np.concatenate([ids[:, 1:], first[:, None]], axis=1), out.positions,
+                              np.array([n - 1]), [req], k, graphed=False)
+        req.tokens = list(req.prompt)
+        req.extend(first)
+        table[(req.row, req.processed)] = row_state(engine, req)
     while not all(r.done for r in requests):
         batch = Batch([r for r in requests if not r.done])
-        decoder.greedy_step(batch)
-        for req in batch.requests:
-            table[(req.row, req.processed)] = row_state(decoder, req)
+        with engine.step():
+            out = engine.target.decode(batch.rows, batch.pending[:, None], batch.processed[:, None])
+            tokens = out.tokens[:, 0]  # [B]
+            if head is not None:
+                head.catch_up(batch.rows, out["hidden"], tokens[:, None], out.positions, np.zeros(len(batch), np.int64),
+                              batch.requests, k)
+        for req, token in zip(batch.requests, tokens):
+            req.extend([token])
+            table[(req.row, req.processed)] = row_state(engine, req)
     return {r.row: r.tokens for r in requests}, table
 
 
@@ -106,12 +128,10 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
     ``exact`` runs the speculative side in exact mode at that fixed shape; ``k_chooser`` runs
     it with auto k (k is then the most drafts per step), the head's state compared whenever no
     entries wait for it; ``fused_verify=False`` keeps the MTP head out of the verify's graph
-    (``head_runs``; by default every step that can runs as one graph: ``stats.fused_verify_steps``).
-    ``pipelined=True`` (with ``k_chooser`` and fixed rows) runs the stretches of k = 0 steps a step
-    ahead (``pipelined``), and the runs of one k >= 1 too where the drafts are the head's own
-    (``make_drafts``): their states are compared where each run ends, drained (after a stretch,
-    after the head's catch-up; a row that ended inside a run ran on past its end: its tokens are
-    checked). ``stop_tokens`` end each request at the first of them, as greedy's output would.
+    (by default every step that can runs as one graph: ``stats.fused_verify_steps``).
+    ``pipelined=True`` runs the loop at depth 1 (the host a step ahead, ``decoder``) where the
+    steps' kinds run ahead: their states are compared where a run ends, read out (a row that
+    ended inside a run ran on past its end: its tokens are checked). ``stop_tokens`` end each request at the first of them, as greedy's output would.
     ``make_drafts``: the draft source (default: ``ScriptedDrafts`` with p and seed); ``MTPDrafts``
     where the caller scripts the head's own drafts wherever it makes them (the pipelined speculative
     loop makes each step's inputs on the device from them), the reference made under the same script.
@@ -129,7 +149,7 @@ def check_speculative(graphs: GraphSet, prompts, max_new_tokens: int, k: int, co
             want = table.get((req.row, req.processed))
             if want is None:
                 raise ExactnessError(f"{where}: the plain decode never reached this length")
-            diffs = row_state(decoder, req).differences(want, atol, head=not decoder.deferred)
+            diffs = row_state(decoder.engine, req).differences(want, atol, head=not decoder.head.waiting)
             if diffs:
                 raise ExactnessError(f"{where}: differs from the plain decode in {', '.join(diffs)}")
         finished.update(r.row for r in requests if r.done)  # those that ended unseen (a stretch) ran on

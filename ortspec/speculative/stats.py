@@ -43,19 +43,19 @@ class Stats:
     step of a greedy session; in a speculative session, the steps taken when fewer than k
     positions are left before max_length."""
     pipelined_steps: int = 0
-    """Those of the decode steps run by the pipelined greedy loop (CUDA generate calls, k = 0 and
-    auto k's k = 0 stretches: the host a step ahead of the GPU; speculative/pipelined.py). A step
-    run past a stop token (its token dropped) is not counted."""
+    """Those of the decode steps that overlapped another on the device: enqueued before the step
+    before them was read, or with the next one enqueued before they were read (the loop at depth 1,
+    ``speculative/decoder.py``; CUDA's default). A step run past a stop token (its token dropped) is
+    not counted."""
     pipelined_speculative_steps: int = 0
-    """Those of the speculative steps run by the pipelined speculative loop (CUDA generate calls,
-    fixed k >= 1 and auto k's runs of one k >= 1: the host a step ahead of the GPU;
-    speculative/pipelined_speculation.py). A step run past the end of every request (its tokens
-    dropped) is not counted."""
+    """Those of the speculative steps that overlapped another on the device (as pipelined_steps;
+    fused steps of a run of one k). A step run past the end of every request (its tokens dropped)
+    is not counted."""
     speculative_steps: int = 0
     """Speculative steps (propose, verify, accept, commit), each counted once for the batch."""
     fused_verify_steps: int = 0
     """Speculative steps that ran the MTP head inside the verify's graph (``verify_mtp_k{k}``:
-    one Run per step; ``speculative.head_runs``); the others ran it in a Run of its own."""
+    one Run per step; ``speculative.step_kinds``); the others ran it in a Run of its own."""
     speculative_row_steps: int = 0
     """Row-steps: the unfinished requests of each speculative step, summed over the steps
     (= sum(accept_histogram))."""
@@ -82,7 +82,8 @@ class Stats:
     so this is near zero). verify: the target over [x_T, d1..dk] (and the readvance snapshot;
     in a fused step also the MTP head's catch-up and drafts, which run in the verify's graph).
     commit: states to the accepted length (readvance re-runs included) and the MTP head's
-    catch-up, which also drafts the next step's d1..dk (a fused step: only the writing of its entries)."""
+    catch-up, which also drafts the next step's d1..dk (a fused step enqueues its commit with its
+    Run: counted in verify)."""
 
     _running: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -117,6 +118,15 @@ class Stats:
         self.speculative_row_steps += len(accepted)
         self.drafted += k * len(accepted)
         self.accepted += int(sum(accepted))
+
+    def take(self) -> "Stats":
+        """These counters as a copy, then zero again (in place: the loop's step kinds keep a
+        reference; a batcher reports its counters to the Session after each call)."""
+        taken = copy.deepcopy(self)
+        for f in dataclasses.fields(self):
+            if not f.name.startswith("_"):
+                setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
+        return taken
 
     def merge(self, other: "Stats") -> None:
         """Adds another call's counters to these (every int counter, the histogram, the phase times)."""

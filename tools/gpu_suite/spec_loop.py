@@ -31,10 +31,10 @@ from unittest import mock
 import numpy as np
 
 import ortspec
-from ortspec.runtime.device_verify import DeviceVerify
+from ortspec.runtime.fused_run import FusedRun
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.decoder import Decoder
-from ortspec.speculative.pipelined_speculation import PipelinedSpeculation
+from ortspec.speculative.step_kinds import FusedSteps
 from ortspec.speculative.requests import Request
 from ortspec.speculative.stats import Stats
 
@@ -92,27 +92,27 @@ def identity(session, greedy, label: str, prompts: list, n: int, checks: Checks)
 @contextlib.contextmanager
 def request_end_states():
     """Records, while open, each request's target and MTP states (every position) right after the
-    pipelined step that ended it, before the next step is enqueued (on CUDA the download waits for
-    the stream up to that step's commit): yields {row: (request, (target, mtp), step)}."""
-    after_step, ends = [], {}
-    step, take = DeviceVerify.step, PipelinedSpeculation._take_step
+    fused step that ended it, before the next step is enqueued (on CUDA the download waits for the
+    stream up to that step's commit): yields {row: (request, (target, mtp), steps read so far)}."""
+    after_step, ends, reads = {}, {}, [0]
+    enqueue, record = FusedRun.enqueue, Decoder._record
 
-    def recorded(self, n, ids, positions):
-        out = step(self, n, ids, positions)
+    def recorded(self, n, *args):
+        enqueue(self, n, *args)
         L = self.graphs.manifest.max_length
-        after_step.append({row: (self.target.states.row_state(row, L), self.mtp.row_state(row, L))
-                           for row in self.rows.indices})
-        return out
+        after_step[(id(self), n)] = {row: (self.target.states.row_state(row, L), self.mtp.row_state(row, L))
+                                     for row in self.rows.indices}
 
-    def taken(self, occupants, T, drafts, step_ids):
-        running = [r for r in occupants if not r.done]
-        result = take(self, occupants, T, drafts, step_ids)
-        n = self.stats.pipelined_speculative_steps - 1
-        ends.update({r.row: (r, after_step[n][r.row], n) for r in running if r.done})
-        return result
+    def taken(self, flight, result):
+        running = [r for r in flight.run.requests if not r.done]
+        record(self, flight, result)
+        steps = flight.run.steps
+        if isinstance(steps, FusedSteps):
+            reads[0] += 1
+            states = after_step[(id(steps.run), flight.n)]
+            ends.update({r.row: (r, states[r.row], reads[0]) for r in running if r.done})
 
-    with mock.patch.object(DeviceVerify, "step", recorded), mock.patch.object(PipelinedSpeculation, "_take_step",
-                                                                              taken):
+    with mock.patch.object(FusedRun, "enqueue", recorded), mock.patch.object(Decoder, "_record", taken):
         yield ends
 
 

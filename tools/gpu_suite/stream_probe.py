@@ -16,7 +16,7 @@ converted here), batch 1, greedy, after a warm-up that captures the CUDA graphs:
     into the next step's input_ids, and copied into page-locked memory behind an ``Event``. The
     host reads step n's token after enqueueing step n+1: a step late.
 (c) as (b), but every Run synchronizes (ONNX Runtime's default): what the shared stream alone buys.
-(d) ortspec's pipelined greedy loop (``speculative/pipelined.py``, what a CUDA generate call
+(d) ortspec's loop at depth 1 (``speculative/decoder.py``, what a CUDA generate call
     runs since commit f66d829; absent before): the runtime's own version of (b).
 
 Prints, per model and loop: microseconds per step, tokens/s, host microseconds per step spent
@@ -127,12 +127,12 @@ def plain_loop(session, total: int, warmup: int) -> tuple[list[int], float]:
     with session.lease_engine(1) as engine:
         decoder = Decoder(session.graphs, 1, 0, "select", Stats(), engine=engine)
         request = Request(row=0, prompt=list(STEP_PROMPT), max_new_tokens=total + 2)
-        decoder.prefill(request)
+        decoder.admit([request])
         for _ in range(warmup):
-            decoder.step([request])
+            decoder.step()
         start = time.perf_counter()
         for _ in range(total - warmup):
-            decoder.step([request])
+            decoder.step()
         seconds = (time.perf_counter() - start) / (total - warmup)
         return request.output(), seconds
 
@@ -196,7 +196,7 @@ class DeviceLoop:
         """Prefills the prompt (ortspec's own path), then `total` steps of the device loop; the
         tokens and the per-step times of the steps after `warmup`."""
         request = Request(row=0, prompt=list(STEP_PROMPT), max_new_tokens=total + 2)
-        self.decoder.prefill(request)
+        self.decoder.admit([request])
         self.arrays.synchronize()  # the prefill's commits ran on the runtime's stream, which ours does not wait for
         options, handle = self.run_options(asynchronous), self.stream.handle
         self.ids.copy_from_numpy(np.array([[request.pending]], np.int64), stream=handle)

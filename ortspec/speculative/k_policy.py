@@ -1,0 +1,81 @@
+"""How many drafts each step verifies: one policy object per Session, asked by the loop in one place.
+
+The loop asks ``next_k(rows, tail)`` once per step, when it plans that step, for the drafts the
+step's MTP head makes: the k of the step after it (a fused step drafts inside the verify's
+graph, so the choice comes a step early). It tells the policy what every step did with
+``record(step)``. ``FixedK`` answers its k; ``AutoK`` asks the measured chooser
+(``auto_k.KChooser``: tokens per second from acceptance and step times) and feeds it.
+
+``record`` times a step only when it is steady: the same k ran before it and runs after it,
+and no CUDA graph was set up while it ran (a first run or capture waits for the GPU), so its
+time is what a long run of that k costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .auto_k import KChooser, Tail
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What one step did, for the policy: its k, the next step's k, the rows it ran, the live
+    rows' accept lengths, and its seconds (None: not steady, nothing to time)."""
+
+    k: int
+    next_k: int
+    rows: int
+    accepted: np.ndarray  # [live rows]
+    seconds: float | None
+
+
+class FixedK:
+    """Every step verifies k drafts (0: plain greedy)."""
+
+    def __init__(self, k: int) -> None:
+        self.max_k = self.k = k
+
+    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False) -> int:
+        return self.k
+
+    def record(self, step: StepRecord) -> None:
+        pass
+
+    def end_call(self, rows: int, steps_by_k: list, tail: Tail) -> None:
+        pass
+
+    def snapshot(self) -> dict | None:
+        return None
+
+
+class AutoK:
+    """k in 0..K chosen per step by a ``KChooser`` shared by every call and batcher of a Session."""
+
+    def __init__(self, chooser: KChooser) -> None:
+        self.chooser, self.max_k = chooser, chooser.max_k
+
+    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False) -> int:
+        """tail: a static batch's (a generate call's: its slowest request sets the steps);
+        fresh: a call's first choice, before any draft, where changing k costs nothing."""
+        return self.chooser.choose(rows, tail, fresh=fresh)
+
+    def record(self, step: StepRecord) -> None:
+        if step.k > 0:
+            self.chooser.record_accepts(step.accepted, step.k)
+        if step.seconds is not None:
+            self.chooser.record_time(step.rows, step.k, step.seconds)
+
+    def end_call(self, rows: int, steps_by_k: list, tail: Tail) -> None:
+        """A generate call's steps calibrate its k's tail (``KChooser.record_call``)."""
+        self.chooser.record_call(rows, steps_by_k, tail)
+
+    def snapshot(self) -> dict:
+        return self.chooser.snapshot()
+
+
+def policy_for(k: int, chooser: KChooser | None) -> FixedK | AutoK:
+    """The policy of a Session of k (auto: the most drafts a step may verify, with its chooser)."""
+    return AutoK(chooser) if chooser is not None else FixedK(k)
