@@ -1,4 +1,4 @@
-"""The seed bugs of DESIGN.md, planted one at a time: the exactness check must catch each.
+"""The pitfalls of docs/design.md, planted one at a time: the exactness check must catch each.
 
 A check that passes with a bug planted proves nothing, so each test plants one bug class
 from the peers' history and asserts that the state comparison (batch 3, k = 3) fails.

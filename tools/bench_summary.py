@@ -19,10 +19,14 @@ from pathlib import Path
 
 
 def load(paths: list[str]) -> dict[tuple, list[dict]]:
+    """(model, threads, prompts) -> the runs of that configuration, read from the files."""
+    return group([json.loads(Path(path).read_text()) for path in paths])
+
+
+def group(runs: list[dict]) -> dict[tuple, list[dict]]:
     """(model, threads, prompts) -> the runs of that configuration."""
     groups: dict[tuple, list[dict]] = collections.defaultdict(list)
-    for path in paths:
-        run = json.loads(Path(path).read_text())
+    for run in runs:
         prompts = "bench" if run.get("prompts") in (None, "bench") else "held-out"  # else the texts given
         groups[(Path(run["model"]).name, run.get("threads"), prompts)].append(run)
     return groups

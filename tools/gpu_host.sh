@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One visit to the GPU host. Contract (what the lead relies on):
 #   1. installs the staged onnxruntime-gpu (.ortgpu/install.sh; the parts must already be in
-#      /tmp/ortgpu-parts, see README "GPU users") and puts it on PYTHONPATH (/tmp/ortgpu);
-#   2. builds ortspec with CUDA in place (pip install -e .) and prints both build infos;
+#      /tmp/ortgpu-parts, see docs/gpu.md) and puts it on PYTHONPATH (/tmp/ortgpu);
+#   2. builds ortspec with CUDA in place (pip install -e .: a GPU is present, so setup.py compiles
+#      the CUDA kernels) and prints both build infos;
 #   3. builds and runs the native tests (ctest: arena, graph_slots, state kernels CPU and CUDA);
 #   4. WAIT_FOR=FILE: waits up to 15 minutes for FILE while a train_tiny.py runs (e.g. a
 #      training started in the background must finish before anything is timed);

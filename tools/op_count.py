@@ -4,7 +4,7 @@
     python tools/op_count.py --convert CHECKPOINT --dtype float32,float16 [--activations float32,model] [-k 3]
 
 On the CUDA EP a decode of the 20M model is launch-bound: ~1.6-2 us per kernel, the GPU busy
-about half of the step (BENCHMARKS.md, "Floors, measured"), so every node removed from the
+about half of the step (BENCHMARKS.md, "Where a token's GPU time goes"), so every node removed from the
 decode / verify / mtp_propose graphs is time saved. Every node launches a kernel except the
 views ONNX Runtime aliases without a copy (``VIEW_OPS``); shape arithmetic that ORT places on
 the CPU still counts, so the count is an upper bound that moves one for one with the graph.

@@ -2,7 +2,8 @@
 # GPU host: ortspec beside onnxruntime-genai (tools/peer_bench.py) on models/qwen35-python-20m and
 # on LARGE (the 1B random model of tools/gpu.py scale, generated here), tables printed last.
 # Before: tools/gpu_host.sh has installed onnxruntime-gpu in /tmp/ortgpu and built ortspec
-# (GPU_TOOL=none), and .peer/ was carried (stage it with ../shared/gpu/stage-peer: 17 MB).
+# (GPU_TOOL=none), and .peer/ was carried: the onnxruntime-genai-cuda 0.18.0 and onnx-ir wheels for
+# CPython 3.12 (pip download --only-binary=:all:, 17 MB; docs/benchmarks.md).
 #   bash tools/peer_host.sh        # results in $OUT: peer_20m.json/.log, peer_large.json/.log
 # Bounded: everything stops by DEADLINE_S (default 440 s; expected about 6 minutes on an H200).
 # Each harness run is killed at the time left minus what the next one needs. A run that dies
@@ -19,7 +20,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-440}
 if ! ls .peer/onnxruntime_genai_cuda-*.whl > /dev/null 2>&1; then
-  echo "no .peer/onnxruntime_genai_cuda-*.whl: run ../shared/gpu/stage-peer here and carry .peer"; exit 1
+  echo "no .peer/onnxruntime_genai_cuda-*.whl: download the peer's wheels into .peer/ and carry it (docs/benchmarks.md)"; exit 1
 fi
 python3 -m pip install -q --upgrade --no-deps --no-index --target /tmp/og .peer/*.whl 2>&1 | grep -v WARNING
 python3 -c "import onnxruntime_genai as g, onnxruntime as o

@@ -56,7 +56,7 @@ class PeerDirs:
 
 
 def builder_command(checkpoint: Path, out: Path, cache: Path, precision: str = "fp16") -> list[str]:
-    """The builder run DESIGN.md records: fp16 for the CUDA EP (it runs on a CPU machine too)."""
+    """The builder run docs/benchmarks.md records: fp16 for the CUDA EP (it runs on a CPU machine too)."""
     return [sys.executable, "-m", BUILDER_MODULE, "-i", str(checkpoint), "-o", str(out), "-p", precision,
             "-e", "cuda", "-c", str(cache)]
 
