@@ -194,8 +194,9 @@ def test_step_clock_times_steady_intervals_only(monkeypatch):
             graphs.slots.setup_runs += setup
             timed.append(clock.read(n, plan))
         now[0] += caller
-    assert timed == [None, 0.5, 0.25, None, None, 0.75]
-    assert clock.read(6, Plan(object, 2, 3, (0, 1, 2))) is None  # the next step's k differs: not steady
+    assert [seconds for _, seconds in timed] == [None, 0.5, 0.25, None, None, 0.75]
+    assert [elapsed for elapsed, _ in timed] == [0.0, 0.5, 0.25, 0.125, 2.0, 0.75]  # every step's time, for windows
+    assert clock.read(6, Plan(object, 2, 3, (0, 1, 2)))[1] is None  # the next step's k differs: not steady
 
 
 def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models):

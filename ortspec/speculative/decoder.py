@@ -201,6 +201,7 @@ class Decoder:
         if not live.any():
             return  # a step run past the end of every request: its tokens are dropped, it is not counted
         self._count(plan, result.accepted[live], flight)
+        generated = self.stats.generated_tokens
         for j, req in enumerate(requests):
             if result.next_drafts is not None:
                 req.next_drafts, req.draft_probs = result.next_drafts[j].tolist(), None
@@ -215,8 +216,9 @@ class Decoder:
             with self.engine.step(), self.stats.timed("commit"):
                 self.head.catch_up_deferred(plan.drafts)
         self.next_k = plan.drafts
-        seconds = self._clock.read(flight.n, plan)
-        self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live], seconds))
+        elapsed, seconds = self._clock.read(flight.n, plan)
+        self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live],
+                                      self.stats.generated_tokens - generated, elapsed, seconds))
         if self.on_commit and self._flight is None:
             self.on_commit(self, Batch([r for r, was_live in zip(requests, live) if was_live]))
 
@@ -247,7 +249,7 @@ class Decoder:
             self._prefill(group)
         if self.head is not None and fresh:
             live = [r for r in self.occupants if r is not None]
-            self.next_k = self.policy.next_k(len(live), self._tail(live), fresh=self.static)
+            self.next_k = self.policy.next_k(len(self.occupants), self._tail(live), fresh=self.static)
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Runs of requests in consecutive rows with prompts of one length, at most
@@ -332,8 +334,9 @@ class Decoder:
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _ask(self, requests: list[Request]) -> int:
-        """The policy's k for the step after the one being planned (0 without a head)."""
-        return self.policy.next_k(len(requests), self._tail(requests)) if self.head is not None else 0
+        """The policy's k for the step after the one being planned (0 without a head), for an
+        engine of this many rows."""
+        return self.policy.next_k(len(self.occupants), self._tail(requests)) if self.head is not None else 0
 
     def _tail(self, requests: list[Request]) -> Tail | None:
         """A generate call's tail (its slowest request sets the steps); none in a batcher, whose rows are refilled."""
@@ -395,15 +398,15 @@ class StepClock:
         """A run opens (before its step 0 is enqueued)."""
         self._setups.append(self.slots.setup_runs)
 
-    def read(self, n: int, plan: Plan) -> float | None:
-        """Step n of the open run was just read: its seconds where steady, else None."""
+    def read(self, n: int, plan: Plan) -> tuple[float, float | None]:
+        """Step n of the open run was just read: (its seconds, those seconds where steady else None)."""
         now = self._inside + (time.perf_counter() - self._since if self._since is not None else 0.0)
         self._setups.append(self.slots.setup_runs)
         steady = (n >= 1 or not self.depth) and self._last_k == plan.k == plan.drafts and \
-            self._setups[0] == self._setups[-1]
-        seconds = now - self._last_read if steady else None
+            self._setups[0] == self._setups[-1] and self._last_read is not None
+        elapsed = now - self._last_read if self._last_read is not None else 0.0
         self._last_read, self._last_k = now, plan.k
-        return seconds
+        return elapsed, elapsed if steady else None
 
 
 def pads_prompts(graphs: GraphSet) -> bool:

@@ -4,7 +4,8 @@ The loop asks ``next_k(rows, tail)`` once per step, when it plans that step, for
 step's MTP head makes: the k of the step after it (a fused step drafts inside the verify's
 graph, so the choice comes a step early). It tells the policy what every step did with
 ``record(step)``. ``FixedK`` answers its k; ``AutoK`` asks the measured chooser
-(``auto_k.KChooser``: tokens per second from acceptance and step times) and feeds it.
+(``auto_k.KChooser``: the k whose windows of steps delivered the most tokens per second) and
+feeds it.
 
 ``record`` times a step only when it is steady: the same k ran before it and runs after it,
 and no CUDA graph was set up while it ran (a first run or capture waits for the GPU), so its
@@ -23,12 +24,15 @@ from .auto_k import KChooser, Tail
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
     """What one step did, for the policy: its k, the next step's k, the rows it ran, the live
-    rows' accept lengths, and its seconds (None: not steady, nothing to time)."""
+    rows' accept lengths, the tokens it emitted, its seconds (the loop's time since the last
+    step was read) and those seconds again where the step was steady (else None)."""
 
     k: int
     next_k: int
     rows: int
     accepted: np.ndarray  # [live rows]
+    tokens: int
+    elapsed: float
     seconds: float | None
 
 
@@ -67,9 +71,10 @@ class AutoK:
             self.chooser.record_accepts(step.accepted, step.k)
         if step.seconds is not None:
             self.chooser.record_time(step.rows, step.k, step.seconds)
+        self.chooser.record_step(step.rows, len(step.accepted), step.tokens, step.elapsed)
 
     def end_call(self, rows: int, steps_by_k: list, tail: Tail) -> None:
-        """A generate call's steps calibrate its k's tail (``KChooser.record_call``)."""
+        """A generate call ended: its window closes (``KChooser.record_call``)."""
         self.chooser.record_call(rows, steps_by_k, tail)
 
     def snapshot(self) -> dict:

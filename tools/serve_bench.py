@@ -1,0 +1,123 @@
+"""The server against generate, side by side in one run: what `ortspec serve` delivers of the engine.
+
+    python3 tools/serve_bench.py MODEL_DIR [-k 0,2] [--provider cpu|cuda] [--threads N]
+        [--clients 1,8] [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2]
+        [--stream yes|no] [--json F]
+
+Per round and per k: `ortspec serve` in a child process (max batch size = the most clients),
+loaded by C concurrent clients (threads with their own connections: tools/serve_load.py) that
+each send --requests requests one after another; then, in this process, a Session of the same k
+runs the same requests as --requests generate calls of batch C. Both use the prompts of --prompts
+(a JSON list of texts; default the bench's held-out prompts), --max-tokens new tokens and the
+model's stop tokens, greedy. Reported per (k, clients): the median tokens/s of each over the
+rounds, server / generate, and each k's tokens/s over k = the first one's (speculation against
+greedy, through the server and through generate). Outputs are compared too: a request's tokens
+from the server must equal generate's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import ortspec  # noqa: E402
+from tools.serve_load import run_clients, served  # noqa: E402
+
+DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
+
+
+def requests_of(prompts: list[str], clients: int, per_client: int) -> list[list[str]]:
+    """The prompt of each client's requests, in order: request r of client c takes prompt c * R + r."""
+    return [[prompts[(c * per_client + r) % len(prompts)] for r in range(per_client)] for c in range(clients)]
+
+
+def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool) -> tuple[float, dict]:
+    """(tokens/s over the wall time, {prompt: text}) of every client sending its requests in order."""
+    bodies = [[{"prompt": p, "max_tokens": max_tokens, "stream": stream} for p in mine] for mine in texts]
+    results, seconds = run_clients(url, bodies, timeout=600.0)
+    failed = [r for rs in results for r in rs if r.status != 200 or r.error]
+    if failed:
+        raise SystemExit(f"serve_bench: {len(failed)} requests failed, e.g. {failed[0].status} {failed[0].error}")
+    outputs = {body["prompt"]: r.token_ids for bs, rs in zip(bodies, results) for body, r in zip(bs, rs)}
+    return sum(len(r.token_ids) for rs in results for r in rs) / seconds, outputs
+
+
+def generate_side(session, texts: list[list[str]], max_tokens: int) -> tuple[float, dict]:
+    """(tokens/s, {prompt: token ids}) of the same requests as generate calls: call r batches request r
+    of every client, over the ids the server's tokenizer makes of each prompt."""
+    calls = [[mine[r] for mine in texts] for r in range(len(texts[0]))]
+    ids = {p: session.tokenizer.encode(p).ids for call in calls for p in call}
+    tokens, outputs, start = 0, {}, time.perf_counter()
+    for prompts in calls:
+        for prompt, out in zip(prompts, session.generate([ids[p] for p in prompts], max_new_tokens=max_tokens)):
+            outputs[prompt] = out
+            tokens += len(out)
+    return tokens / (time.perf_counter() - start), outputs
+
+
+def measure(args, k: int, prompts: list[str], clients: list[int]) -> dict:
+    """One round for one k: {clients: (server tok/s, generate tok/s, outputs equal)}."""
+    rows = {}
+    with served(args.model, k, args.provider, args.threads, max(clients)) as url:
+        server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
+        server = {c: server_side(url, requests_of(prompts, c, args.requests), args.max_tokens, args.stream == "yes")
+                  for c in clients}
+    session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
+    for c in clients:
+        session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8)  # warm-up at this batch size
+        rate, outputs = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens)
+        server_rate, served_outputs = server[c]
+        rows[c] = (server_rate, rate, served_outputs == outputs)
+    session.close()
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("-k", default="0,2", help="comma-separated k (the first is the baseline of the ratios)")
+    parser.add_argument("--provider", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--requests", type=int, default=4, help="requests per client (generate: calls per batch)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--stream", choices=["yes", "no"], default="yes")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    ks, clients = [int(k) for k in args.k.split(",")], [int(c) for c in args.clients.split(",")]
+    prompts = json.loads(args.prompts.read_text())
+    runs = {(k, c): [] for k in ks for c in clients}
+    for round_ in range(args.rounds):
+        for k in (ks if round_ % 2 == 0 else ks[::-1]):
+            for c, row in measure(args, k, prompts, clients).items():
+                runs[(k, c)].append(row)
+                print(f"round {round_} k={k} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
+                      f"outputs equal {row[2]}", flush=True)
+    median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
+                    all(r[2] for r in rows)) for key, rows in runs.items()}
+    print("\n| k | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "
+          "generate / generate k0 | outputs equal |\n|---|---|---|---|---|---|---|---|")
+    for (k, c), (server, generate, equal) in median.items():
+        base_server, base_generate, _ = median[(ks[0], c)]
+        print(f"| {k} | {c} | {server:.0f} | {generate:.0f} | {server / generate:.2f} | {server / base_server:.2f} | "
+              f"{generate / base_generate:.2f} | {equal} |")
+    if args.json:
+        args.json.write_text(json.dumps({"settings": {**vars(args), "model": str(args.model), "prompts": str(args.prompts),
+                                                      "json": str(args.json)},
+                                         "runs": {f"k={k} clients={c}": rows for (k, c), rows in runs.items()}},
+                                        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
