@@ -42,6 +42,15 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1; got {text!r}")
 
 
+def _batch_sizes(text: str) -> list[int]:
+    """--batch of bench: comma-separated batch sizes, each >= 1."""
+    sizes = _int_list(text)
+    if any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1 (requests decoded together), such as "
+                                         f"1,4; got {text!r}")
+    return sizes
+
+
 def _k_or_auto(text: str):
     """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
     if text == "auto":
@@ -152,7 +161,7 @@ def _add_bench(sub) -> None:
                         "(float32, float16, bfloat16; default: float32)")
     _add_k(b, 'comma-separated k values to bench (0 = greedy; "auto": the Session chooses per step)', _k_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
            metavar="K,K,...")
-    b.add_argument("--batch", type=_int_list, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
+    b.add_argument("--batch", type=_batch_sizes, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
     b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
                                                      "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
