@@ -2,11 +2,18 @@
 
 Written by hand from protocol.py's checks (the fields, their types and ranges), so that a
 client generator or a schema fuzzer (tests/test_fuzz_server.py) sees what the server accepts;
-fields the server refuses (stop strings, n > 1, logprobs, ...) are left out. Every error
+fields the server refuses (stop strings, n > 1, logprobs, ...) are left out, and a field sent
+as null means its default. Some limits no schema can say (a prompt's length in tokens, token
+ids within the vocabulary, temperature 0 or >= 1e-4) are refused with 400 as well. Every error
 answer has the OpenAI error body (ErrorBody).
 """
 
 from __future__ import annotations
+
+import numpy as np
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # validation.sampling: finite as a float32
+FLOAT32_TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest top_p that is not 0 in float32
 
 ERRORS = {
     "400": "a field or the body is wrong (the message names it)",
@@ -19,11 +26,11 @@ ERRORS = {
 
 TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 
-SAMPLING = {
+FIELDS = {
     "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "default": 16},
-    "temperature": {"type": "number", "minimum": 0, "default": 0,
-                    "description": "0 is greedy (ortspec's default); else >= 1e-4"},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+    "temperature": {"anyOf": [{"const": 0}, {"type": "number", "minimum": 1e-4, "maximum": FLOAT32_MAX}],
+                    "default": 0, "description": "0 is greedy (ortspec's default)"},
+    "top_p": {"type": "number", "minimum": FLOAT32_TINY, "maximum": 1, "default": 1},
     "top_k": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "default": 0,
               "description": "0, or the vocabulary size or more, keeps every token"},
     "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
@@ -31,7 +38,9 @@ SAMPLING = {
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds, at most --request-timeout"},
     "n": {"const": 1},
+    "model": {"type": "string", "description": "any: the server serves one model"},
 }
+SAMPLING = {name: {"anyOf": [schema, {"type": "null"}]} for name, schema in FIELDS.items()}  # null: the default
 
 COMPLETION_REQUEST = {
     "type": "object",
@@ -40,7 +49,6 @@ COMPLETION_REQUEST = {
         "prompt": {"oneOf": [{"type": "string", "minLength": 1}, TOKEN_IDS,
                              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
                              {"type": "array", "items": TOKEN_IDS, "minItems": 1, "maxItems": 1}]},
-        "model": {"type": "string"},
         **SAMPLING,
     },
 }
@@ -52,7 +60,6 @@ CHAT_REQUEST = {
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role", "content"],
             "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
-        "model": {"type": "string"},
         **SAMPLING,
     },
 }
@@ -78,10 +85,17 @@ COMPLETION = {
 }
 
 
+EVENT = {  # one server-sent event (not JSON itself: the last one's data is [DONE])
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string",
+                            "description": "a JSON chunk, a JSON error body (the last event), or [DONE]"}},
+}
+
+
 def _post(summary: str, request: str) -> dict:
     responses = {"200": {"description": "the completion, or server-sent events with stream: true", "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
-        "text/event-stream": {"schema": {"type": "string"}}}}}
+        "text/event-stream": {"schema": {"$ref": "#/components/schemas/Event"}}}}}
     responses.update({status: {"description": why, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}} for status, why in ERRORS.items()})
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
@@ -99,10 +113,11 @@ def description(model: str, chat: bool) -> dict:
         "/health": _get("ok, or 503 once the engine failed"),
         "/metrics": _get("Prometheus text", "text/plain"),
         "/v1/models": _get("the one model served"),
+        "/openapi.json": _get("this description"),
         "/v1/completions": _post("prompt -> completion", "CompletionRequest"),
     }
     if chat:
         paths["/v1/chat/completions"] = _post("messages -> completion", "ChatCompletionRequest")
     return {"openapi": "3.1.0", "info": {"title": f"ortspec serve: {model}", "version": "1"}, "paths": paths,
             "components": {"schemas": {"CompletionRequest": COMPLETION_REQUEST, "ChatCompletionRequest": CHAT_REQUEST,
-                                       "Completion": COMPLETION, "ErrorBody": ERROR_BODY}}}
+                                       "Completion": COMPLETION, "ErrorBody": ERROR_BODY, "Event": EVENT}}}

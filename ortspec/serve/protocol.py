@@ -107,7 +107,10 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
         if name in body and body[name] != accepted and not (accepted is None and body[name] in ([], "")):
             raise BadRequest(f"{name}={_short(body[name])} is not supported by ortspec serve; leave it out"
                              f"{'' if accepted is None else f' or send {accepted!r}'}.")
-    options = body.get("stream_options") or {}
+    if not isinstance(body.get("model", ""), str):
+        raise BadRequest(f"model={_short(body['model'])} must be a string (the server serves one model, whatever the "
+                         "name).")
+    options = body.get("stream_options", {})
     if not isinstance(options, dict):
         raise BadRequest(f"stream_options={_short(options)} must be an object such as {{\"include_usage\": true}}.")
     try:
@@ -134,9 +137,9 @@ def _prompt(body: dict) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and prompt and all(validation.is_integer(t) for t in prompt):
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest(f"prompt holds {len(prompt)} prompts; send one prompt per request.")
-    raise BadRequest(f"prompt={_short(prompt)} must be a non-empty string or a non-empty list of token ids.")
+    raise BadRequest(f"prompt={_short(body['prompt'])} must be a non-empty string or a non-empty list of token ids.")
 
 
 def _messages(body: dict) -> list[dict]:
