@@ -347,3 +347,60 @@ def test_openapi_json_describes_the_routes(server):
     assert {"/health", "/metrics", "/v1/models", "/v1/completions"} <= set(document["paths"])
     properties = document["components"]["schemas"]["CompletionRequest"]["properties"]
     assert {"prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "timeout"} <= set(properties)
+
+
+def test_a_batcher_that_cannot_be_reopened_stops_the_engine_and_answers_everyone(session, monkeypatch):
+    """The one failure the engine does not survive: after a failed step, no new batcher. Every
+    request out of the queue and in it is still answered, and /health says why."""
+    with Server(session, port=0, max_batch_size=1) as server, Gate(server.engine, monkeypatch) as gate, Records():
+        replies = {}
+        running = threading.Thread(target=lambda: replies.update(running=complete(
+            server.url, {"prompt": "a", "max_tokens": 30}, timeout=30)))
+        running.start()
+        wait_for(lambda: metric(server.url, "queue_depth") == 1)
+        gate.one_turn()  # admitted and stepped
+        wait_for(lambda: metric(server.url, "running_requests") == 1)
+        queued = threading.Thread(target=lambda: replies.update(queued=complete(
+            server.url, {"prompt": "b", "max_tokens": 3}, timeout=30)))
+        queued.start()
+        wait_for(lambda: metric(server.url, "queue_depth") == 1)
+
+        def broken_step(self):
+            raise RuntimeError("planted step failure")
+
+        def no_batcher(**options):
+            raise MemoryError("planted: no memory for a new batcher")
+
+        monkeypatch.setattr(Batcher, "step", broken_step)
+        monkeypatch.setattr(session, "batcher", no_batcher)
+        gate.open()
+        running.join()
+        queued.join()
+        assert replies["running"].status == 500 and "internal error while serving request" in replies["running"].error
+        assert replies["queued"].status == 500 and "the engine failed: MemoryError" in replies["queued"].error
+        status, text = get(server.url, "/health")
+        assert status == 503 and "planted: no memory" in json.loads(text)["error"]
+        assert complete(server.url, {"prompt": "a", "max_tokens": 2}, timeout=30).status == 503
+
+
+def test_a_request_being_admitted_at_shutdown_is_answered(session, monkeypatch):
+    with Server(session, port=0, max_batch_size=1) as server:
+        add, inside, release = Batcher.add_request, threading.Event(), threading.Event()
+
+        def slow_add(self, prompt, **options):
+            inside.set()
+            release.wait(30)
+            return add(self, prompt, **options)
+
+        monkeypatch.setattr(Batcher, "add_request", slow_add)
+        replies = []
+        client = threading.Thread(target=lambda: replies.append(complete(server.url, {"prompt": "a", "max_tokens": 30},
+                                                                         timeout=30)))
+        client.start()
+        assert inside.wait(30)
+        stopping = threading.Thread(target=server.engine.stop)
+        stopping.start()
+        release.set()
+        stopping.join(30)
+        client.join(30)
+        assert not stopping.is_alive() and replies[0].status == 503 and "shutting down" in replies[0].error
