@@ -13,13 +13,9 @@ import pytest
 import ortspec
 from ortspec.errors import ClosedError, ConcurrentUseError, InputError, ModelDirError
 
+from tests.test_serve import session  # noqa: F401  (a fixture: the tokenized model at k=2)
+
 PROMPT = [3, 14, 15]
-
-
-@pytest.fixture(scope="module")
-def session(tokenized_model):
-    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

@@ -14,26 +14,13 @@ import time
 
 import pytest
 
-import ortspec
 from ortspec import cli
 from ortspec.errors import ConfigurationError
 from ortspec.serve.server import Server
 from ortspec.speculative.batcher import Batcher
 from tools.serve_load import complete, get
 
-from tests.test_serve import Gate, metric, wait_for
-
-
-@pytest.fixture(scope="module")
-def session(tokenized_model):
-    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def server(session):
-    with Server(session, port=0, max_batch_size=2) as s:
-        yield s
+from tests.test_serve import Gate, metric, server, session, wait_for  # noqa: F401  (server, session: fixtures)
 
 
 def send(port: int, raw: bytes, timeout: float = 30.0) -> bytes:
@@ -49,6 +36,19 @@ def post(port: int, body: bytes, route: str = "/v1/completions", headers: str = 
     reply = send(port, head.encode() + body)
     status, _, payload = reply.partition(b"\r\n\r\n")
     return int(status.split()[1]), json.loads(payload or b"{}")
+
+
+def hold_admission(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Holds every add_request until `release` is set; `inside` is set once one is held."""
+    add, inside, release = Batcher.add_request, threading.Event(), threading.Event()
+
+    def held_add(self, prompt, **options):
+        inside.set()
+        release.wait(30)
+        return add(self, prompt, **options)
+
+    monkeypatch.setattr(Batcher, "add_request", held_add)
+    return inside, release
 
 
 def serving(server, session) -> None:
@@ -192,14 +192,7 @@ def test_a_non_streamed_request_is_cancelled_when_its_client_hangs_up(session, m
 
 def test_the_queue_full_message_counts_a_request_being_admitted(session, monkeypatch):
     with Server(session, port=0, max_batch_size=1, max_queue=1) as server:
-        add, inside, release = Batcher.add_request, threading.Event(), threading.Event()
-
-        def slow_add(self, prompt, **options):
-            inside.set()
-            release.wait(30)
-            return add(self, prompt, **options)
-
-        monkeypatch.setattr(Batcher, "add_request", slow_add)
+        inside, release = hold_admission(monkeypatch)
         replies = []
         clients = [threading.Thread(target=lambda: replies.append(complete(server.url, {"prompt": "a", "max_tokens": 2},
                                                                           timeout=30))) for _ in range(2)]
@@ -385,14 +378,7 @@ def test_a_batcher_that_cannot_be_reopened_stops_the_engine_and_answers_everyone
 
 def test_a_request_being_admitted_at_shutdown_is_answered(session, monkeypatch):
     with Server(session, port=0, max_batch_size=1) as server:
-        add, inside, release = Batcher.add_request, threading.Event(), threading.Event()
-
-        def slow_add(self, prompt, **options):
-            inside.set()
-            release.wait(30)
-            return add(self, prompt, **options)
-
-        monkeypatch.setattr(Batcher, "add_request", slow_add)
+        inside, release = hold_admission(monkeypatch)
         replies = []
         client = threading.Thread(target=lambda: replies.append(complete(server.url, {"prompt": "a", "max_tokens": 30},
                                                                          timeout=30)))
