@@ -179,7 +179,10 @@ def _add_serve(sub) -> None:
     s = _command(sub, "serve", "an OpenAI-compatible HTTP server (needs: pip install 'ortspec[serve]')",
                  "Serves a converted model over HTTP: /v1/completions (and /v1/chat/completions when\n"
                  "tokenizer_config.json has a chat_template), server-sent-event streaming, /health and\n"
-                 "/metrics, over one continuous batcher driven by one engine thread.")
+                 "/metrics, over one continuous batcher driven by one engine thread.\n"
+                 "Limits (each below with its default): headers still incomplete past 16 KiB get 400 (h11's\n"
+                 "buffer), idle keep-alive connections close after 5 s; every option is checked before the\n"
+                 "model loads.")
     s.add_argument("model", help="converted model directory")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (0: one the OS picks)")

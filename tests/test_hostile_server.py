@@ -73,12 +73,14 @@ class Records(logging.Handler):
     def __enter__(self) -> "Records":
         for name in self.NAMES:
             logging.getLogger(name).addHandler(self)
+        self.level = logging.getLogger("ortspec.serve").level
         logging.getLogger("ortspec.serve").setLevel(logging.INFO)
         return self
 
     def __exit__(self, *exc) -> None:
         for name in self.NAMES:
             logging.getLogger(name).removeHandler(self)
+        logging.getLogger("ortspec.serve").setLevel(self.level)
 
     def tracebacks(self) -> list[logging.LogRecord]:
         return [r for r in self.records if r.exc_info]
@@ -289,6 +291,13 @@ def test_a_slowly_trickled_header_is_cut_off(strict):
                 time.sleep(0.05)
                 assert time.monotonic() - start < 8
         assert time.monotonic() - start < 8
+
+
+def test_headers_past_h11s_buffer_get_400(strict):
+    with socket.create_connection(("127.0.0.1", strict.port), timeout=10) as connection:
+        connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)  # no end of headers yet
+        reply = b"".join(iter(lambda: connection.recv(65536), b""))
+    assert reply.startswith(b"HTTP/1.1 400")
 
 
 def test_a_client_gone_mid_body_is_one_log_line(strict):

@@ -11,7 +11,7 @@
                       send a request line and headers; then it is closed. uvicorn alone times
                       out only idle keep-alive connections, and any byte resets that timer
 
-Headers are bounded by h11 (a request line and headers over 16 KiB, uvicorn's
+Headers are bounded by h11 (headers still incomplete past 16 KiB, uvicorn's
 h11_max_incomplete_event_size, get 400), idle keep-alive connections close after uvicorn's 5 s.
 """
 
