@@ -73,14 +73,14 @@ class Records(logging.Handler):
     def __enter__(self) -> "Records":
         for name in self.NAMES:
             logging.getLogger(name).addHandler(self)
-        self.level = logging.getLogger("ortspec.serve").level
+        self.saved_level = logging.getLogger("ortspec.serve").level
         logging.getLogger("ortspec.serve").setLevel(logging.INFO)
         return self
 
     def __exit__(self, *exc) -> None:
         for name in self.NAMES:
             logging.getLogger(name).removeHandler(self)
-        logging.getLogger("ortspec.serve").setLevel(self.level)
+        logging.getLogger("ortspec.serve").setLevel(self.saved_level)
 
     def tracebacks(self) -> list[logging.LogRecord]:
         return [r for r in self.records if r.exc_info]
@@ -141,7 +141,8 @@ def test_a_planted_step_failure_fails_the_running_requests_and_the_server_goes_o
         assert "the server log has its traceback under this id" in reply.error
         [failed] = log.tracebacks()
         assert request_id in failed.getMessage() and "planted step failure" in str(failed.exc_info[1])
-        assert server.engine.batcher is not first_batcher and first_batcher.closed  # states never stepped again
+        wait_for(lambda: server.engine.batcher is not first_batcher)  # replaced after the failed jobs are answered
+        assert first_batcher.closed  # its states are never stepped again
         serving(server, session)
         assert metric(server.url, 'requests_finished_total{reason="500"}') == 1
 
