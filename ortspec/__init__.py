@@ -4,6 +4,7 @@ from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     ClosedError,
+    ConcurrentUseError,
     ConfigurationError,
     ConvertOptionError,
     EnginesHeldError,
@@ -46,6 +47,6 @@ def __getattr__(name):
 
 
 __all__ = ["Session", "convert", "verify", "OrtspecError", "CheckpointError", "CheckpointNotFoundError",
-           "ClosedError", "ConfigurationError", "ConvertOptionError", "EnginesHeldError", "InputError",
+           "ClosedError", "ConcurrentUseError", "ConfigurationError", "ConvertOptionError", "EnginesHeldError", "InputError",
            "InternalError", "MissingDependencyError", "ModelDirError", "OutputDirError", "ProviderError", "UnsupportedModelError",
            "WeightError"]

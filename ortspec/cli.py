@@ -42,6 +42,15 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1; got {text!r}")
 
 
+def _batch_sizes(text: str) -> list[int]:
+    """--batch of bench: comma-separated batch sizes, each >= 1."""
+    sizes = _int_list(text)
+    if any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1 (requests decoded together), such as "
+                                         f"1,4; got {text!r}")
+    return sizes
+
+
 def _k_or_auto(text: str):
     """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
     if text == "auto":
@@ -152,7 +161,7 @@ def _add_bench(sub) -> None:
                         "(float32, float16, bfloat16; default: float32)")
     _add_k(b, 'comma-separated k values to bench (0 = greedy; "auto": the Session chooses per step)', _k_list, [0, 1, 2, 3, 4], old_spellings=("--k",),
            metavar="K,K,...")
-    b.add_argument("--batch", type=_int_list, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
+    b.add_argument("--batch", type=_batch_sizes, default=[1], metavar="B,B,...", help="comma-separated batch sizes")
     b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
                                                      "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
@@ -170,7 +179,10 @@ def _add_serve(sub) -> None:
     s = _command(sub, "serve", "an OpenAI-compatible HTTP server (needs: pip install 'ortspec[serve]')",
                  "Serves a converted model over HTTP: /v1/completions (and /v1/chat/completions when\n"
                  "tokenizer_config.json has a chat_template), server-sent-event streaming, /health and\n"
-                 "/metrics, over one continuous batcher driven by one engine thread.")
+                 "/metrics, over one continuous batcher driven by one engine thread.\n"
+                 "Limits (each below with its default): headers still incomplete past 16 KiB get 400 (h11's\n"
+                 "buffer), idle keep-alive connections close after 5 s; every option is checked before the\n"
+                 "model loads.")
     s.add_argument("model", help="converted model directory")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (0: one the OS picks)")
@@ -185,6 +197,16 @@ def _add_serve(sub) -> None:
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a row before answering 429")
     s.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may wait and run (a body's 'timeout' may ask for less)")
+    s.add_argument("--max-body-bytes", type=int, default=16 * 2**20, help="a larger request body gets 413")
+    s.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="a longer text prompt (chat: the messages' contents) gets 413, before it is tokenized "
+                        "(default: 4 x max_length x the longest token of the vocabulary: only a text that could "
+                        "never fit is refused)")
+    s.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds to receive a whole body once its headers are in; then 408")
+    s.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take, from opening or from its last response, to send a "
+                        "request line and headers; then it is closed")
     s.add_argument("--model-name", default=None, help="the model id the API reports (default: the directory's name)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level (info logs every request)")
@@ -301,15 +323,18 @@ def _bench(args) -> None:
 
 
 def _serve(args) -> None:
-    from .serve.server import Server, require_dependencies
+    from .serve.server import Server, check_options, require_dependencies
     from .session import Session
 
     require_dependencies()  # before loading the model
+    limits = dict(request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
+                  max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
+                  header_timeout=args.header_timeout)
+    check_options(args.max_batch_size, args.max_queue, args.log_level, **limits)  # before loading the model too
     with Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
                  threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size) as session:
         server = Server(session, host=args.host, port=args.port, max_batch_size=args.max_batch_size,
-                        max_queue=args.max_queue, request_timeout=args.request_timeout, model_name=args.model_name,
-                        log_level=args.log_level)
+                        max_queue=args.max_queue, model_name=args.model_name, log_level=args.log_level, **limits)
         print(f"ortspec serve: {server.url}/v1/completions (model {server.model_name!r}, "
               f"k={f'auto (up to {session.k})' if session.auto_k else session.k}, "
               f"{args.provider}, batch {args.max_batch_size}, queue {args.max_queue}); Ctrl-C stops", file=sys.stderr,

@@ -68,3 +68,9 @@ class OutputDirError(OrtspecError, OSError):
 class InternalError(OrtspecError, RuntimeError):
     """ortspec's own cross-check failed: a bug, not a bad input (e.g. a converted graph's accept
     lengths differ from the host's rule). Nothing was committed; the message says what to report."""
+
+
+class ConcurrentUseError(OrtspecError, RuntimeError):
+    """One batcher was called from two threads at once (its steps and requests share one engine's
+    state buffers, in one order): give each thread its own batcher, or serialize the calls."""
+

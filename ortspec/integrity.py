@@ -38,6 +38,9 @@ def check_sizes(model_dir: Path, files: dict[str, dict]) -> None:
                                 "incomplete. Reconvert the model (ortspec convert ... --overwrite).") from None
         except OSError as exc:
             raise ModelDirError(f"cannot read {path}: {exc.strerror}. Check the directory's permissions.") from exc
+        if not path.is_file():  # a directory's st_size is its entry table, not a cut-short file
+            raise ModelDirError(f"{path} is not a file (a directory or a device), but manifest.json records a file of "
+                                f"{record['size']} bytes there. Copy the model again or reconvert it.")
         if size != record["size"]:
             raise ModelDirError(
                 f"{path} is {size} bytes but manifest.json records {record['size']}: the file was cut short, padded "

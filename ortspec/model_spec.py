@@ -2,18 +2,24 @@
 
 One frozen dataclass travels from the converter into manifest.json and from there into
 the runtime, so both sides agree on every dimension without re-reading the checkpoint.
+config.json is checked field by field: an object, each dimension an integer in range, each
+float finite, each flag a bool; a wrong one is a CheckpointError naming the key, its value
+and the type it must have (hidden_size "128" used to fail as "implies [1024, '128']").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from .errors import CheckpointError, CheckpointNotFoundError, UnsupportedModelError
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
+MAX_DIMENSION = 2**31 - 1  # above any real model's; keeps products of dimensions far inside int64
+_REQUIRED = object()
 
 _SUPPORTED = ("qwen3_5_text", "qwen3_5")
 _KNOWN_UNSUPPORTED = {
@@ -89,8 +95,11 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "ModelSpec":
+        if not isinstance(config, dict):
+            raise CheckpointError(f"config.json is a JSON {type(config).__name__}; it must be an object of the "
+                                  "model's settings (hidden_size, num_hidden_layers, ...).")
         model_type = config.get("model_type")
-        if model_type in _KNOWN_UNSUPPORTED:
+        if isinstance(model_type, str) and model_type in _KNOWN_UNSUPPORTED:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported: {_KNOWN_UNSUPPORTED[model_type]}. "
                 f"ortspec converts dense Qwen3.5 text models (model_type {' or '.join(map(repr, _SUPPORTED))})."
@@ -106,6 +115,9 @@ class ModelSpec:
                 raise UnsupportedModelError(
                     "model_type 'qwen3_5' needs a 'text_config' section in config.json; none was found."
                 )
+            if not isinstance(config["text_config"], dict):
+                raise CheckpointError(f"config.json has text_config={_shown(config['text_config'])}; it must be an "
+                                      "object.")
             text = dict(config["text_config"])
             text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
             text.setdefault("eos_token_id", config.get("eos_token_id"))
@@ -118,61 +130,44 @@ class ModelSpec:
 
     @classmethod
     def _from_text_config(cls, t: dict) -> "ModelSpec":
-        def need(key):
-            if key not in t or t[key] is None:
-                raise CheckpointError(f"config.json lacks {key!r}, which a Qwen3.5 text config must have.")
-            return t[key]
-
         if t.get("attention_bias"):
             raise UnsupportedModelError(
                 "attention_bias=true (q/k/v/o projections with biases) is not supported; Qwen3.5 models have none."
             )
         if t.get("hidden_act", "silu") not in ("silu", "swish"):
             raise UnsupportedModelError(f"hidden_act={t.get('hidden_act')!r} is not supported; the MLP must use SiLU.")
-        num_layers = need("num_hidden_layers")
-        layer_types = t.get("layer_types")
-        if layer_types is None:
-            interval = t.get("full_attention_interval", 4)
-            layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
-        layer_types = tuple(layer_types)
-        bad = sorted(set(layer_types) - {LINEAR, FULL})
-        if bad:
-            raise UnsupportedModelError(
-                f"layer_types contains {bad}; ortspec supports only {LINEAR!r} and {FULL!r} layers."
-            )
-        if len(layer_types) != num_layers:
-            raise CheckpointError(
-                f"config.json has num_hidden_layers={num_layers} but {len(layer_types)} layer_types; "
-                "they must agree."
-            )
+        num_layers = _integer(t, "num_hidden_layers")
+        layer_types = _layer_types(t, num_layers)
         rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise CheckpointError(f"config.json has rope_parameters={_shown(rope)}; it must be an object.")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
             raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is.")
-        rope_theta = rope.get("rope_theta", t.get("rope_theta", 10000.0))
-        partial = rope.get("partial_rotary_factor", t.get("partial_rotary_factor", 0.25))
-        head_dim = t.get("head_dim") or need("hidden_size") // need("num_attention_heads")
-        eos = t.get("eos_token_id")
-        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        rope_theta = _real(rope, "rope_theta", _real(t, "rope_theta", 10000.0))
+        partial = _real(rope, "partial_rotary_factor", _real(t, "partial_rotary_factor", 0.25, maximum=1.0),
+                        maximum=1.0)
+        hidden, heads = _integer(t, "hidden_size"), _integer(t, "num_attention_heads")
+        head_dim = _integer(t, "head_dim", hidden // heads)
         spec = cls(
-            hidden_size=need("hidden_size"),
-            intermediate_size=need("intermediate_size"),
-            vocab_size=need("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_integer(t, "intermediate_size"),
+            vocab_size=_integer(t, "vocab_size"),
             layer_types=layer_types,
-            num_attention_heads=need("num_attention_heads"),
-            num_key_value_heads=need("num_key_value_heads"),
+            num_attention_heads=heads,
+            num_key_value_heads=_integer(t, "num_key_value_heads"),
             head_dim=head_dim,
-            linear_num_key_heads=need("linear_num_key_heads"),
-            linear_num_value_heads=need("linear_num_value_heads"),
-            linear_key_head_dim=need("linear_key_head_dim"),
-            linear_value_head_dim=need("linear_value_head_dim"),
-            linear_conv_kernel_dim=t.get("linear_conv_kernel_dim", 4),
-            rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
-            partial_rotary_factor=float(partial),
-            tie_word_embeddings=bool(t.get("tie_word_embeddings", False)),
-            mtp_num_hidden_layers=int(t.get("mtp_num_hidden_layers", 0) or 0),
-            eos_token_ids=eos_ids,
+            linear_num_key_heads=_integer(t, "linear_num_key_heads"),
+            linear_num_value_heads=_integer(t, "linear_num_value_heads"),
+            linear_key_head_dim=_integer(t, "linear_key_head_dim"),
+            linear_value_head_dim=_integer(t, "linear_value_head_dim"),
+            linear_conv_kernel_dim=_integer(t, "linear_conv_kernel_dim", 4),
+            rms_norm_eps=_real(t, "rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            partial_rotary_factor=partial,
+            tie_word_embeddings=_flag(t, "tie_word_embeddings", False),
+            mtp_num_hidden_layers=_integer(t, "mtp_num_hidden_layers", 0, minimum=0),
+            eos_token_ids=_eos_ids(t.get("eos_token_id")),
             max_position_embeddings=t.get("max_position_embeddings"),
         )
         spec._check()
@@ -199,6 +194,82 @@ class ModelSpec:
             )
 
 
+def _shown(value, limit: int = 40) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind(value) -> str:
+    return {str: "a string", bool: "a bool", list: "a list", dict: "an object", type(None): "null",
+            float: "a float", int: "an integer"}.get(type(value), type(value).__name__)
+
+
+def _integer(t: dict, key: str, default=_REQUIRED, minimum: int = 1) -> int:
+    """t[key] as an int in [minimum, MAX_DIMENSION] (default when absent or null; required without one)."""
+    value = t.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise CheckpointError(f"config.json lacks {key!r}, which a Qwen3.5 text config must have.")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"config.json has {key}={_shown(value)}, {_kind(value)}; it must be an integer"
+                              f"{' (without quotes)' if isinstance(value, str) else ''}.")
+    if not minimum <= value <= MAX_DIMENSION:
+        raise CheckpointError(f"config.json has {key}={value}; it must be an integer in [{minimum}, {MAX_DIMENSION}].")
+    return value
+
+
+def _real(t: dict, key: str, default: float, maximum: float = math.inf) -> float:
+    """t[key] as a finite float in (0, maximum] (default when absent or null)."""
+    value = t.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"config.json has {key}={_shown(value)}, {_kind(value)}; it must be a number.")
+    number = float(value) if abs(value) < 1e308 else math.inf
+    if not (math.isfinite(number) and 0 < number <= maximum):
+        bound = f"0 < {key} <= {maximum:g}" if math.isfinite(maximum) else f"{key} > 0"
+        raise CheckpointError(f"config.json has {key}={_shown(value)}; it must be a finite number with {bound}.")
+    return number
+
+
+def _flag(t: dict, key: str, default: bool) -> bool:
+    value = t.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config.json has {key}={_shown(value)}, {_kind(value)}; it must be true or false.")
+    return value
+
+
+def _layer_types(t: dict, num_layers: int) -> tuple[str, ...]:
+    layer_types = t.get("layer_types")
+    if layer_types is None:
+        interval = _integer(t, "full_attention_interval", 4)
+        return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
+    if not isinstance(layer_types, list) or not all(isinstance(kind, str) for kind in layer_types):
+        raise CheckpointError(f"config.json has layer_types={_shown(layer_types)}; it must be a list of strings "
+                              f"({LINEAR!r} or {FULL!r}), one per layer.")
+    bad = sorted(set(layer_types) - {LINEAR, FULL})
+    if bad:
+        raise UnsupportedModelError(f"layer_types contains {bad}; ortspec supports only {LINEAR!r} and {FULL!r} layers.")
+    if len(layer_types) != num_layers:
+        raise CheckpointError(f"config.json has num_hidden_layers={num_layers} but {len(layer_types)} layer_types; "
+                              "they must agree.")
+    return tuple(layer_types)
+
+
+def _eos_ids(eos) -> tuple[int, ...]:
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_DIMENSION for i in ids):
+        raise CheckpointError(f"config.json has eos_token_id={_shown(eos)}; it must be a token id, a list of token "
+                              "ids (integers >= 0) or null.")
+    return tuple(ids)
+
+
 def read_hf_config(checkpoint_dir: str | Path) -> dict:
     path = Path(checkpoint_dir)
     if not path.is_dir():
@@ -213,6 +284,6 @@ def read_hf_config(checkpoint_dir: str | Path) -> dict:
             "(the one holding config.json and the *.safetensors files)."
         )
     try:
-        return json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from exc
+        return json.loads(config_path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
+        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from None

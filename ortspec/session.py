@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from . import validation
 from .detokenizer import IncrementalDetokenizer
-from .errors import ClosedError, InputError
+from .errors import ClosedError, InputError, ModelDirError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.engines import Engine, EnginePool, Lease
@@ -140,7 +140,11 @@ class Session:
                     )
                 from tokenizers import Tokenizer
 
-                self._tokenizer = Tokenizer.from_file(str(path))
+                try:
+                    self._tokenizer = Tokenizer.from_file(str(path))
+                except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+                    raise ModelDirError(f"{path} does not load as a tokenizer ({exc}); copy the checkpoint's "
+                                        "tokenizer.json again and reconvert, or pass token ids.") from None
         return self._tokenizer
 
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
@@ -164,6 +168,8 @@ class Session:
         stream=True (one prompt) returns an iterator instead: token ids (or, for a text prompt,
         text pieces that never split a character) as each step commits them; joined, they equal
         what stream=False returns. The state buffers are held until it is exhausted or closed.
+        Session.close() from another thread waits only for the step in flight, not for the
+        iterator's end: the iterator's next step then raises ClosedError.
 
         decoder_options: the Decoder's hooks make_drafts, on_commit, fixed_rows, pipelined,
         fused_verify (tests, exactness tools, A/B runs: pipelined=False keeps the host in step
@@ -244,7 +250,7 @@ class Session:
         """Yields the request's tokens (text pieces for a text prompt) as each step commits them."""
         detokenizer = IncrementalDetokenizer(self.tokenizer) if text else None
         sent = 0
-        for _ in self._decode([req], decoder_options) if req.max_new_tokens else ():
+        for _ in self._decode([req], decoder_options, per_step=True) if req.max_new_tokens else ():
             new, sent = req.output(sent), req.output_length
             if detokenizer is None:
                 yield from new
@@ -253,22 +259,31 @@ class Session:
         if detokenizer is not None and (rest := detokenizer.finish()):
             yield rest
 
-    def _decode(self, requests: list[Request], decoder_options):
+    def _decode(self, requests: list[Request], decoder_options, per_step: bool = False):
         """Leases an engine for the requests (padded with placeholders to ``_engine_rows``),
         prefills and steps them, yielding after the prefill and after each step. The engine and
-        the call's counters go back when the generator ends, fails or is closed."""
+        the call's counters go back when the generator ends, fails or is closed. per_step (a
+        stream, whose consumer may pause between steps for as long as it likes): the engine is
+        marked in use (``Lease.using``, what Session.close() waits for) during each step only,
+        so close() waits at most one step and the next step raises ClosedError."""
         self._check_open()
         rows = self._engine_rows(len(requests))
         validation.batch_fits_memory(rows, self.manifest.states, self.graphs.arrays.device)
         requests = requests + [Request.filler(i) for i in range(len(requests), rows)]  # placeholders: padding rows
         stats = Stats()
-        with self.lease_engine(rows) as engine:
-            decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, exact=self.exact,
-                              k_chooser=self.k_chooser, **decoder_options)
-            try:
-                yield from decoder.steps(requests)
-            finally:
-                self.record_stats(stats)
+        lease = self.lease_engine(rows)
+        try:
+            with lease.using() as engine:
+                decoder = Decoder(self.graphs, rows, self.k, self.commit, stats, engine=engine, exact=self.exact,
+                                  k_chooser=self.k_chooser, **decoder_options)
+                steps = decoder.steps(requests)
+                if not per_step:
+                    yield from steps
+                    return
+            yield from _one_use_per_step(lease, steps)
+        finally:
+            self.record_stats(stats)
+            lease.release()
 
     def _engine_rows(self, requests: int) -> int:
         """The rows a generate call of this many requests runs: whole groups of exact_batch_size in
@@ -290,3 +305,23 @@ class Session:
             return *validation.token_prompts(prompt, vocab), False
         prompts, _ = validation.token_prompts([self.tokenizer.encode(t).ids for t in texts], vocab)
         return prompts, isinstance(prompt, str), True
+
+
+_DONE = object()
+
+
+def _one_use_per_step(lease: Lease, steps):
+    """Runs the generator ``steps`` one step per ``lease.using()``, yielding between them outside
+    it; the first step after Session.close() revoked the lease raises ClosedError."""
+    try:
+        while True:
+            with lease.using():
+                if next(steps, _DONE) is _DONE:
+                    return
+            yield
+    finally:
+        try:
+            with lease.using():
+                steps.close()
+        except ClosedError:  # revoked: the loops' ends (pipelined.drain) free only their own buffers
+            steps.close()

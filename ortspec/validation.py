@@ -8,13 +8,16 @@ Session options raise ConfigurationError (ProviderError for the provider); reque
 raise InputError.
 
 Integers are Python or numpy integers, never bools (``k=True`` would read as k=1) and never
-floats (``threads=1.5``); a value beyond what the machine or the conversion can serve is
-refused with the limit, not clamped.
+floats (``threads=1.5``), and fit 64 bits (numpy and ONNX Runtime take them as int64: a top_k of
+2**63 used to overflow inside a step); a value beyond what the machine or the conversion can
+serve is refused with the limit, not clamped. Real numbers (temperature, top_p) are finite as
+float32, what the MTP head's sampling graph takes; text is valid Unicode (no unpaired surrogate).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from pathlib import Path
 
@@ -39,6 +42,8 @@ REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUME
 # (False: the MTP head never runs inside the verify's graph; speculative/step_kinds.py). Decoder's
 # engine and stages belong to the Session.
 DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined", "fused_verify")
+INT64_MAX = 2**63 - 1  # the largest integer argument: numpy and ONNX Runtime take integers as int64
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest real argument: the head's graph takes float32
 
 
 def is_integer(value) -> bool:
@@ -50,10 +55,26 @@ def integer(name: str, value, error: type[OrtspecError], minimum: int, why: str 
     """value as a Python int >= minimum, or `error` naming the argument, its value and type
     (and `why`, a reason in parentheses, when the bound needs one)."""
     if not is_integer(value):
-        raise error(f"{name}={value!r} must be an integer >= {minimum}{why}; got {type(value).__name__}.")
+        raise error(f"{name}={_short(value)} must be an integer >= {minimum}{why}; got {type(value).__name__}.")
     if value < minimum:
-        raise error(f"{name}={value!r} must be an integer >= {minimum}{why}.")
+        raise error(f"{name}={_short(value)} must be an integer >= {minimum}{why}.")
+    if value > INT64_MAX:
+        raise error(f"{name}={_short(value)} exceeds {INT64_MAX} (2**63 - 1): integer arguments must fit 64 bits.")
     return int(value)
+
+
+def finite(name: str, value, error: type[OrtspecError], expected: str) -> float:
+    """value as a Python float that is finite in float32, or `error` saying it must be `expected`
+    (a JSON integer such as 10**24 is a number too; 10**400 overflows float: not finite)."""
+    if not is_real(value):
+        raise error(f"{name}={_short(value)} must be {expected}; got {type(value).__name__}.")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+        raise error(f"{name}={_short(value)} must be {expected}, and finite as a float32 (|x| <= {FLOAT32_MAX:.4g}).")
+    return number
 
 
 # -- Session options --------------------------------------------------------------------------
@@ -234,7 +255,20 @@ def text_prompts(prompt) -> list[str] | None:
     empty = next((i for i, t in enumerate(texts) if not t), None)
     if empty is not None:
         raise InputError(f"{_prompt_name(empty, len(texts))} is an empty string; give some text to continue.")
+    for i, text in enumerate(texts):
+        unicode_text(_prompt_name(i, len(texts)), text)
     return texts
+
+
+def unicode_text(where: str, text: str) -> str:
+    """Refuses an unpaired surrogate ("\\ud800" from JSON, or Python text decoded with
+    surrogateescape), which no tokenizer can encode; names its position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where} holds an unpaired surrogate U+{ord(text[exc.start]):04X} at character {exc.start}; "
+                         "text must be valid Unicode (a surrogate pair is one character).") from None
+    return text
 
 
 def token_prompts(prompt, vocab_size: int) -> tuple[list[list[int]], bool]:
@@ -316,6 +350,11 @@ def stop_tokens(value, vocab_size: int, default) -> frozenset[int]:
         return frozenset(default)
     if is_integer(value):
         values = [value]
+    elif isinstance(value, range) and value and not (0 <= min(value[0], value[-1]) and max(value[0], value[-1])
+                                                     < vocab_size):  # ends only: range(10**30) would not fit memory
+        bad = value[0] if not 0 <= value[0] < vocab_size else value[-1]
+        raise InputError(f"stop_tokens={_short(value)} holds {bad}; each stop token must be an integer token id in "
+                         f"[0, {vocab_size}).")
     elif isinstance(value, (list, tuple, set, frozenset, range, np.ndarray)):
         values = np.atleast_1d(value).tolist() if isinstance(value, np.ndarray) else list(value)
     else:
@@ -335,20 +374,29 @@ def is_real(value) -> bool:
 
 
 def sampling(temperature, top_k, top_p, seed) -> SamplingParams:
-    """temperature 0 (greedy) or >= MIN_TEMPERATURE; top_k >= 0 (0: off; more than the vocabulary
-    keeps it all); 0 < top_p <= 1 (1: off); seed None (OS entropy) or an integer >= 0."""
-    if not is_real(temperature) or not np.isfinite(temperature) or temperature < 0:
-        raise InputError(f"temperature={_short(temperature)} must be a finite number >= 0 (0 = greedy, the "
-                         "default; 1 = the model's own distribution).")
+    """temperature 0 (greedy) or >= MIN_TEMPERATURE, finite as a float32; top_k 0..2**63-1 (0: off;
+    a top_k of the vocabulary or more keeps every token, as 0 does: not refused, since the
+    sampler and the head's graph take min(top_k, vocabulary)); 0 < top_p <= 1 (1: off), nonzero
+    as a float32; seed None (OS entropy) or an integer 0..2**63-1. Every value is one the
+    sampler's int64 / float32 arrays hold exactly, so a request that passes cannot fail there."""
+    wanted = "a finite number >= 0 (0 = greedy, the default; 1 = the model's own distribution)"
+    temperature = finite("temperature", temperature, InputError, wanted)
+    if temperature < 0:
+        raise InputError(f"temperature={_short(temperature)} must be {wanted}.")
     if 0 < temperature < MIN_TEMPERATURE:
         raise InputError(f"temperature={temperature!r} is below {MIN_TEMPERATURE} (logits / temperature would "
                          "overflow float32); use temperature=0 for greedy decoding.")
     top_k = integer("top_k", top_k, InputError, 0, " (0 keeps every token)")
+    top_p_range = "a number in (0, 1] (1 keeps every token)"
     if not is_real(top_p) or not 0 < top_p <= 1:
-        raise InputError(f"top_p={_short(top_p)} must be a number in (0, 1] (1 keeps every token).")
+        raise InputError(f"top_p={_short(top_p)} must be {top_p_range}.")
+    top_p = float(top_p)
+    if np.float32(top_p) == 0:
+        raise InputError(f"top_p={top_p!r} rounds to 0 in float32 (the MTP head's graph); use top_p >= "
+                         f"{float(np.finfo(np.float32).smallest_subnormal):.3g}.")
     if seed is not None:
         seed = integer("seed", seed, InputError, 0, " or None")
-    return SamplingParams(float(temperature), top_k, float(top_p), seed)
+    return SamplingParams(temperature, top_k, top_p, seed)
 
 
 def sampling_graphs(manifest, k: int, params: SamplingParams, auto: bool = False) -> None:
@@ -446,7 +494,10 @@ def _prompt_name(index: int, count: int) -> str:
 
 
 def _short(value, limit: int = 60) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than sys.get_int_max_str_digits() digits
+        return f"<an integer of {value.bit_length()} bits>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

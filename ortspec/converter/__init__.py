@@ -18,7 +18,7 @@ from ..manifest import (MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, 
                         split_window_name, stage_graph_name, window_graph_name)
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
-from .checkpoint import CheckpointReader
+from .checkpoint import CheckpointReader, check_tokenizer
 from .fused_graph import make_verify_mtp_graph
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
 from .kv_windows import has_window_variants, narrow_to_window, window_buckets
@@ -74,6 +74,7 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     hf_config = read_hf_config(checkpoint_dir)
     spec = ModelSpec.from_hf_config(hf_config)
     reader = CheckpointReader(checkpoint_dir)
+    check_tokenizer(checkpoint_dir, spec.vocab_size)
     with_mtp = _mtp_available(spec, reader)
     check_max_length(spec, options.max_length, with_mtp)
     boundaries = _stage_boundaries(spec.num_layers, options.pipeline_stages, options.stage_layers)

@@ -5,10 +5,12 @@ files directly. Target weights live under ``model.`` (Qwen3_5ForCausalLM) or
 ``model.language_model.`` (the multimodal Qwen3_5ForConditionalGeneration layout);
 ``lm_head.weight`` and ``mtp.*`` sit at the top level in both.
 
-Every tensor is read once and checked: shape against config.json, and every value finite (a
-NaN weight used to convert fine and then generate only EOS). A shard that is cut short or not
-safetensors at all is a CheckpointError naming the file; shards' headers are read up front,
-before any work.
+Every tensor is read once and checked: shape against config.json, a floating-point dtype (an
+int32 up_proj used to convert silently into other tokens), and every value finite (a NaN
+weight used to convert fine and then generate only EOS). A shard that is cut short or not
+safetensors at all, an index whose weight_map is not names -> shard files in this directory,
+and a tokenizer.json that the tokenizers package cannot load are CheckpointErrors naming the
+file (and the key); shards' headers and the tokenizer are read up front, before any work.
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ class CheckpointReader:
             )
         with _open_shard(path, "pt") as f:
             tensor = f.get_tensor(key)
+        if not tensor.dtype.is_floating_point:
+            raise WeightError(
+                f"weight {key!r} in {path.name} has dtype {str(tensor.dtype).removeprefix('torch.')}, not a floating-"
+                "point dtype: converted as numbers it would make another model. Quantized checkpoints (integer "
+                "weights with scales) are not supported; use the checkpoint's float32/float16/bfloat16 weights.")
         if tuple(tensor.shape) != tuple(shape):
             raise WeightError(
                 f"weight {key!r} has shape {list(tensor.shape)} but config.json implies {list(shape)}; "
@@ -119,14 +126,45 @@ def check_finite(key: str, array: np.ndarray) -> None:
                 "generate garbage. Use a checkpoint whose weights are all finite.")
 
 
-def _read_weight_map(index: Path) -> dict:
+def _read_weight_map(index: Path) -> dict[str, str]:
+    """weight name -> shard file name (a plain name in the checkpoint directory), checked."""
     try:
-        weight_map = json.loads(index.read_bytes()).get("weight_map")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{index} cannot be read as a safetensors index ({exc}); download it again.") from exc
+        document = json.loads(index.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{index} cannot be read as a safetensors index ({exc}); download it again.") from None
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index} has no 'weight_map' object; download the checkpoint's index again.")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard:
+            raise CheckpointError(f"{index}: weight_map[{name!r}] is {json.dumps(shard)[:60]}, not the name of a shard "
+                                  "file in the checkpoint directory (a string such as \"model-00001-of-00002."
+                                  "safetensors\"); download the checkpoint's index again.")
     return weight_map
+
+
+def check_tokenizer(checkpoint_dir: Path, vocab_size: int) -> None:
+    """A tokenizer.json must load (tokenizers) and fit the vocabulary; tokenizer_config.json must be a
+    JSON object. Either may be absent (token-id prompts only, no chat template)."""
+    tokenizer, config = checkpoint_dir / "tokenizer.json", checkpoint_dir / "tokenizer_config.json"
+    if tokenizer.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            size = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
+        except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise CheckpointError(f"{tokenizer} does not load as a tokenizer ({exc}); download it again, or remove it "
+                                  "to convert a model that takes token ids only.") from None
+        if size > vocab_size:
+            raise CheckpointError(f"{tokenizer} has {size} tokens but config.json's vocab_size is {vocab_size}: ids "
+                                  f">= {vocab_size} would have no embedding. The tokenizer is of another model.")
+    if config.is_file():
+        try:
+            document = json.loads(config.read_bytes())
+        except (OSError, ValueError, RecursionError) as exc:
+            raise CheckpointError(f"{config} cannot be read as JSON ({exc}); download it again.") from None
+        if not isinstance(document, dict):
+            raise CheckpointError(f"{config} is a JSON {type(document).__name__}; it must be an object.")
 
 
 @contextlib.contextmanager

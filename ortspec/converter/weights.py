@@ -22,6 +22,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from ..errors import WeightError
 from ..model_spec import FULL, LINEAR, ModelSpec
 from .builder import WeightStore
 from .checkpoint import CheckpointReader
@@ -59,8 +60,12 @@ class WeightPreparer:
         s = self.spec
         embed = self.reader.get("embed_tokens.weight", (s.vocab_size, s.hidden_size))
         self.store.add("embed", embed)
-        if s.tie_word_embeddings or not self.reader.has("lm_head.weight"):
+        if s.tie_word_embeddings:
             lm_head = embed
+        elif not self.reader.has("lm_head.weight"):  # used to fall back to the embedding: another model
+            raise WeightError(f"{self.reader.dir / 'config.json'} has tie_word_embeddings=false but the checkpoint "
+                              "has no 'lm_head.weight': the output layer is missing. Download every shard; only if "
+                              "the model shares its embedding as its output layer, set tie_word_embeddings to true.")
         else:
             lm_head = self.reader.get("lm_head.weight", (s.vocab_size, s.hidden_size))
         self.store.add("lm_head", lm_head.T)

@@ -3,45 +3,54 @@
     GET  /health                 200 {"status": "ok"} (503 once the engine failed)
     GET  /metrics                Prometheus text: tokens/s, acceptance, queue depth, running requests, ...
     GET  /v1/models              the one model served
+    GET  /openapi.json           the OpenAPI description of these routes (openapi.py)
     POST /v1/completions         prompt -> text, or server-sent events with "stream": true
     POST /v1/chat/completions    messages -> text, when the model directory has a chat template
 
-A handler checks and tokenizes the request (400 on anything wrong, before it is queued),
+A handler reads the body within the limits (limits.py: 413 over max_body_bytes, 408 past
+body_timeout), then checks and tokenizes the request in a worker thread, never on the event
+loop (400 on anything wrong, 413 for a text over max_prompt_chars, before it is tokenized),
 submits a Job (429 when the queue is full) and reads the job's events from an asyncio queue
-that the engine thread posts into. A client that disconnects (a stream's send fails, or a
-waiting request notices) cancels its job, which frees its row at the engine's next turn.
+that the engine thread posts into. A client that disconnects cancels its job, which frees its
+row at the engine's next turn: a waiting request's handler watches for the disconnect
+(``_disconnected``), a stream's is cancelled by Starlette. A disconnect is one log line (INFO);
+anything unexpected is a 500 naming the request's id, its traceback logged (ERROR) under it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..detokenizer import IncrementalDetokenizer
-from ..errors import OrtspecError
-from . import protocol
+from ..errors import InputError
+from . import openapi, protocol
 from .chat import ChatTemplate, TemplateError
-from .engine import Engine, Failed, Finished, Job, QueueFull, Tokens
+from .engine import Engine, Failed, Finished, Job, QueueFull, Tokens, internal_error
+from .limits import Limits
 from .metrics import prometheus_text
 
-DISCONNECT_POLL = 0.5  # seconds between disconnect checks of a waiting non-streamed request
+log = logging.getLogger("ortspec.serve")
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(protocol.error_body(message, status), status_code=status)
+def error(status: int, message: str, close: bool = False) -> JSONResponse:
+    """An OpenAI-style error body; close: end the connection after it (a body left unread)."""
+    return JSONResponse(protocol.error_body(message, status), status_code=status,
+                        headers={"Connection": "close"} if close else None)
 
 
 class Routes:
-    def __init__(self, session, engine: Engine, model_name: str, request_timeout: float,
+    def __init__(self, session, engine: Engine, model_name: str, limits: Limits,
                  chat_template: ChatTemplate | None) -> None:
         self.session, self.engine, self.model = session, engine, model_name
-        self.request_timeout, self.chat_template = request_timeout, chat_template
+        self.limits, self.chat_template = limits, chat_template
         self.has_tokenizer = session.manifest.tokenizer_path is not None
 
     async def health(self, request: Request) -> Response:
@@ -56,6 +65,9 @@ class Routes:
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "ortspec"}]})
 
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi.description(self.model, self.chat_template is not None))
+
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, chat=False)
 
@@ -66,62 +78,106 @@ class Routes:
         return await self._complete(request, chat=True)
 
     async def _complete(self, request: Request, chat: bool) -> Response:
+        request_id = protocol.new_id()
         try:
-            req = protocol.completion(protocol.parse_json(await request.body()), chat, self.request_timeout)
-            prompt = self.chat_template.render(req.messages) if chat else req.prompt
-            [checked] = self.session.new_requests(prompt, req.max_tokens, min_new_tokens=1,
-                                                  sampling=req.sampling).requests
-        except (protocol.BadRequest, TemplateError, OrtspecError) as exc:
-            return error(400, str(exc))
+            raw = await self._body(request)
+            req, prompt = await asyncio.to_thread(self._check, raw, chat, request_id)
+        except protocol.HTTPError as exc:
+            return error(exc.status, str(exc), close=exc.status in (408, 413))  # the rest of a body is not read
+        except ClientDisconnect:
+            log.info("request %s: the client disconnected before its body arrived", request_id)
+            return Response(status_code=499)  # nobody reads it
+        except Exception:  # noqa: BLE001
+            log.exception("request %s failed while it was checked", request_id)
+            return error(500, internal_error(request_id))
         events: asyncio.Queue = asyncio.Queue()
-        job = Job(checked.prompt, req.max_tokens, req.sampling, time.monotonic() + req.timeout,
-                  deliver=_poster(asyncio.get_running_loop(), events))
+        job = Job(prompt, req.max_tokens, req.sampling, time.monotonic() + req.timeout,
+                  deliver=_poster(asyncio.get_running_loop(), events), id=request_id)
         try:
             self.engine.submit(job)
         except QueueFull as exc:
             return error(429 if not self.engine.error else 503, str(exc))
         if req.stream:
-            return StreamingResponse(self._events(request, req, job, events), media_type="text/event-stream")
+            return StreamingResponse(self._events(req, job, events), media_type="text/event-stream")
         return await self._whole(request, req, job, events)
+
+    async def _body(self, request: Request) -> bytes:
+        """The whole body, or TooLarge (413) past max_body_bytes, BodyTimeout (408) past body_timeout."""
+        limit, declared = self.limits.max_body_bytes, request.headers.get("content-length", "")
+        too_large = f"bytes, more than this server takes ({limit}, --max-body-bytes); send a smaller request."
+        if declared.isdigit() and int(declared) > limit:
+            raise protocol.TooLarge(f"the body has {int(declared)} {too_large}")
+
+        async def read() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise protocol.TooLarge(f"the body has more than {limit} {too_large}")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            raise protocol.BodyTimeout(f"the body did not arrive within {self.limits.body_timeout:g} s of its headers "
+                                       "(--body-timeout); send it whole.") from None
+
+    def _check(self, raw: bytes, chat: bool, request_id: str) -> tuple[protocol.Completion, list[int]]:
+        """(in a worker thread) The checked request and its prompt's token ids: parsing, the chat
+        template and the tokenizer take time in proportion to the body, which the loop must not."""
+        req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id)
+        if chat:
+            self._check_length(sum(len(m["content"]) for m in req.messages), "the messages' contents")
+        elif isinstance(req.prompt, str):
+            self._check_length(len(req.prompt), "the prompt")
+        try:
+            prompt = self.chat_template.render(req.messages) if chat else req.prompt
+            [checked] = self.session.new_requests(prompt, req.max_tokens, min_new_tokens=1,
+                                                  sampling=req.sampling).requests
+        except (TemplateError, InputError) as exc:
+            raise protocol.BadRequest(str(exc)) from None
+        return req, checked.prompt
+
+    def _check_length(self, characters: int, what: str) -> None:
+        limit = self.limits.max_prompt_chars
+        if limit is not None and characters > limit:
+            raise protocol.TooLarge(
+                f"{what} has {characters} characters, more than this server takes ({limit}, --max-prompt-chars): "
+                f"so long a text cannot fit the model's max_length={self.session.manifest.max_length} tokens. "
+                "Shorten it.")
 
     def _detokenizer(self) -> IncrementalDetokenizer | None:
         return IncrementalDetokenizer(self.session.tokenizer) if self.has_tokenizer else None
 
-    async def _next_event(self, request: Request, events: asyncio.Queue):
-        """The job's next event, or None once the client has disconnected (checked every
-        DISCONNECT_POLL seconds while nothing arrives, so a client gone while its job waits or
-        runs is noticed without a write failing)."""
-        while True:
-            try:
-                return await asyncio.wait_for(events.get(), DISCONNECT_POLL)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return None
-
     async def _whole(self, request: Request, req, job: Job, events: asyncio.Queue) -> Response:
-        """Waits for the whole completion."""
+        """Waits for the whole completion; a client gone meanwhile cancels it."""
+        watcher = asyncio.ensure_future(_disconnected(request, events))
         ids = []
-        while True:
-            event = await self._next_event(request, events)
-            if event is None:
-                self.engine.cancel(job)
-                return Response(status_code=499)  # nobody reads it
-            if isinstance(event, Tokens):
-                ids += event.ids
-            elif isinstance(event, Failed):
-                return error(event.status, event.message)
-            else:
-                text = self.session.tokenizer.decode(ids) if self.has_tokenizer else ""
-                return JSONResponse(protocol.response(req, self.model, text, ids, event.reason, len(job.prompt)))
+        try:
+            while True:
+                event = await events.get()
+                if event is DISCONNECTED:
+                    self.engine.cancel(job)
+                    log.info("request %s: the client disconnected; its request is cancelled", job.id)
+                    return Response(status_code=499)  # nobody reads it
+                if isinstance(event, Tokens):
+                    ids += event.ids
+                elif isinstance(event, Failed):
+                    return error(event.status, event.message)
+                else:
+                    text = self.session.tokenizer.decode(ids) if self.has_tokenizer else ""
+                    return JSONResponse(protocol.response(req, self.model, text, ids, event.reason, len(job.prompt)))
+        finally:
+            watcher.cancel()
 
-    async def _events(self, request: Request, req, job: Job, events: asyncio.Queue):
-        """Server-sent events as tokens commit; the job is cancelled if the client goes away."""
+    async def _events(self, req, job: Job, events: asyncio.Queue):
+        """Server-sent events as tokens commit; Starlette cancels this when the client goes away,
+        and the job with it."""
         detokenizer, done, count = self._detokenizer(), False, 0
         try:
             while not done:
-                event = await self._next_event(request, events)
-                if event is None:
-                    return
+                event = await events.get()
                 if isinstance(event, Tokens) and event.ids:  # text "" while a character is unfinished
                     count += len(event.ids)
                     yield protocol.chunk(req, self.model, detokenizer.add(event.ids) if detokenizer else "", event.ids)
@@ -135,10 +191,30 @@ class Routes:
                     yield protocol.DONE
                 elif isinstance(event, Failed):
                     done = True
-                    yield f"data: {json.dumps(protocol.error_body(event.message, event.status))}\n\n"
+                    yield _error_event(event.status, event.message)
+        except Exception:  # noqa: BLE001  (the headers are out: the error goes as the last event)
+            done = True
+            self.engine.cancel(job)
+            log.exception("request %s failed while it streamed", job.id)
+            yield _error_event(500, internal_error(job.id))
         finally:
             if not done:
                 self.engine.cancel(job)
+                log.info("request %s: the client disconnected; its stream is cancelled", job.id)
+
+
+DISCONNECTED = object()  # posted into a waiting request's events when its client goes away
+
+
+async def _disconnected(request: Request, events: asyncio.Queue) -> None:
+    """Posts DISCONNECTED once the client has gone (the body is read: receive() answers nothing else)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    events.put_nowait(DISCONNECTED)
+
+
+def _error_event(status: int, message: str) -> str:
+    return f"data: {json.dumps(protocol.error_body(message, status))}\n\n"
 
 
 def _poster(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
@@ -153,13 +229,14 @@ def _poster(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
     return deliver
 
 
-def create_app(session, engine: Engine, model_name: str, request_timeout: float = 600.0,
+def create_app(session, engine: Engine, model_name: str, limits: Limits | None = None,
                chat_template: ChatTemplate | None = None) -> Starlette:
-    routes = Routes(session, engine, model_name, request_timeout, chat_template)
+    routes = Routes(session, engine, model_name, limits or Limits(), chat_template)
     return Starlette(routes=[
         Route("/health", routes.health),
         Route("/metrics", routes.metrics),
         Route("/v1/models", routes.models),
+        Route("/openapi.json", routes.openapi),
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
     ])

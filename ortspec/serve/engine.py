@@ -3,11 +3,21 @@
 HTTP handlers never touch the Session's state: they ``submit`` a ``Job`` (its prompt already
 checked and tokenized) and read the events the thread hands them. Each turn the thread
 
-    1. ends what must end: cancelled jobs (the client went away) and jobs past their deadline
-       (batcher.cancel frees the row at once); a queued job past its deadline fails with 503;
+    1. ends what must end: cancelled jobs (the client went away) and running jobs past their
+       deadline (batcher.cancel frees the row at once); a queued job past its deadline fails
+       with 503 when no row is free for it this turn (with one free, it is admitted: every
+       admitted request gets at least its first token);
     2. admits queued jobs into free rows (add_request prefills: the first token);
     3. steps the batcher once and gives every job the tokens step() reported, and its finish
        reason when it is done.
+
+Every job that leaves the queue is answered once: finished, failed, or (cancelled: nobody
+listens) dropped. What goes wrong: a request the batcher refuses gets 400; anything unexpected
+while admitting one request fails that request alone with 500 (add_request is atomic), its
+traceback logged under its id; an unexpected error in the rest of a turn (a step) fails the
+running requests with 500, and the thread closes its batcher and opens a new one (half-
+committed states are never stepped again), then goes on. Only a batcher that cannot be opened
+stops the thread: every waiting job then fails, and /health answers 503.
 
 The queue is bounded: ``submit`` raises ``QueueFull`` (HTTP 429) when max_queue jobs wait.
 Events reach a job through ``job.deliver`` (the handler posts them into its event loop):
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from typing import Callable
@@ -27,6 +38,13 @@ from ..errors import OrtspecError
 from ..speculative.sampling import SamplingParams
 
 RATE_WINDOW = 10.0  # seconds of steps the tokens/s gauge averages over
+log = logging.getLogger("ortspec.serve")
+
+
+def internal_error(request_id: str) -> str:
+    """The 500 message: not the request's fault; where to look."""
+    return (f"internal error while serving request {request_id}; the server log has its traceback under this id. "
+            "The server goes on serving: retry the request.")
 
 
 class QueueFull(Exception):
@@ -58,8 +76,10 @@ class Job:
     sampling: SamplingParams
     deadline: float  # time.monotonic() after which it is stopped
     deliver: Callable[[object], None]  # called on the engine thread with each event
+    id: str = "-"  # the response's id, in log lines and 500 messages
     request_id: int | None = None  # the batcher's id once admitted
     sent: int = 0  # tokens delivered
+    cancelled: bool = False  # the client went away (set by Engine.cancel, any thread)
 
 
 class Metrics:
@@ -85,9 +105,11 @@ class Engine:
         self.session, self.max_batch_size, self.max_queue = session, max_batch_size, max_queue
         self.metrics = Metrics()
         self.error: str | None = None  # set when the thread died of an unexpected error
+        self.batcher = None  # the engine thread's; replaced after a failed turn
         self._queue: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # request id -> job
-        self._cancelled: list[Job] = []
+        self._admitting: Job | None = None  # out of the queue, inside add_request
+        self._cancels = False  # a cancel arrived since the last turn began
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ortspec-engine", daemon=True)
@@ -103,15 +125,16 @@ class Engine:
             if self._stopping or self.error:
                 raise QueueFull("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
             if len(self._queue) >= self.max_queue:
-                raise QueueFull(f"all {self.max_queue} queue slots are taken ({len(self._running)} requests running); "
-                                "retry later.")
+                running = self.running
+                raise QueueFull(f"all {self.max_queue} queue slots are taken ({running} request"
+                                f"{'s' if running != 1 else ''} running); retry later.")
             self._queue.append(job)
             self._wake.notify()
 
     def cancel(self, job: Job) -> None:
         """The client went away: the job ends at the engine's next turn, freeing its row."""
         with self._wake:
-            self._cancelled.append(job)
+            job.cancelled = self._cancels = True
             self._wake.notify()
 
     def stop(self) -> None:
@@ -128,90 +151,117 @@ class Engine:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Requests out of the queue and not yet answered: holding a row, or being admitted."""
+        return len(self._running) + (self._admitting is not None)
 
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            with self.session.batcher(max_batch_size=self.max_batch_size) as batcher:
-                self._started.set()
-                while self._turn(batcher):
-                    pass
+            self.batcher = self.session.batcher(max_batch_size=self.max_batch_size)
+            self._started.set()
+            while self._turn():
+                pass
         except Exception as exc:  # noqa: BLE001  (reported to every waiting client and on /health)
+            log.exception("the engine thread stopped")
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._started.set()
             self._fail_all(503 if self.error is None else 500,
                            "the server is shutting down" if self.error is None else f"the engine failed: {self.error}")
+            if self.batcher is not None:
+                self.batcher.close()
 
-    def _turn(self, batcher) -> bool:
+    def _turn(self) -> bool:
         with self._wake:
-            while not (self._stopping or self._queue or self._running or self._cancelled):
+            while not (self._stopping or self._queue or self._running or self._cancels):
                 self._wake.wait()
             if self._stopping:
                 return False
-            cancelled, self._cancelled = self._cancelled, []
-        now = time.monotonic()
-        self._end(batcher, cancelled, now)
-        self._admit(batcher, now)
-        if self._running:
-            report = batcher.step()
-            self.metrics.record_step(sum(map(len, report.values())), time.monotonic())
-            for rid, tokens in report.items():
-                self._deliver(batcher, rid, tokens)
+            self._cancels = False
+        try:
+            self._end(time.monotonic())
+            self._admit()
+            if self._running:
+                self._step()
+        except Exception:  # noqa: BLE001  (the batcher's states may be half-committed: start afresh)
+            self._recover()
         return True
 
-    def _end(self, batcher, cancelled: list[Job], now: float) -> None:
-        for job in cancelled:
-            if job.request_id is None:
-                if self._drop_queued(job):
-                    self.metrics.finished["cancelled"] += 1
-            elif self._running.pop(job.request_id, None) is job:
-                batcher.cancel(job.request_id)
-                self.metrics.finished["cancelled"] += 1
+    def _end(self, now: float) -> None:
         for rid, job in list(self._running.items()):
-            if now > job.deadline:
-                job.deliver(Tokens(batcher.result(rid)[job.sent:]))
-                batcher.cancel(rid)
+            if job.cancelled:
+                del self._running[rid]
+                self.batcher.cancel(rid)
+                self.metrics.finished["cancelled"] += 1
+            elif now > job.deadline:
+                job.deliver(Tokens(self.batcher.result(rid)[job.sent:]))
+                self.batcher.cancel(rid)
                 self._finish(rid, "timeout")
-        for job in [j for j in self._queue if now > j.deadline]:
-            self._drop_queued(job)
-            job.deliver(Failed(503, "timed out waiting for a free row; retry later or raise the timeout."))
-            self.metrics.finished[503] += 1
-
-    def _drop_queued(self, job: Job) -> bool:
-        """Takes the job out of the queue; False when it was not there (admitted or ended)."""
         with self._wake:
-            if job in self._queue:
-                self._queue.remove(job)
-                return True
-            return False
+            free = self.max_batch_size - len(self._running)  # the first `free` queued jobs get a row this turn
+            for position, job in enumerate(list(self._queue)):
+                if job.cancelled:
+                    self._queue.remove(job)
+                    self.metrics.finished["cancelled"] += 1
+                elif now > job.deadline and position >= free:
+                    self._queue.remove(job)
+                    self._fail(job, 503, "timed out waiting for a free row; retry later or raise the timeout.")
 
-    def _admit(self, batcher, now: float) -> None:
+    def _admit(self) -> None:
         while len(self._running) < self.max_batch_size:
             with self._wake:
                 if not self._queue:
                     return
-                job = self._queue.popleft()
-            try:
-                job.request_id = batcher.add_request(job.prompt, max_new_tokens=job.max_tokens,
-                                                     **dataclasses.asdict(job.sampling))
-            except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
-                job.deliver(Failed(400, str(exc)))
-                self.metrics.finished[400] += 1
-                continue
-            self._running[job.request_id] = job
-            self.metrics.admitted += 1
-            self.metrics.prompt_tokens += len(job.prompt)
+                self._admitting = job = self._queue.popleft()
+            self._admit_one(job)
+            self._admitting = None
 
-    def _deliver(self, batcher, rid: int, tokens: list[int]) -> None:
+    def _admit_one(self, job: Job) -> None:
+        if job.cancelled:
+            self.metrics.finished["cancelled"] += 1
+            return
+        try:
+            job.request_id = self.batcher.add_request(job.prompt, max_new_tokens=job.max_tokens,
+                                                      **dataclasses.asdict(job.sampling))
+        except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
+            self._fail(job, 400, str(exc))
+            return
+        except Exception:  # noqa: BLE001  (add_request is atomic: this request alone fails)
+            log.exception("request %s failed while it was admitted", job.id)
+            self._fail(job, 500, internal_error(job.id))
+            return
+        self._running[job.request_id] = job
+        self.metrics.admitted += 1
+        self.metrics.prompt_tokens += len(job.prompt)
+
+    def _step(self) -> None:
+        report = self.batcher.step()
+        self.metrics.record_step(sum(map(len, report.values())), time.monotonic())
+        for rid, tokens in report.items():
+            self._deliver(rid, tokens)
+
+    def _recover(self) -> None:
+        """(in an except block) Fails the jobs out of the queue with 500, then replaces the batcher."""
+        jobs = list(self._running.values()) + ([self._admitting] if self._admitting else [])
+        log.exception("an engine turn failed; failing the running requests %s with 500 and reopening the batcher",
+                      ", ".join(job.id for job in jobs) or "(none)")
+        self._running, self._admitting = {}, None
+        for job in jobs:
+            self._fail(job, 500, internal_error(job.id))
+        try:
+            self.batcher.close()
+        except Exception:  # noqa: BLE001  (its engine is dropped with it)
+            log.exception("closing the failed batcher failed too")
+        self.batcher = self.session.batcher(max_batch_size=self.max_batch_size)
+
+    def _deliver(self, rid: int, tokens: list[int]) -> None:
         job = self._running.get(rid)
         if job is None:
             return
         if tokens:
             job.sent += len(tokens)
             job.deliver(Tokens(tokens))
-        reason = batcher.finish_reason(rid)
+        reason = self.batcher.finish_reason(rid)
         if reason is not None:
             self._finish(rid, reason)
 
@@ -220,9 +270,13 @@ class Engine:
         job.deliver(Finished(reason))
         self.metrics.finished[reason] += 1
 
+    def _fail(self, job: Job, status: int, message: str) -> None:
+        job.deliver(Failed(status, message))
+        self.metrics.finished[status] += 1
+
     def _fail_all(self, status: int, message: str) -> None:
         with self._wake:
-            jobs, self._queue = list(self._queue) + list(self._running.values()), collections.deque()
-            self._running = {}
+            jobs = list(self._queue) + list(self._running.values()) + ([self._admitting] if self._admitting else [])
+            self._queue, self._running, self._admitting = collections.deque(), {}, None
         for job in jobs:
-            job.deliver(Failed(status, message))
+            self._fail(job, status, message)

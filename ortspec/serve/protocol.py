@@ -6,7 +6,8 @@ ids, or a list of one of those) or messages, max_tokens (default 16, as OpenAI),
 vLLM has it), seed, stream, stream_options.include_usage, n = 1, and the extension ``timeout``
 (seconds; at most the server's --request-timeout). Fields that would change what is generated
 and that ortspec cannot honour (stop strings, n > 1, logprobs, echo, penalties, best_of) are
-refused with a 400 naming them, rather than ignored; other unknown fields are ignored.
+refused with a 400 naming them, rather than ignored; other unknown fields are ignored, and a
+field sent as null means its default. A body nested deeper than MAX_JSON_DEPTH is refused.
 Each choice carries ``token_ids`` (an extension): the generated ids, also for models without a
 tokenizer (whose ``text`` is then empty).
 """
@@ -25,10 +26,33 @@ from ..speculative.sampling import SamplingParams
 UNSUPPORTED = {"stop": None, "n": 1, "logprobs": None, "top_logprobs": None, "echo": False, "best_of": 1,
                "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "suffix": None,
                "tools": None, "response_format": None}  # field -> the only value accepted
+MAX_JSON_DEPTH = 32  # nested objects and arrays a body may hold (a chat body needs 3)
 
 
-class BadRequest(Exception):
-    """A request the server answers with 400 and this message."""
+class HTTPError(Exception):
+    """A request the server answers with ``status`` and this message."""
+
+    status = 400
+
+
+class BadRequest(HTTPError):
+    """400: the body or a field is wrong."""
+
+
+class TooLarge(HTTPError):
+    """413: the body or the prompt is over the server's limit."""
+
+    status = 413
+
+
+class BodyTimeout(HTTPError):
+    """408: the body did not arrive in time."""
+
+    status = 408
+
+
+def new_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex[:24]}"
 
 
 @dataclasses.dataclass
@@ -43,41 +67,64 @@ class Completion:
     include_usage: bool
     timeout: float
     chat: bool
-    id: str = dataclasses.field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
+    id: str = dataclasses.field(default_factory=new_id)
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
 def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+    except RecursionError:
+        raise BadRequest(f"the body nests objects or arrays deeper than the JSON parser goes; at most "
+                         f"{MAX_JSON_DEPTH} levels are accepted.") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON object such as "
                          '{"prompt": "def f(", "max_tokens": 16}.') from None
     if not isinstance(body, dict):
         raise BadRequest(f"the body is a JSON {type(body).__name__}; send a JSON object.")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body nests objects or arrays more than {MAX_JSON_DEPTH} levels deep; a request needs "
+                         "at most 3.")
     return body
 
 
-def completion(body: dict, chat: bool, max_timeout: float) -> Completion:
+def _depth(value) -> int:
+    """How deep objects and arrays nest in a parsed body (iterative: no recursion to run out of);
+    stops counting past MAX_JSON_DEPTH."""
+    deepest, todo = 0, [(value, 1)]
+    while todo and deepest <= MAX_JSON_DEPTH:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def completion(body: dict, chat: bool, max_timeout: float, request_id: str | None = None) -> Completion:
     """Checks a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the field."""
+    body = {name: value for name, value in body.items() if value is not None}  # null: the default
     for name, accepted in UNSUPPORTED.items():
         if name in body and body[name] != accepted and not (accepted is None and body[name] in ([], "")):
             raise BadRequest(f"{name}={_short(body[name])} is not supported by ortspec serve; leave it out"
                              f"{'' if accepted is None else f' or send {accepted!r}'}.")
+    if not isinstance(body.get("model", ""), str):
+        raise BadRequest(f"model={_short(body['model'])} must be a string (the server serves one model, whatever the "
+                         "name).")
+    options = body.get("stream_options", {})
+    if not isinstance(options, dict):
+        raise BadRequest(f"stream_options={_short(options)} must be an object such as {{\"include_usage\": true}}.")
     try:
         sampling = validation.sampling(body.get("temperature", 0.0), body.get("top_k", 0), body.get("top_p", 1.0),
                                        body.get("seed"))
         max_tokens = validation.max_new_tokens(body.get("max_tokens", 16), minimum=1)
         stream = validation.flag("stream", body.get("stream", False))
+        include_usage = validation.flag("stream_options.include_usage", options.get("include_usage", False))
     except InputError as exc:
         raise BadRequest(str(exc).replace("max_new_tokens", "max_tokens")) from None
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest(f"stream_options={_short(options)} must be an object such as {{\"include_usage\": true}}.")
     return Completion(prompt=None if chat else _prompt(body), messages=_messages(body) if chat else None,
-                      max_tokens=max_tokens, sampling=sampling, stream=stream,
-                      include_usage=bool(options.get("include_usage", False)),
-                      timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat)
+                      max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
+                      timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat,
+                      id=request_id or new_id())
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -90,9 +137,9 @@ def _prompt(body: dict) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and prompt and all(validation.is_integer(t) for t in prompt):
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest(f"prompt holds {len(prompt)} prompts; send one prompt per request.")
-    raise BadRequest(f"prompt={_short(prompt)} must be a non-empty string or a non-empty list of token ids.")
+    raise BadRequest(f"prompt={_short(body['prompt'])} must be a non-empty string or a non-empty list of token ids.")
 
 
 def _messages(body: dict) -> list[dict]:
@@ -120,7 +167,8 @@ def _short(value, limit: int = 60) -> str:
 
 # -- responses ----------------------------------------------------------------------------------
 def error_body(message: str, status: int) -> dict:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}.get(status, "server_error")
+    kind = {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
+            413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 

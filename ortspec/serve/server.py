@@ -4,6 +4,8 @@
     server.run()                         # the CLI: blocks until Ctrl-C, then shuts down cleanly
     server.start(); server.url; server.stop()   # in the background (tests, tools/serve_load.py)
 
+Every option is checked here, before a socket is bound (ConfigurationError; the CLI checks
+them before it loads the model): the limits of limits.py, batch, queue, host and port.
 Shutdown order: uvicorn stops accepting and lets requests in flight finish (at most
 GRACEFUL_SECONDS, the engine still running so they can), then the engine thread fails what
 is left with 503 and closes its batcher. The Session belongs to the caller.
@@ -12,12 +14,15 @@ is left with 503 and closes its batcher. The Session belongs to the caller.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import socket
+import sys
 import threading
 import time
 
 from .. import validation
 from ..errors import ConfigurationError, MissingDependencyError
+from .limits import Limits
 
 DEPENDENCIES = ("starlette", "uvicorn", "jinja2")
 GRACEFUL_SECONDS = 10
@@ -46,28 +51,55 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def check_options(max_batch_size, max_queue, log_level, **limits) -> Limits:
+    """The server's options checked (ConfigurationError naming the bad one); returns the limits."""
+    validation.integer("max_batch_size", max_batch_size, ConfigurationError, 1)
+    validation.integer("max_queue", max_queue, ConfigurationError, 1)
+    if log_level not in LOG_LEVELS:
+        raise ConfigurationError(f"log_level={log_level!r} is unknown; use one of {', '.join(LOG_LEVELS)}.")
+    return Limits(**limits)
+
+
+def _log_to_stderr(level: str) -> None:
+    """ortspec.serve's lines (disconnects, 500 tracebacks) beside uvicorn's, at its level."""
+    log = logging.getLogger("ortspec.serve")
+    log.setLevel(level.upper())
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log.addHandler(handler)
+
+
 class Server:
     def __init__(self, session, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 8,
                  max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", max_body_bytes: int = Limits.max_body_bytes,
+                 max_prompt_chars: int | None = None, body_timeout: float = Limits.body_timeout,
+                 header_timeout: float = Limits.header_timeout) -> None:
         require_dependencies()
         import uvicorn
 
         from .app import create_app
         from .chat import ChatTemplate
         from .engine import Engine
+        from .limits import header_timeout_protocol
 
-        max_batch_size = validation.max_batch_size(max_batch_size)
-        max_queue = validation.integer("max_queue", max_queue, ConfigurationError, 1)
-        if not validation.is_real(request_timeout) or request_timeout <= 0:
-            raise ConfigurationError(f"request_timeout={request_timeout!r} must be a number of seconds > 0.")
-        self.engine = Engine(session, max_batch_size, max_queue)
+        limits = check_options(max_batch_size, max_queue, log_level, request_timeout=request_timeout,
+                               max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
+                               body_timeout=body_timeout, header_timeout=header_timeout)
+        self.limits = limits.with_model(session)
+        _log_to_stderr(log_level)
+        self.engine = Engine(session, int(max_batch_size), int(max_queue))
         self.model_name = model_name or session.manifest.dir.name
-        app = create_app(session, self.engine, self.model_name, float(request_timeout),
+        app = create_app(session, self.engine, self.model_name, self.limits,
                          ChatTemplate.from_model_dir(session.manifest.dir))
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off",
+                                                     http=header_timeout_protocol(self.limits.header_timeout),
                                                      timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None
 

@@ -22,15 +22,21 @@ A batcher holds one engine (state buffers for max_batch_size rows) from its crea
 generate call or another batcher of the same size never touches its states. It uses the
 Session's public API only: ``lease_engine``, ``new_requests``, ``record_stats``, ``graphs``,
 ``k``, ``commit`` and ``exact``.
+
+One thread at a time: add_request, step and cancel raise ConcurrentUseError while another
+thread is inside one of them (close() waits for it instead). add_request is atomic: every
+argument is checked before a row is touched, and if the prefill fails nothing of the request
+remains (no id, its row as it was).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 
 from .. import validation
-from ..errors import ClosedError, InputError
+from ..errors import ClosedError, ConcurrentUseError, InputError
 from .decoder import Decoder
 from .requests import Request
 from .stats import Stats
@@ -46,6 +52,7 @@ class Batcher:
         self.requests: dict[int, Request] = {}
         self._reported: dict[int, int] = {}  # request id -> output tokens step() has returned
         self._next_id = 0
+        self._in_use = threading.RLock()  # held by the thread inside a call (re-entrant: a callback's own calls)
         self.decoder: Decoder | None = None
         lease = session.lease_engine(rows)
         self._give_back = weakref.finalize(self, lease.release)  # at close(), or when dropped unclosed
@@ -67,15 +74,17 @@ class Batcher:
         self.close()
 
     def close(self) -> None:
-        """Drops the step in flight, then gives the engine back (idempotent). add_request and step
-        then raise ClosedError; result and pending still answer."""
-        if not self.closed and self.decoder is not None:
-            try:
-                with self._call():
-                    self.decoder.close()
-            except ClosedError:  # the Session closed first: nothing to read out
-                pass
-        self._give_back()
+        """Drops the step in flight, then gives the engine back (idempotent), after the call another
+        thread has in flight. add_request, step and cancel then raise ClosedError; result and
+        pending still answer."""
+        with self._in_use:
+            if not self.closed and self.decoder is not None:
+                try:
+                    with self._call():
+                        self.decoder.close()
+                except ClosedError:  # the Session closed first: nothing to read out
+                    pass
+            self._give_back()
 
     @property
     def closed(self) -> bool:
@@ -83,16 +92,28 @@ class Batcher:
 
     @contextlib.contextmanager
     def _call(self):
-        """One call on the engine: refused once closed, waited for by Session.close(); its
-        counters go to the Session's totals when it ends."""
-        if self.closed:
-            raise ClosedError("this batcher is closed; open a new one with session.batcher(...).")
-        with self._lease.using() as engine:
-            try:
-                yield engine
-            finally:
-                if self.decoder is not None:
-                    self.session.record_stats(self.decoder.take_stats())
+        """One call on the engine: refused once closed or while another thread is inside one,
+        waited for by Session.close(); its counters go to the Session's totals when it ends."""
+        with self._one_thread():
+            with self._lease.using() as engine:
+                try:
+                    yield engine
+                finally:
+                    if self.decoder is not None:
+                        self.session.record_stats(self.decoder.take_stats())
+
+    @contextlib.contextmanager
+    def _one_thread(self):
+        if not self._in_use.acquire(blocking=False):
+            raise ConcurrentUseError("this batcher is in a call from another thread; a batcher serves one thread at "
+                                     "a time (its rows share one engine): open one batcher per thread, or serialize "
+                                     "the calls with a lock.")
+        try:
+            if self.closed:
+                raise ClosedError("this batcher is closed; open a new one with session.batcher(...).")
+            yield
+        finally:
+            self._in_use.release()
 
     @property
     def rows(self) -> list[Request | None]:
@@ -135,7 +156,12 @@ class Batcher:
                 raise InputError(f"all {self.max_batch_size} rows are busy; call step() until a request finishes, "
                                  "or open a batcher with a larger max_batch_size.")
             req.row = row
-            self.decoder.admit([req])
+            previous = self.rows[row]
+            try:
+                self.decoder.admit([req])
+            except BaseException:  # atomic: the row as it was, no id; its next request prefills it anew
+                self.rows[row] = previous
+                raise
             rid, self._next_id = self._next_id, self._next_id + 1
             self.requests[rid], self._reported[rid] = req, 0
             return rid
@@ -157,9 +183,10 @@ class Batcher:
         """Stops a request now (a client went away): its row is free for the next add_request,
         result() keeps its tokens so far, step() reports nothing more of it. A finished request
         is left as it is."""
-        req = self._request(request_id)
-        req.cancel()
-        self._reported[request_id] = req.output_length
+        with self._one_thread():
+            req = self._request(request_id)
+            req.cancel()
+            self._reported[request_id] = req.output_length
 
     def finish_reason(self, request_id: int) -> str | None:
         """None while the request runs; then "stop" (a stop token), "length" (max_new_tokens) or "cancelled"."""
