@@ -271,6 +271,7 @@ int run_state_kernel_cpu_tests() {
   test_write_rows_duplicates_keep_the_last();
   test_gather_rows_matches_reference();
   test_write_and_gather_rows_errors();
+  run_transition_kernel_cpu_tests();
   return 0;
 }
 
