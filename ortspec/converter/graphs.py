@@ -13,6 +13,9 @@ Target graph I/O (B requests, M rows each, L = max_length):
     or conv_window.{i} [M, ...], recurrent_window.{i} [M, ...]       state after each row (select)
     or (CPU variants) conv_window.{i}.{j}, recurrent_window.{i}.{j}  the state after row j, one
                          output per row (manifest.window_row_name): no stacking copy
+    or (gdn_verify="transition") conv_inputs.{i} [B, M, C], gdn_keys.{i} [B, M, nk, dk],
+                         gdn_values.{i} [B, M, nv*dv], gdn_decay.{i}, gdn_beta.{i} [B, M, nv]: the
+                         rows' transition record (manifest.TRANSITION_RECORD), no state at all
 
 MTP graph I/O: in input_ids [B, M] (the token after each hidden's position), hidden [B, M, H]
 (target final-normed hidden, or the MTP's own output when drafting), positions [B, M],
@@ -91,9 +94,11 @@ def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
 
 def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
                       rows: int | None, windows: bool = False, layers: range | None = None,
-                      stage: int = 0, target: str = PORTABLE) -> GraphBuilder:
+                      stage: int = 0, target: str = PORTABLE, gdn_verify: str = "per_row") -> GraphBuilder:
     """rows=None: any M (prefill); rows=M: static M (decode M=1, verify M=k+1).
-    windows=True (needs static rows): GDN states after every row, for the select commit.
+    windows=True (needs static rows): GDN states after every row, for the select commit; the
+    portable graph in the form gdn_verify (manifest.GDN_VERIFY_FORMS: per-row windows, the ops'
+    state_window, or the transition record), a CPU graph always per row.
     target: the formulations (builder.GraphBuilder); a CPU graph of static M runs its GDN
     layers as converter/gdn_cpu.py builds them.
     layers: a pipeline stage (a contiguous range of layers). The first stage embeds the ids;
@@ -131,11 +136,13 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                                                               windows)
                 else:
                     out, conv, rec = make_gated_deltanet(g, spec, h, prefix, conv_state, recurrent_state,
-                                                         per_position=rows if windows else 0)
+                                                         per_position=rows if windows else 0, verify=gdn_verify)
                 for kind, value in (("conv", conv), ("recurrent", rec)):
                     name = f"{kind}_{'window' if windows else 'out'}.{i}"
                     if isinstance(value, list):  # the CPU variants: the state after each row, one output each
                         state_outputs.extend((v, window_row_name(name, j)) for j, v in enumerate(value))
+                    elif isinstance(value, dict):  # a transition record: its vectors, no state
+                        state_outputs.extend((v, f"{part}.{i}") for part, v in value.items())
                     else:
                         state_outputs.append((value, name))
                 return out

@@ -187,19 +187,28 @@ def l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int, scale: floa
 
 
 def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
-                        recurrent_state: str, per_position: int = 0):
-    """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out); x and the output
+                        recurrent_state: str, per_position: int = 0, verify: str = "per_row"):
+    """Gated DeltaNet layer. Returns (output [B,M,H], conv, recurrent); x and the output
     in the activations' dtype, everything between in float32 (one Cast after in_proj, one
     before out_proj, where the activations are not float32).
 
     conv_state [B, K-1, C] (channels-last tail of the pre-conv q,k,v inputs) and
-    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the outputs are the states
-    after the last row. With per_position=M (a static row count) they are windows, slot j =
-    state after row j: conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv]. The CPU kernels
-    refuse the ops' own ``state_window``, so a CPU verify builds the windows itself: the conv
-    window by data movement (``_conv_window``), the recurrent one by running LinearAttention
-    once per row (``_recurrence_per_row``). Either way every op runs on the same rows with the
-    same bits (M rows in one call equal M one-row calls: tools/row_invariance.py).
+    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 conv and recurrent are the
+    states after the last row. With per_position=M (a static row count) they are what a select
+    commit needs, in the form ``verify`` (manifest.GDN_VERIFY_FORMS):
+      per_row       windows, slot j = state after row j: conv [M, B, K-1, C], recurrent
+                    [M, B, nv, dk, dv]. The CPU kernels refuse the ops' own ``state_window``, so
+                    the windows are built by data movement (``_conv_window``) and by running
+                    LinearAttention once per row (``_recurrence_per_row``). Every op runs on the
+                    same rows with the same bits (M rows in one call equal M one-row calls:
+                    tools/row_invariance.py).
+      state_window  the same windows from one call of each op with its ``state_window`` = M
+                    (CUDA only; ``_past_window`` lays the live state in as the slot it reads)
+      transition    dicts of the rows' transition record (manifest.TRANSITION_RECORD), each op run
+                    once over all M rows: conv {"conv_inputs": pre-conv q,k,v [B, M, C]},
+                    recurrent {"gdn_keys": k̂ [B, M, nk, dk], "gdn_values": v [B, M, nv*dv],
+                    "gdn_decay": g, "gdn_beta": β [B, M, nv]}; the commit replays the accepted
+                    rows onto the live states (runtime.states, native replay_transitions)
 
                  x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
                                               ├─ z ─────────────────────────────────────┐
@@ -209,32 +218,55 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     """
     nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
+    window = per_position if verify == "state_window" else 0  # the ops' own state_window
     qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj", out_dtype=F32), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
-    mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
-                           activation="silu", channels_last=1)  # [B, M, C], [B, K-1, C]
+    mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "",
+                                                   _past_window(g, conv_state, window, rank=3)], num_outputs=2,
+                           activation="silu", channels_last=1, **_window_attribute(window))  # [B, M, C], [(M,) B, K-1, C]
     q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
     # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
     # transformers' repeat_interleave does: LinearAttention maps heads so itself (kv_num_heads
     # a multiple of the key's heads, fewer query heads: "inverse GQA"), so no head is repeated
     q = g.op("Reshape", [l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
-    k = g.op("Reshape", [l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
+    keys = l2_normalize(g, k, nk, dk)  # [B, M, nk, dk]
+    k = g.op("Reshape", [keys, g.const([0, 0, kd])])
 
-    def recurrence(state, q, k, v, decay, beta):
+    def recurrence(state, q, k, v, decay, beta, window=0):
         return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nk, kv_num_heads=nv,
-                    update_rule="gated_delta", scale=float(dk ** -0.5))
+                    update_rule="gated_delta", scale=float(dk ** -0.5), **_window_attribute(window))
 
-    if per_position == 0:
-        core, recurrent_out = recurrence(recurrent_state, q, k, v, decay, beta)
+    if per_position == 0 or verify != "per_row":
+        core, recurrent_out = recurrence(_past_window(g, recurrent_state, window, rank=4), q, k, v, decay, beta, window)
     else:
         conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
         core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
                                                   per_position)
+    if per_position and verify == "transition":  # the ops' states after the last row are left unused
+        conv_out = {"conv_inputs": qkv}
+        recurrent_out = {"gdn_keys": keys, "gdn_values": v, "gdn_decay": decay, "gdn_beta": beta}
     out = g.linear(make_gated_norm(g, spec, core, z, f"{prefix}.gdn_norm"), f"{prefix}.out", hint=f"{prefix}.gdn_out",
                    x_dtype=F32)
     return out, conv_out, recurrent_out
+
+
+def _window_attribute(window: int) -> dict:
+    """The ops' state_window attribute where a window is asked for; none otherwise (the graphs of
+    the other forms stay what they were, loadable on the CPU)."""
+    return {"state_window": window} if window else {}
+
+
+def _past_window(g: GraphBuilder, state: str, window: int, rank: int) -> str:
+    """The past_state input of an op with state_window W: [W, B, ...], of which the op reads only
+    slot W-1 (the live state, here; zeros before it). The Pad writes W states (the op's schema
+    takes no [B, ...] state with a window). W = 0: the state itself. rank: the state's (conv
+    [B, K-1, C] 3, recurrent [B, nv, dk, dv] 4)."""
+    if not window:
+        return state
+    slot = g.op("Unsqueeze", [state, g.const([0])])  # [1, B, ...]
+    return g.op("Pad", [slot, g.const([window - 1] + [0] * (2 * rank + 1))])  # [W, B, ...]: pads before, then after
 
 
 def _conv_window(g: GraphBuilder, conv_state: str, qkv: str, rows: int, kernel: int) -> str:
