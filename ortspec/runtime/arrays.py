@@ -98,6 +98,34 @@ class HostArrays:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
         dst[...] = src[np.arange(len(index)), index]
 
+    def replay_transitions(self, states: list, keys: list, values: list, decay: list, beta: list, counts) -> None:
+        """Per layer, each request's first counts[b] verify rows replayed onto its GDN state, in place
+        (native replay_transitions, csrc/core/transition_kernels.h): states [B, nv, dk, dv], keys
+        [B, M, nk, dk] (k̂), values [B, M, nv*dv], decay (g) and beta [B, M, nv]; for row j and value
+        head h (key head h // (nv/nk)): S <- e^g S; u = beta (v - S^T k); S <- S + k u^T. float32,
+        requests that still take a row all at once."""
+        counts = _checked_counts("replay_transitions", counts, keys[0].shape[1] if keys else 0)
+        for state, k, v, g, b in zip(states, keys, values, decay, beta):
+            batch, heads, _, value_dim = state.shape
+            k = np.repeat(k, heads // k.shape[2], axis=2)  # [B, M, nv, dk]: value head h reads key head h // r
+            v = v.reshape(batch, -1, heads, value_dim)  # [B, M, nv, dv]
+            for j in range(int(counts.max(initial=0))):
+                taking = counts > j  # [B]: the requests that replay row j
+                s = state[taking] * np.exp(g[taking, j])[..., None, None]  # [b, nv, dk, dv]
+                key = k[taking, j]  # [b, nv, dk]
+                u = b[taking, j][..., None] * (v[taking, j] - np.einsum("bhkv,bhk->bhv", s, key))  # [b, nv, dv]
+                state[taking] = s + key[..., :, None] * u[..., None, :]
+
+    def commit_conv_tails(self, tails: list, inputs: list, counts) -> None:
+        """Per layer, tail[b] <- rows n..n+K-2 of concat(tail[b], inputs[b]), n = counts[b]: the conv
+        tail after a verify's first n rows (native commit_conv_tails); tails [B, K-1, C], inputs
+        [B, M, C] (the rows' pre-conv q, k, v)."""
+        counts = _checked_counts("commit_conv_tails", counts, inputs[0].shape[1] if inputs else 0)
+        for tail, fed in zip(tails, inputs):
+            joined = np.concatenate([tail, fed], axis=1)  # [B, K-1+M, C]
+            for b, n in enumerate(counts.tolist()):
+                tail[b] = joined[b, n: n + tail.shape[1]]
+
     def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
         """The next decode step's inputs [B, 1]: ids = tokens, positions one on (at most last_position)."""
         ids[...] = tokens
@@ -150,6 +178,16 @@ class HostArrays:
 
     def release(self) -> None:
         pass  # numpy memory goes with its last reference
+
+
+def _checked_counts(op: str, counts, rows: int) -> np.ndarray:
+    """counts as int64 [B], every one in 0..rows (the native kernels' check: nothing written else)."""
+    counts = np.asarray(counts, np.int64)
+    bad = np.flatnonzero((counts < 0) | (counts > rows))
+    if len(bad):
+        raise ValueError(f"{op}: counts[{bad[0]}]={counts[bad[0]]} is out of range 0..M={rows} (the verify's rows); "
+                         "nothing was written")
+    return counts
 
 
 class CudaArrays:
@@ -286,6 +324,13 @@ class CudaArrays:
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         self.native.gather_rows(src, self._index(index), dst, self.stream)
+
+    def replay_transitions(self, states: list, keys: list, values: list, decay: list, beta: list, counts) -> None:
+        """Every layer in one launch; counts a host array (uploaded) or a device buffer (as it is)."""
+        self.native.replay_transitions(states, keys, values, decay, beta, self._index(counts), self.stream)
+
+    def commit_conv_tails(self, tails: list, inputs: list, counts) -> None:
+        self.native.commit_conv_tails(tails, inputs, self._index(counts), self.stream)
 
     def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
         self.native.advance_decode_inputs(tokens, ids, positions, last_position, self.stream)
