@@ -20,44 +20,13 @@ from ortspec.runtime.model import TargetModel
 from ortspec.runtime.states import Rows
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
 from tests.conftest import K, MAX_LENGTH
+from tools.gpu_suite.gdn_verify import float64_replay, random_record, relative_error
 
 native = load_native()
 needs_cuda_device = pytest.mark.skipif(
     not native.cuda_available(), reason=f"no usable CUDA device: {native.build_info()['cuda_unavailable_reason']}")
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7]]
 ATOL = 1e-5  # the GPU checks' state tolerance (x (1 + max |state|)): the replay rounds unlike LinearAttention
-
-
-def random_record(rng, batch=3, rows=4, key_heads=2, value_heads=4, key_dim=8, value_dim=6):
-    """(state [B, nv, dk, dv], keys k̂ [B, M, nk, dk] of unit length, values [B, M, nv*dv], decay g <= 0,
-    beta in (0, 1) [B, M, nv]), float32."""
-    state = rng.standard_normal((batch, value_heads, key_dim, value_dim)).astype(np.float32)
-    keys = rng.standard_normal((batch, rows, key_heads, key_dim)).astype(np.float32)
-    keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
-    values = rng.standard_normal((batch, rows, value_heads * value_dim)).astype(np.float32)
-    decay = -2 * rng.random((batch, rows, value_heads)).astype(np.float32)
-    beta = rng.uniform(0.01, 0.99, (batch, rows, value_heads)).astype(np.float32)
-    return state, keys, values, decay, beta
-
-
-def float64_replay(state, keys, values, decay, beta, counts):
-    """DESIGN.md's gated delta rule in float64, row by row, head by head."""
-    out = state.astype(np.float64)
-    batch, heads, _, value_dim = state.shape
-    group = heads // keys.shape[2]
-    for b in range(batch):
-        for h in range(heads):
-            for j in range(counts[b]):
-                k = keys[b, j, h // group].astype(np.float64)
-                v = values[b, j].reshape(heads, value_dim)[h]
-                s = out[b, h]
-                s *= np.exp(np.float64(decay[b, j, h]))
-                s += np.outer(k, beta[b, j, h] * (v - s.T @ k))
-    return out
-
-
-def relative_error(got, want) -> float:
-    return float(np.max(np.abs(got - want)) / (1 + np.max(np.abs(want))))
 
 
 @pytest.mark.parametrize("heads", [(2, 2), (2, 4), (1, 3)], ids=["equal", "inverse_gqa", "odd"])
