@@ -118,7 +118,7 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                     else None)
     states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
     window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
-    step = make_step_inputs(g, spec, positions, max_length, window=window)
+    step = make_step_inputs(g, spec, positions, max_length, window=window, rows=rows)
     state_outputs = []
     for i in layers:
         prefix = f"L{i}"
@@ -274,7 +274,8 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
     for j in range(1, k):
         position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
         out, _, _, key_view, value_view = _mtp_pass(
-            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view), key_view, value_view)
+            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view, rows=1), key_view,
+            value_view)
         draft, probs = draft_from(out, j)
         drafts.append(draft)
         draft_probs.append(probs)
