@@ -62,7 +62,9 @@ def window_row_name(window: str, row: int) -> str:
 # needs of their GDN layers (converter/layers.make_gated_deltanet):
 #   per_row       the recurrence once per row, the state after each row stacked: {kind}_window.{i}
 #   state_window  LinearAttention and CausalConvWithState once, with their state_window attribute
-#                 (CUDA only): the same {kind}_window.{i} [M, B, ...]
+#                 (CUDA only): the same {kind}_window.{i} [M, B, ...]; their past_state inputs are
+#                 windows {kind}.{i}.past{M} [M, B, ...] (past_window_name) of which they read slot M-1
+#                 only: the runtime lays the live state there (runtime.states)
 #   transition    the ops once over all rows, plus the rows' transition record (TRANSITION_RECORD):
 #                 the commit replays the accepted rows onto the live state (runtime.states)
 GDN_VERIFY_FORMS = ("per_row", "state_window", "transition")
@@ -75,6 +77,12 @@ def record_names(state: str) -> tuple[str, ...]:
     """The transition-record outputs that commit state ``state`` (recurrent.2 -> gdn_keys.2, ...)."""
     kind, layer = state.split(".")
     return tuple(f"{name}.{layer}" for name in TRANSITION_RECORD[kind])
+
+
+def past_window_name(state: str, rows: int) -> str:
+    """The input of a state_window verify of ``rows`` rows that holds GDN state ``state`` as its
+    past window [rows, B, ...], the live state in the last slot: recurrent.2.past3."""
+    return f"{state}.past{rows}"
 
 
 def has_state_windows(graph: str) -> bool:

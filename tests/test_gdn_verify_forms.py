@@ -96,3 +96,39 @@ def test_an_unknown_form_in_a_manifest_is_refused(forms, tmp_path):
     del doc["gdn_verify"]  # written before the field: per row
     (copy / "manifest.json").write_text(json.dumps(doc))
     assert Manifest.load(copy).gdn_verify == "per_row"
+
+
+def test_state_window_verifies_read_past_windows_the_runtime_lays_out(forms):
+    """The state_window verify of M rows takes each GDN state as its past window [M, B, ...] (the
+    ops read slot M-1): no Pad writes it, no [B, ...] state input is left."""
+    manifest = forms["state_window"]
+    for name, rows in (("verify_select_k2", 3), ("verify_mtp_k2", 3), ("verify_select_k1", 2)):
+        g = graph(manifest, name)
+        inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in g.input}
+        for i in gdn_layers(manifest):
+            assert inputs[f"recurrent.{i}.past{rows}"][:2] == [rows, "B"] and f"recurrent.{i}" not in inputs
+            assert inputs[f"conv.{i}.past{rows}"][:2] == [rows, "B"] and f"conv.{i}" not in inputs
+        assert not any(n.op_type == "Pad" for n in g.node)
+
+
+def test_past_windows_end_at_the_live_rows_and_copy_nothing():
+    """LayerState with past slots (HostArrays): the live buffer is the last slot of its allocation;
+    the feed of a verify of M rows over rows 1..3 is an [M, 2, ...] view whose last slot is those
+    rows, for every M; a subset of rows is refused (state_window verifies run on CUDA)."""
+    import numpy as np
+
+    from ortspec.runtime.arrays import HostArrays
+    from ortspec.runtime.states import LayerState, Rows, StateError
+
+    layer = LayerState(HostArrays(), "recurrent.2", [4, 2, 3, 5], past_slots=5)
+    layer.buffer[...] = np.arange(layer.buffer.size, dtype=np.float32).reshape(layer.buffer.shape)
+    feeds = layer.feeds(Rows([1, 2]))
+    assert set(feeds) == {"recurrent.2"} | {f"recurrent.2.past{m}" for m in (2, 3, 4, 5)}
+    for m in (2, 3, 4, 5):
+        window = feeds[f"recurrent.2.past{m}"]
+        assert window.shape == (m, 2, 2, 3, 5) and np.shares_memory(window, layer.buffer)
+        np.testing.assert_array_equal(window[-1], layer.buffer[1:3])
+    layer.buffer[2] += 1  # a commit into the live state shows in every window at once
+    np.testing.assert_array_equal(feeds["recurrent.2.past4"][-1, 1], layer.buffer[2])
+    with pytest.raises(StateError, match="contiguous rows only"):
+        layer.feeds(Rows([0, 2]))

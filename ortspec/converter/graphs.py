@@ -6,6 +6,8 @@ Target graph I/O (B requests, M rows each, L = max_length):
                          cache's first W <= L slots, W past every position of the call (any such
                          W gives the same bits; the CPU runtime passes a window, CUDA all L)
        conv.{i} [B, K-1, C], recurrent.{i} [B, nv, dk, dv] (fp32)     GDN layer i
+    or (gdn_verify="state_window" verifies) conv.{i}.past{M} [M, B, K-1, C], recurrent.{i}.past{M}
+                         [M, B, nv, dk, dv]: the ops' past windows, the live state in slot M-1
   out  tokens int64 [B, M] (argmax)  logits [B, M, V] float32  hidden [B, M, H] (final-normed, in the
        activations' dtype: float32, or the model's with convert(activations="model"))
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from ..manifest import graph_name, window_row_name
+from ..manifest import graph_name, past_window_name, window_row_name
 from ..model_spec import FULL, ModelSpec
 from .builder import CPU, PORTABLE, GraphBuilder, WeightStore
 from .gdn_cpu import make_gated_deltanet_rows
@@ -68,6 +70,14 @@ def mtp_state_shapes(spec: ModelSpec, batch="B", window=WINDOW) -> dict[str, lis
         "key.mtp": [batch, spec.num_key_value_heads, spec.head_dim, window],
         "value.mtp": [batch, spec.num_key_value_heads, window, spec.head_dim],
     }
+
+
+def _state_input(g: GraphBuilder, name: str, shape: list, past: int) -> str:
+    """The graph input of state ``name``; a GDN state of a state_window verify of ``past`` rows is
+    its past window [past, B, ...] (manifest.past_window_name), whose last slot the ops read."""
+    if past and name.startswith(("conv.", "recurrent.")):
+        return g.input(past_window_name(name, past), F32, [past, *shape])
+    return g.input(name, F32, shape)
 
 
 def _decoder_layer(g, spec, x, residual, prefix, mixer):
@@ -116,7 +126,9 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
         x = g.input("proxy.hidden", g.activations, ["B", dim_m, spec.hidden_size])
         residual = (g.input("proxy.residual", g.activations, ["B", dim_m, spec.hidden_size]) if layers.start > 0
                     else None)
-    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
+    past = rows if windows and gdn_verify == "state_window" and target == PORTABLE else 0  # the ops' past windows
+    states = {n: _state_input(g, n, shape, past) for n, shape in state_shapes(spec).items()
+              if int(n.split(".")[1]) in layers}
     window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
     step = make_step_inputs(g, spec, positions, max_length, window=window, rows=rows)
     state_outputs = []

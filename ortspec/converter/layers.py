@@ -245,7 +245,9 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                     same rows with the same bits (M rows in one call equal M one-row calls:
                     tools/row_invariance.py).
       state_window  the same windows from one call of each op with its ``state_window`` = M
-                    (CUDA only; ``_past_window`` lays the live state in as the slot it reads)
+                    (CUDA only); conv_state and recurrent_state are then the ops' past windows
+                    [M, B, ...], the live state in slot M-1, the only one they read (the runtime
+                    lays it there: manifest.past_window_name)
       transition    dicts of the rows' transition record (manifest.TRANSITION_RECORD), each op run
                     once over all M rows: conv {"conv_inputs": pre-conv q,k,v [B, M, C]},
                     recurrent {"gdn_keys": k̂ [B, M, nk, dk], "gdn_values": v [B, M, nv*dv],
@@ -265,8 +267,7 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
-    mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "",
-                                                   _past_window(g, conv_state, window, rank=3)], num_outputs=2,
+    mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
                            activation="silu", channels_last=1, **_window_attribute(window))  # [B, M, C], [(M,) B, K-1, C]
     q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
     # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
@@ -281,7 +282,7 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
                     update_rule="gated_delta", scale=float(dk ** -0.5), **_window_attribute(window))
 
     if per_position == 0 or verify != "per_row":
-        core, recurrent_out = recurrence(_past_window(g, recurrent_state, window, rank=4), q, k, v, decay, beta, window)
+        core, recurrent_out = recurrence(recurrent_state, q, k, v, decay, beta, window)
     else:
         conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
         core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
@@ -298,17 +299,6 @@ def _window_attribute(window: int) -> dict:
     """The ops' state_window attribute where a window is asked for; none otherwise (the graphs of
     the other forms stay what they were, loadable on the CPU)."""
     return {"state_window": window} if window else {}
-
-
-def _past_window(g: GraphBuilder, state: str, window: int, rank: int) -> str:
-    """The past_state input of an op with state_window W: [W, B, ...], of which the op reads only
-    slot W-1 (the live state, here; zeros before it). The Pad writes W states (the op's schema
-    takes no [B, ...] state with a window). W = 0: the state itself. rank: the state's (conv
-    [B, K-1, C] 3, recurrent [B, nv, dk, dv] 4)."""
-    if not window:
-        return state
-    slot = g.op("Unsqueeze", [state, g.const([0])])  # [1, B, ...]
-    return g.op("Pad", [slot, g.const([window - 1] + [0] * (2 * rank + 1))])  # [W, B, ...]: pads before, then after
 
 
 def _conv_window(g: GraphBuilder, conv_state: str, qkv: str, rows: int, kernel: int) -> str:

@@ -57,6 +57,16 @@ class HostArrays:
     def reshape(self, array: np.ndarray, shape) -> np.ndarray:
         return array.reshape(shape)
 
+    def slot(self, array: np.ndarray, index: int) -> np.ndarray:
+        """array[index] of a [W, ...] array, a view."""
+        return array[index]
+
+    def past_window(self, backing: np.ndarray, start: int, stop: int, width: int) -> np.ndarray:
+        """A [width, stop-start, ...] view of backing [W, B, ...] whose last slot is backing[W-1][start:stop]
+        (its other slots: the bytes before, in backing; what a state_window op never reads)."""
+        return backing.reshape(-1)[_past_window_span(backing.shape, start, stop, width)].reshape(
+            width, stop - start, *backing.shape[2:])
+
     def upload(self, dst: np.ndarray, host: np.ndarray) -> None:
         np.copyto(dst, host)
 
@@ -180,6 +190,13 @@ class HostArrays:
         pass  # numpy memory goes with its last reference
 
 
+def _past_window_span(shape, start: int, stop: int, width: int) -> slice:
+    """The elements of a past window (HostArrays.past_window) in the flat backing [W, B, ...]."""
+    row = int(np.prod(shape[2:]))  # one request's state
+    end = ((shape[0] - 1) * shape[1] + stop) * row
+    return slice(end - width * (stop - start) * row, end)
+
+
 def _checked_counts(op: str, counts, rows: int) -> np.ndarray:
     """counts as int64 [B], every one in 0..rows (the native kernels' check: nothing written else)."""
     counts = np.asarray(counts, np.int64)
@@ -209,7 +226,7 @@ class CudaArrays:
         self._uploaded: dict = {}  # small host arrays uploaded this step (scratch), by content
         self._staging: dict = {}
         self._persistent: dict = {}  # id -> persistent buffer (held, so an id is never reused)
-        self._views: dict = {}  # (id, start, stop) -> row view of a persistent buffer
+        self._views: dict = {}  # views of persistent buffers: rows (id, start, stop), slots and windows (id, byte, shape)
         self._ids = 0
 
     def begin_step(self, check_errors: bool = True) -> None:
@@ -251,6 +268,27 @@ class CudaArrays:
 
     def reshape(self, buffer, shape):
         return self.native.Buffer.from_pointer(buffer.data_ptr, tuple(shape), buffer.dtype, "cuda", self.device_index)
+
+    def slot(self, buffer, index: int):
+        """buffer[index] of a persistent [W, ...] buffer: a view, persistent itself (its row views are made once)."""
+        view = self._view(buffer, index * (buffer.nbytes // buffer.shape[0]), tuple(buffer.shape[1:]))
+        self._persistent[id(view)] = view
+        return view
+
+    def past_window(self, backing, start: int, stop: int, width: int):
+        """HostArrays.past_window on the device: a view, made once per (backing, rows, width)."""
+        span = _past_window_span(tuple(backing.shape), start, stop, width)
+        itemsize = np.dtype(DTYPES[backing.dtype]).itemsize
+        return self._view(backing, itemsize * span.start, (width, stop - start, *backing.shape[2:]))
+
+    def _view(self, buffer, offset: int, shape: tuple):
+        """The view of `shape` at byte `offset` of a persistent buffer (its dtype), made once."""
+        key = (id(buffer), offset, shape)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self.native.Buffer.from_pointer(buffer.data_ptr + offset, shape, buffer.dtype,
+                                                                      "cuda", self.device_index)
+        return view
 
     def upload(self, dst, host: np.ndarray) -> None:
         if dst.dtype == "bfloat16":  # the native module takes bfloat16 as its uint16 bit pattern

@@ -24,7 +24,10 @@ A select verify hands over its GDN layers in one of two shapes (manifest.GDN_VER
 state after each row (windows, ``select_window``), or the rows' transition record
 (``record_names``), which ``StateSet.select`` replays onto the live states in place for the
 accepted rows (``arrays.replay_transitions`` / ``commit_conv_tails``: one native call each per
-device), so no state is ever written per row.
+device), so no state is ever written per row. A state_window verify reads each GDN state as the
+last slot of a past window [M, B, ...] (manifest.past_window_name): with ``past_slots`` the live
+buffer is the last slot of a [past_slots, B, ...] allocation, and ``feeds`` hands the verify of M
+rows the M slots that end at it, a view (the ops read slot M-1 only), so nothing is copied.
 
 ``StateSet`` drives all of one model's states together, each kind with its own verbs; it
 checks that a snapshot is restored at the length it was taken (rollback fails loudly).
@@ -41,7 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import OrtspecError
-from ..manifest import record_names, window_row_name
+from ..manifest import past_window_name, record_names, window_row_name
 
 
 class StateError(OrtspecError, RuntimeError):
@@ -181,11 +184,17 @@ class LayerState:
     docstring), which ``StateSet.select`` replays.
     """
 
-    def __init__(self, arrays, name: str, shape) -> None:
+    def __init__(self, arrays, name: str, shape, past_slots: int = 0) -> None:
+        """past_slots: the widest past window a state_window verify reads (K+1); 0: none."""
         self.arrays = arrays
         self.kind, layer = name.split(".")
         self.names = (name,)
-        self.buffer = arrays.zeros(shape)
+        if past_slots:  # the live state is the last slot; the slots before it are never read
+            self._backing = arrays.zeros([past_slots, *shape])
+            self.buffer = arrays.slot(self._backing, past_slots - 1)
+        else:
+            self.buffer = arrays.zeros(shape)
+        self.past_slots = past_slots
         self.out_name, self.window_name = f"{self.kind}_out.{layer}", f"{self.kind}_window.{layer}"
         self.record_names = record_names(name)
         self._row_names: list[str] = []  # window_row_name(window_name, j), made once
@@ -201,7 +210,15 @@ class LayerState:
         return [outputs[name] for name in self._row_names[:width]]
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
-        return {self.names[0]: rows.take(self.arrays, self.buffer)}
+        """The state's rows, and with past_slots its past windows of 2..past_slots rows ending at them."""
+        feeds = {self.names[0]: rows.take(self.arrays, self.buffer)}
+        if self.past_slots:
+            if rows.slice is None:
+                raise StateError("a state_window verify reads contiguous rows only (it runs on CUDA)")
+            for width in range(2, self.past_slots + 1):
+                feeds[past_window_name(self.names[0], width)] = self.arrays.past_window(
+                    self._backing, rows.slice.start, rows.slice.stop, width)
+        return feeds
 
     def advance(self, outputs, rows: Rows) -> None:
         rows.put(self.arrays, self.buffer, outputs[self.out_name])
@@ -232,9 +249,10 @@ class StateSet:
     """All states of one model (target or MTP), driven together: ``caches`` (positional) and
     ``layers`` (replaced whole), each list answering its own verbs."""
 
-    def __init__(self, arrays_for, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
+    def __init__(self, arrays_for, table: dict[str, dict], batch: int, kinds: tuple[str, ...],
+                 past_slots: int = 0) -> None:
         """arrays_for(state name) -> the arrays backend of the device that holds it; kinds: the
-        manifest state kinds this model owns."""
+        manifest state kinds this model owns; past_slots: the GDN states' past windows (LayerState)."""
         self.caches: list[PositionalState] = []
         self.layers: list[ReplacedState] = []
         for name, entry in table.items():
@@ -246,7 +264,7 @@ class StateSet:
                 self.caches.append(KVCache(arrays_for(name), name, value_name, shape,
                                            [batch] + table[value_name]["shape"][1:]))
             elif entry["kind"] in ("conv", "recurrent"):
-                self.layers.append(LayerState(arrays_for(name), name, shape))
+                self.layers.append(LayerState(arrays_for(name), name, shape, past_slots))
         groups: dict = {}
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
