@@ -19,17 +19,7 @@
 namespace ortspec {
 namespace {
 
-using checks::NamedTensor;
-using checks::require_dtype;
-using checks::require_one_device;
-using checks::require_rank;
-using checks::require_shape;
-
-#ifndef ORTSPEC_WITH_CUDA
-[[noreturn]] void unreachable_cuda() {  // require_one_device() already refused CUDA tensors
-  throw std::logic_error("CUDA tensor reached a kernel in a build without CUDA");
-}
-#endif
+using namespace checks;  // NamedTensor, require_*, unreachable_cuda
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <stdexcept>
 #include <string>
 
 #include "core/device_memory.h"
@@ -56,5 +57,12 @@ inline Device require_one_device(const char* op, std::initializer_list<NamedTens
   require_device(first.ref.device);
   return first.ref.device;
 }
+
+#ifndef ORTSPEC_WITH_CUDA
+// A CUDA tensor past require_one_device() in a build without CUDA: cannot happen (it throws first).
+[[noreturn]] inline void unreachable_cuda() {
+  throw std::logic_error("CUDA tensor reached a kernel in a build without CUDA");
+}
+#endif
 
 }  // namespace ortspec::checks

@@ -16,11 +16,7 @@
 namespace ortspec {
 namespace {
 
-using checks::NamedTensor;
-using checks::require_dtype;
-using checks::require_one_device;
-using checks::require_rank;
-using checks::require_shape;
+using namespace checks;  // NamedTensor, require_*, unreachable_cuda
 
 std::string layer_op(const char* op, std::size_t layer) {
   return std::string(op) + ": layer " + std::to_string(layer);
@@ -69,12 +65,6 @@ void check_counts(const char* op, const TensorRef& counts, std::int64_t batch, D
                                 ", got " + counts.device.to_string());
   }
 }
-
-#ifndef ORTSPEC_WITH_CUDA
-[[noreturn]] void unreachable_cuda() {  // require_one_device() already refused CUDA tensors
-  throw std::logic_error("CUDA tensor reached a kernel in a build without CUDA");
-}
-#endif
 
 }  // namespace
 

@@ -27,15 +27,10 @@ using ortspec::DType;
 using ortspec::TensorRef;
 using ortspec::TransitionShape;
 
-template <typename T>
-TensorRef host_ref(std::vector<T>& values, DType dtype, ortspec::Shape shape) {
-  return TensorRef{values.data(), dtype, std::move(shape), Device::cpu()};
-}
-
 ortspec::TransitionLayer host_layer(TransitionCase& c, std::vector<float>& state) {
-  return {host_ref(state, DType::kFloat32, c.state_shape()), host_ref(c.keys, DType::kFloat32, c.keys_shape()),
-          host_ref(c.values, DType::kFloat32, c.values_shape()), host_ref(c.decay, DType::kFloat32, c.gate_shape()),
-          host_ref(c.beta, DType::kFloat32, c.gate_shape())};
+  return {host_tensor(state, DType::kFloat32, c.state_shape()), host_tensor(c.keys, DType::kFloat32, c.keys_shape()),
+          host_tensor(c.values, DType::kFloat32, c.values_shape()), host_tensor(c.decay, DType::kFloat32, c.gate_shape()),
+          host_tensor(c.beta, DType::kFloat32, c.gate_shape())};
 }
 
 // B, M, nk, nv, dk, dv: equal heads, inverse GQA (nv = 2 nk), odd sizes, one request.
@@ -48,7 +43,7 @@ void test_replay_matches_the_float64_recurrence() {
     std::vector<float> first = c.state, second = d.state;
     d.counts = c.counts;  // one counts for every layer of a call
     ortspec::replay_transitions({host_layer(c, first), host_layer(d, second)},
-                                host_ref(c.counts, DType::kInt64, {shape.batch}));
+                                host_tensor(c.counts, DType::kInt64, {shape.batch}));
     CHECK(relative_error(first, reference_replay(c)) < 1e-6);
     CHECK(relative_error(second, reference_replay(d)) < 1e-6);
     const std::int64_t head_block = shape.value_heads * shape.key_dim * shape.value_dim;  // one request's state
@@ -65,9 +60,9 @@ void test_conv_tails_keep_the_last_inputs() {
   for (Tokens counts : {Tokens{0, 1, 2, 5}, Tokens{5, 4, 3, 0}}) {
     std::vector<float> tail = random_floats(batch * tail_rows * channels, rng);
     std::vector<float> inputs = random_floats(batch * num_rows * channels, rng), committed = tail;
-    ortspec::commit_conv_tails({{host_ref(committed, DType::kFloat32, {batch, tail_rows, channels}),
-                                 host_ref(inputs, DType::kFloat32, {batch, num_rows, channels})}},
-                               host_ref(counts, DType::kInt64, {batch}));
+    ortspec::commit_conv_tails({{host_tensor(committed, DType::kFloat32, {batch, tail_rows, channels}),
+                                 host_tensor(inputs, DType::kFloat32, {batch, num_rows, channels})}},
+                               host_tensor(counts, DType::kInt64, {batch}));
     CHECK(committed == reference_conv_tail(tail, inputs, counts, tail_rows, num_rows, channels));
   }
 }
@@ -76,7 +71,7 @@ void test_transition_errors_name_the_layer_and_write_nothing() {
   std::mt19937_64 rng(31);
   TransitionCase c = make_transition_case({2, 3, 1, 2, 4, 4}, rng);
   std::vector<float> state = c.state;
-  TensorRef counts = host_ref(c.counts, DType::kInt64, {2});
+  TensorRef counts = host_tensor(c.counts, DType::kInt64, {2});
   ortspec::TransitionLayer good = host_layer(c, state), short_keys = good;
   short_keys.keys.shape = {2, 2, 1, 4};
   CHECK_THROWS(ortspec::replay_transitions({good, short_keys}, counts), std::invalid_argument,
@@ -90,16 +85,16 @@ void test_transition_errors_name_the_layer_and_write_nothing() {
   CHECK_THROWS(ortspec::replay_transitions({odd_heads}, counts), std::invalid_argument,
                "nv=2 value heads must be a multiple of the keys' nk=3 key heads");
   Tokens too_many{1, 4};
-  CHECK_THROWS(ortspec::replay_transitions({good}, host_ref(too_many, DType::kInt64, {2})), std::invalid_argument,
+  CHECK_THROWS(ortspec::replay_transitions({good}, host_tensor(too_many, DType::kInt64, {2})), std::invalid_argument,
                "replay_transitions: counts[1]=4 is out of range 0..M=3 (the verify's rows); nothing was written");
   CHECK(state == c.state);
   std::vector<float> tail(2 * 3 * 4), inputs(2 * 3 * 4);
-  CHECK_THROWS(ortspec::commit_conv_tails({{host_ref(tail, DType::kFloat32, {2, 3, 4}),
-                                            host_ref(inputs, DType::kFloat32, {2, 3, 5})}}, counts),
+  CHECK_THROWS(ortspec::commit_conv_tails({{host_tensor(tail, DType::kFloat32, {2, 3, 4}),
+                                            host_tensor(inputs, DType::kFloat32, {2, 3, 5})}}, counts),
                std::invalid_argument, "commit_conv_tails: layer 0: inputs must be [B, M, C] = [2, 3, 4], got [2, 3, 5]");
-  CHECK_THROWS(ortspec::commit_conv_tails({{host_ref(tail, DType::kFloat32, {2, 3, 4}),
-                                            host_ref(inputs, DType::kFloat32, {2, 3, 4})}},
-                                          host_ref(too_many, DType::kInt64, {2})),
+  CHECK_THROWS(ortspec::commit_conv_tails({{host_tensor(tail, DType::kFloat32, {2, 3, 4}),
+                                            host_tensor(inputs, DType::kFloat32, {2, 3, 4})}},
+                                          host_tensor(too_many, DType::kInt64, {2})),
                std::invalid_argument, "commit_conv_tails: counts[1]=4 is out of range 0..M=3");
 }
 
@@ -164,7 +159,7 @@ void test_cuda_replay_matches_cpu() {
     ortspec::replay_transitions(on_gpu, counts_gpu.ref());
     for (int l = 0; l < 3; ++l) {
       std::vector<float> cpu_state = cases[l].state;
-      ortspec::replay_transitions({host_layer(cases[l], cpu_state)}, host_ref(counts, DType::kInt64, {shape.batch}));
+      ortspec::replay_transitions({host_layer(cases[l], cpu_state)}, host_tensor(counts, DType::kInt64, {shape.batch}));
       std::vector<double> cpu_wide(cpu_state.begin(), cpu_state.end());
       std::vector<float> gpu_state = download(keep[l]);
       CHECK(relative_error(gpu_state, cpu_wide) < 1e-5);
