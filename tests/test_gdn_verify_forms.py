@@ -132,3 +132,12 @@ def test_past_windows_end_at_the_live_rows_and_copy_nothing():
     np.testing.assert_array_equal(feeds["recurrent.2.past4"][-1, 1], layer.buffer[2])
     with pytest.raises(StateError, match="contiguous rows only"):
         layer.feeds(Rows([0, 2]))
+
+
+def test_the_cli_converts_in_a_form(models, tmp_path):
+    from ortspec.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["convert", str(models.checkpoint("base")), str(out), "-k", "1", "--max-length", "32",
+                 "--gdn-verify", "transition"]) == 0
+    assert Manifest.load(out).gdn_verify == "transition"
