@@ -57,7 +57,7 @@ def relative_sources(*patterns: str) -> List[str]:
 
 CPP_SOURCES = relative_sources("core/*.cpp", "python/*.cpp")
 CUDA_SOURCES = relative_sources("cuda/*.cu")
-HEADERS = relative_sources("core/*.h", "cuda/*.h", "python/*.h")
+HEADERS = relative_sources("core/*.h", "cuda/*.h", "cuda/*.cuh", "python/*.h")
 
 
 def log(message: str) -> None:

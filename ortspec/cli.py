@@ -125,6 +125,11 @@ def _add_convert(sub) -> None:
     c.add_argument("--mtp-quant", choices=["auto", "int4", "none"], default="auto",
                    help="the MTP draft head's weights: int4 (cheaper drafts; the output is the target's), none (the "
                         "model's dtype), or auto (default: int4 for a float32 model, none for float16/bfloat16)")
+    c.add_argument("--gdn-verify", choices=["per_row", "state_window", "transition"], default="per_row",
+                   help="how the CUDA select verifies emit the GDN states for the commit: per_row (default: the "
+                        "recurrence once per row), state_window (the fused ops' own state windows; CUDA only, "
+                        "k <= 7) or transition (the rows' transition record, replayed onto the state by one native "
+                        "kernel); the CPU variants run per row whatever it is")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -242,7 +247,8 @@ def _convert(args) -> None:
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
-                  mtp_quant=args.mtp_quant, activations=args.activations, overwrite=args.overwrite)
+                  mtp_quant=args.mtp_quant, activations=args.activations, gdn_verify=args.gdn_verify,
+                  overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 

@@ -7,7 +7,9 @@ directory (integrity.py), so a load refuses a directory that is not what was con
 
 ``activations`` (added within ortspec/2) is the dtype between layers: "float32", or the model's
 float16/bfloat16 (``convert(activations="model")``); a manifest written before it reads as
-"float32", which is what its graphs run.
+"float32", which is what its graphs run. ``gdn_verify`` (also within ortspec/2) is the form of the
+portable (CUDA) select verifies' GDN layers (``GDN_VERIFY_FORMS``); a manifest without it reads
+as "per_row", what those graphs were before the field.
 
 Format ortspec/2 added the file records. A directory of format ortspec/1 is refused with the
 command that reconverts it: without sizes, a half-overwritten directory of that format (what
@@ -22,7 +24,7 @@ import math
 import re
 from pathlib import Path
 
-from .errors import ModelDirError
+from .errors import ModelDirError, ProviderError
 from .integrity import CHECKSUM, check_checksums, check_sizes
 from .model_spec import FULL, ModelSpec
 
@@ -54,6 +56,39 @@ def window_row_name(window: str, row: int) -> str:
     slot 1 of layer 2's window. The portable graphs emit the stacked ``recurrent_window.2``
     [M, B, ...] (CUDA selects slots of it on the device); either is read by runtime.states."""
     return f"{window}.{row}"
+
+
+# How the portable (CUDA) select verifies (verify_select_k{k}, verify_mtp_k{k}) emit what the commit
+# needs of their GDN layers (converter/layers.make_gated_deltanet):
+#   per_row       the recurrence once per row, the state after each row stacked: {kind}_window.{i}
+#   state_window  LinearAttention and CausalConvWithState once, with their state_window attribute
+#                 (CUDA only): the same {kind}_window.{i} [M, B, ...]; their past_state inputs are
+#                 windows {kind}.{i}.past{M} [M, B, ...] (past_window_name) of which they read slot M-1
+#                 only: the runtime lays the live state there (runtime.states)
+#   transition    the ops once over all rows, plus the rows' transition record (TRANSITION_RECORD):
+#                 the commit replays the accepted rows onto the live state (runtime.states)
+GDN_VERIFY_FORMS = ("per_row", "state_window", "transition")
+MAX_STATE_WINDOW = 8  # the ops' state_window range is 0..8: verifies of at most 8 rows (k <= 7)
+# A transition verify's outputs per GDN layer i, by the state they commit: f"{name}.{i}".
+TRANSITION_RECORD = {"recurrent": ("gdn_keys", "gdn_values", "gdn_decay", "gdn_beta"), "conv": ("conv_inputs",)}
+
+
+def record_names(state: str) -> tuple[str, ...]:
+    """The transition-record outputs that commit state ``state`` (recurrent.2 -> gdn_keys.2, ...)."""
+    kind, layer = state.split(".")
+    return tuple(f"{name}.{layer}" for name in TRANSITION_RECORD[kind])
+
+
+def past_window_name(state: str, rows: int) -> str:
+    """The input of a state_window verify of ``rows`` rows that holds GDN state ``state`` as its
+    past window [rows, B, ...], the live state in the last slot: recurrent.2.past3."""
+    return f"{state}.past{rows}"
+
+
+def has_state_windows(graph: str) -> bool:
+    """Whether a target graph emits the GDN states after each row (the select verifies, their
+    pipeline stages and KV window variants): the graphs ``gdn_verify`` describes."""
+    return graph.startswith(("verify_select_k", "verify_mtp_k"))
 
 
 def stage_graph_name(graph: str, stage: int) -> str:
@@ -125,6 +160,7 @@ class Manifest:
     mtp_quant: str | None = None  # "int4": the MTP draft head's weights are (also when quant is)
     attention_window: bool = False  # the graphs attend over the first W KV slots they are given
     activations: str = "float32"  # the dtype between layers: float32 or the model's dtype (converter/layers.py)
+    gdn_verify: str = "per_row"  # the form of the portable select verifies' GDN layers (GDN_VERIFY_FORMS)
 
     @property
     def num_stages(self) -> int:
@@ -149,6 +185,12 @@ class Manifest:
         entry = self.graphs[graph]
         if slots is not None:
             return entry["windows"][str(slots)]
+        if provider == "cpu" and provider not in entry and self.gdn_verify == "state_window" and has_state_windows(name):
+            raise ProviderError(
+                f"graph {name!r} of {self.dir} uses the state_window attribute of LinearAttention and "
+                "CausalConvWithState, which ONNX Runtime's CPU kernels refuse, and the model has no CPU variant of "
+                "it; run it with provider='cuda', or reconvert with gdn_verify='per_row' or 'transition' "
+                "(ortspec convert --gdn-verify).")
         return entry.get(provider, entry) if provider is not None else entry
 
     def window_buckets(self, name: str) -> list[int]:
@@ -164,11 +206,11 @@ class Manifest:
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
                source, model_type, stage_layers, quant=None, files=None, mtp_quant=None,
-               activations="float32") -> "Manifest":
+               activations="float32", gdn_verify="per_row") -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
                    {"checkpoint": source, "model_type": model_type}, stage_layers, quant, dict(files or {}),
-                   mtp_quant, attention_window=True, activations=activations)
+                   mtp_quant, attention_window=True, activations=activations, gdn_verify=gdn_verify)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -182,6 +224,7 @@ class Manifest:
             "mtp_quant": self.mtp_quant,
             "attention_window": self.attention_window,
             "activations": self.activations,
+            "gdn_verify": self.gdn_verify,
             "weights": {"file": WEIGHTS_FILE, "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -206,7 +249,7 @@ class Manifest:
                    doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
                    doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
                    doc["files"], doc.get("mtp_quant"), bool(doc.get("attention_window", False)),
-                   doc.get("activations", "float32"))
+                   doc.get("activations", "float32"), doc.get("gdn_verify", "per_row"))
 
     def verify(self) -> dict[str, int]:
         """Re-hashes every file against its recorded checksum (reads every byte); raises
@@ -240,6 +283,7 @@ def _read_document(model_dir: Path) -> dict:
     for dotted, kind in _FIELDS:
         _check_field(doc, dotted, kind, path)
     _check_activations(doc, path)
+    _check_gdn_verify(doc, path)
     _check_files(doc, path)
     return doc
 
@@ -250,6 +294,14 @@ def _check_activations(doc: dict, path: Path) -> None:
     if activations not in ("float32", doc["dtype"]):
         raise ModelDirError(f"{path} has activations {activations!r}, which is neither 'float32' nor the model's "
                             f"dtype {doc['dtype']!r}; {_reconvert(path.parent, doc)}")
+
+
+def _check_gdn_verify(doc: dict, path: Path) -> None:
+    """gdn_verify, where recorded, is one of GDN_VERIFY_FORMS (what a conversion writes)."""
+    form = doc.get("gdn_verify", "per_row")
+    if form not in GDN_VERIFY_FORMS:
+        raise ModelDirError(f"{path} has gdn_verify {form!r}, not one of {', '.join(GDN_VERIFY_FORMS)}; "
+                            f"{_reconvert(path.parent, doc)}")
 
 
 def _check_field(doc: dict, dotted: str, kind: type, path: Path) -> None:

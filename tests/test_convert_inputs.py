@@ -41,6 +41,9 @@ def copy(checkpoint, tmp_path):
     (dict(quant="INT4"), "quant='INT4' is not supported"),
     (dict(overwrite="no"), "overwrite='no' must be True or False"),
     (dict(max_length=1), "max_length=1 is too small"),
+    (dict(gdn_verify="windows"), "gdn_verify='windows' is not supported; use one of 'per_row', 'state_window'"),
+    (dict(gdn_verify="state_window", num_speculative_tokens=8),
+     r"the ops' state_window holds at most 8 rows, a verify of k=8 has 9. Use num_speculative_tokens <= 7"),
 ])
 def test_bad_option_types_are_refused_before_reading_anything(tmp_path, option, match):
     with pytest.raises(ortspec.ConvertOptionError, match=match) as error:

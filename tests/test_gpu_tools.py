@@ -17,7 +17,7 @@ import ortspec
 import ortspec.runtime.forward_shapes
 
 from tools import gpu
-from tools.gpu_suite import ab, agree, batch, common, exact, exact_prompts, pipeline, scale, trained
+from tools.gpu_suite import ab, agree, batch, common, exact, exact_prompts, gdn_verify, pipeline, scale, trained
 
 HOST_SCRIPT = Path(gpu.ROOT) / "tools" / "gpu_host.sh"
 
@@ -270,3 +270,74 @@ def test_auto_loop_tool_runs_on_the_cpu(models, capsys):
     assert checks.failures == 0 and len(checks.results) == 9 + 4 + 3, checks.results
     assert [row[1] for row in rows] == [1, 4, 16] and all(row[-1] == 0 for row in rows)  # float32: auto == greedy
     assert "auto == greedy: True" in capsys.readouterr().out
+
+
+GDN_VERIFY_CPU = ["gdn_verify", "--provider", "cpu", "--forms", "per_row,transition", "--check-models", "tiny",
+                  "--time-models", "tiny", "--time-dtype", "float32", "--ks", "1,2", "--batches", "1,2", "--steps", "2",
+                  "--rounds", "1", "--new-tokens", "8"]
+
+
+def test_gdn_verify_tool_runs_on_the_cpu(tmp_path, capsys):
+    """The forms' checks and timings with the portable graphs on the CPU (state_window is CUDA
+    only, so not asked for): every check passes, one timing row per (form, batch), the table last."""
+    out = tmp_path / "gdn.json"
+    assert gpu.main(GDN_VERIFY_CPU + ["--out", str(tmp_path / "models"), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert lines[-6] == "| form | batch | decode ms | k=1 | k=2 |" and lines[-1].startswith("| transition | 2 | ")
+    result = json.loads(out.read_text())
+    checks = {name: value for name, value in result.items() if name != "timings"}
+    assert len(checks) == 2 * (2 * 2 + 2) and all(v is True or (isinstance(v, int) and v > 0) for v in checks.values())
+    rows = result["timings"][0]["rows"]
+    assert [(r["form"], r["batch"]) for r in rows] == [("per_row", 1), ("per_row", 2), ("transition", 1), ("transition", 2)]
+    assert all(r["decode_ms"] > 0 and set(r["verify_ms"]) == {"1", "2"} for r in rows)
+
+
+def test_gdn_verify_tool_fails_when_the_replay_drops_a_row(tmp_path, monkeypatch, capsys):
+    """Planted: the transition commit replays one row too few; the state check must fail the run."""
+    from ortspec.runtime.arrays import HostArrays
+
+    replay = HostArrays.replay_transitions
+    monkeypatch.setattr(HostArrays, "replay_transitions", lambda self, states, *record_and_counts: replay(
+        self, states, *record_and_counts[:4], np.maximum(np.asarray(record_and_counts[4]) - 1, 0)))
+    args = GDN_VERIFY_CPU + ["--forms", "transition", "--time-models", "", "--out", str(tmp_path)]
+    assert gpu.main(args) == 1
+    assert "STATE CHECK FAILED" in capsys.readouterr().out
+
+
+def test_gdn_verify_ratio_table():
+    rows = [{"form": "per_row", "batch": 1, "decode_ms": 1.25, "verify_ms": {1: 2.5, 3: 3.0}},
+            {"form": "transition", "batch": 16, "decode_ms": 2.0, "verify_ms": {1: 2.2, 3: 2.9}}]
+    assert gdn_verify.ratio_table(rows, [1, 3]).splitlines()[2:] == ["| per_row | 1 | 1.250 | 2.00 | 2.40 |",
+                                                                     "| transition | 16 | 2.000 | 1.10 | 1.45 |"]
+
+
+def test_gdn_verify_tool_reports_a_failing_form_and_goes_on(tmp_path, monkeypatch, capsys):
+    """A form whose graphs fail (as state_window might where ONNX Runtime refuses it) is a reported
+    failure; the other form is still checked and timed."""
+    from tools.gpu_suite import step_timer
+
+    verify_ms = step_timer.StepTimer.verify_ms
+
+    def refuse_transition(self, k, steps, accepted=None):
+        if self.graphs.manifest.gdn_verify == "transition":
+            raise RuntimeError("planted: ONNX Runtime refused the graph")
+        return verify_ms(self, k, steps, accepted)
+
+    monkeypatch.setattr(step_timer.StepTimer, "verify_ms", refuse_transition)
+    out = tmp_path / "gdn.json"
+    args = GDN_VERIFY_CPU + ["--check-models", "", "--ks", "1", "--out", str(tmp_path), "--json", str(out)]
+    assert gpu.main(args) == 1
+    assert "FAILED timing transition batch 1: RuntimeError: planted" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [(r["form"], r["batch"]) for r in result["timings"][0]["rows"]] == [("per_row", 1), ("per_row", 2)]
+    assert result["timing transition batch 1: ran"] is False
+
+
+def test_gdn_verify_kernel_check_on_host_buffers(monkeypatch):
+    """kernel_check's logic at small shapes with CPU buffers: the replay agrees with itself, timings come back."""
+    monkeypatch.setattr(gdn_verify, "KERNEL_SHAPES", {"small": (2, 4, 3, 8)})
+    monkeypatch.setattr(gdn_verify, "CONV_TAIL", (3, 16))
+    checks = common.Checks()
+    results = gdn_verify.kernel_check(checks, device_name="cpu")
+    assert checks.failures == 0 and len(checks.results) == 2
+    assert set(results) == {"small replay us, batch 1, 3 layers", "small replay us, batch 16, 3 layers"}

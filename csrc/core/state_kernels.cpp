@@ -5,12 +5,12 @@
 #include "core/state_kernels.h"
 
 #include <algorithm>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
 #include "core/device_memory.h"
 #include "core/errors.h"
+#include "core/tensor_checks.h"
 
 #ifdef ORTSPEC_WITH_CUDA
 #include "cuda/cuda_backend.h"
@@ -19,55 +19,7 @@
 namespace ortspec {
 namespace {
 
-struct NamedTensor {
-  const char* name;
-  const TensorRef& ref;
-};
-
-void require_dtype(const char* op, const NamedTensor& tensor, DType dtype) {
-  if (tensor.ref.dtype != dtype) {
-    throw DTypeError(std::string(op) + ": " + tensor.name + " must be " + dtype_name(dtype) +
-                     ", got " + dtype_name(tensor.ref.dtype));
-  }
-}
-
-void require_shape(const char* op, const NamedTensor& tensor, const Shape& expected,
-                   const std::string& meaning) {
-  if (tensor.ref.shape != expected) {
-    throw std::invalid_argument(std::string(op) + ": " + tensor.name + " must be " + meaning +
-                                " = " + shape_to_string(expected) + ", got " +
-                                shape_to_string(tensor.ref.shape));
-  }
-}
-
-void require_rank(const char* op, const NamedTensor& tensor, std::size_t rank,
-                  const char* meaning) {
-  if (tensor.ref.ndim() != rank) {
-    throw std::invalid_argument(std::string(op) + ": " + tensor.name + " must be " + meaning +
-                                " (rank " + std::to_string(rank) + "), got shape " +
-                                shape_to_string(tensor.ref.shape));
-  }
-}
-
-// All tensors on one device, and that device usable; returns it.
-Device require_one_device(const char* op, std::initializer_list<NamedTensor> tensors) {
-  const NamedTensor& first = *tensors.begin();
-  for (const NamedTensor& tensor : tensors) {
-    if (tensor.ref.device != first.ref.device) {
-      throw std::invalid_argument(std::string(op) + ": all tensors must be on one device; " +
-                                  first.name + " is on " + first.ref.device.to_string() + ", " +
-                                  tensor.name + " on " + tensor.ref.device.to_string());
-    }
-  }
-  require_device(first.ref.device);
-  return first.ref.device;
-}
-
-#ifndef ORTSPEC_WITH_CUDA
-[[noreturn]] void unreachable_cuda() {  // require_one_device() already refused CUDA tensors
-  throw std::logic_error("CUDA tensor reached a kernel in a build without CUDA");
-}
-#endif
+using namespace checks;  // NamedTensor, require_*, unreachable_cuda
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/transition_kernels.h"
 
 namespace ortspec::cuda {
 
@@ -135,6 +136,34 @@ struct ByteCopy {
 // Every copy, in one kernel launch per 64 copies (a step commits every GDN state at once, and
 // a launch per state was a measurable share of a pipelined step). Copies must not overlap.
 void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintptr_t stream);
+
+// ---- transition commit (transition_kernels.cu) --------------------------------
+// core/transition_kernels.h's replay_transitions and commit_conv_tails, every layer of the call in
+// one launch (a table of layers per launch). A count outside 0..M is recorded (that request's
+// state and tail unchanged) and reported by take_kernel_error().
+
+struct TransitionPointers {
+  float* state;         // [B, nv, dk, dv]
+  const float* keys;    // [B, M, nk, dk]
+  const float* values;  // [B, M, nv, dv]
+  const float* decay;   // [B, M, nv]
+  const float* beta;    // [B, M, nv]
+};
+
+struct ConvTailPointers {
+  float* tail;          // [B, K-1, C]
+  const float* inputs;  // [B, M, C]
+};
+
+void replay_transitions(const TransitionPointers* layers, std::size_t count, const std::int64_t* counts,
+                        const TransitionShape& shape, int device, std::uintptr_t stream);
+void commit_conv_tails(const ConvTailPointers* layers, std::size_t count, const std::int64_t* counts,
+                       std::int64_t batch, std::int64_t tail_rows, std::int64_t num_rows, std::int64_t channels,
+                       int device, std::uintptr_t stream);
+
+// The first count error the transition kernels recorded on `device` since the last call ("" when
+// none), then cleared; take_kernel_error() reports it too. Synchronizes `stream`.
+std::string take_transition_kernel_error(int device, std::uintptr_t stream);
 
 // Synchronizes `stream`, then returns and clears the first error a state kernel
 // recorded on `device` ("" when none).

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/kernel_errors.cuh"
 
 namespace ortspec::cuda {
 namespace {
@@ -31,25 +32,11 @@ enum KernelId : int {
   kAdvanceSpeculative = 7,
 };
 
-struct KernelErrorRecord {
-  int kernel;          // KernelId of the first failing kernel; kNoError when clear
-  long long row;       // batch row b
-  long long column;    // j for write_rows positions[b, j]; 0 otherwise
-  long long value;     // the bad index / count / position
-  long long limit;     // W for select_slots, M for gather_rows and write_rows counts,
-                       // L for write_rows positions
-};
-
 __device__ KernelErrorRecord g_kernel_error = {kNoError, 0, 0, 0, 0};
 
 __device__ void record_kernel_error(int kernel, long long row, long long value, long long limit,
                                     long long column = 0) {
-  if (atomicCAS(&g_kernel_error.kernel, kNoError, kernel) == kNoError) {
-    g_kernel_error.row = row;
-    g_kernel_error.column = column;
-    g_kernel_error.value = value;
-    g_kernel_error.limit = limit;
-  }
+  record_first_error(g_kernel_error, kernel, row, value, limit, column);
 }
 
 constexpr int kThreadsPerBlock = 256;
@@ -57,8 +44,6 @@ constexpr int kThreadsPerBlock = 256;
 unsigned int blocks_for(long long work_items) {
   return static_cast<unsigned int>((work_items + kThreadsPerBlock - 1) / kThreadsPerBlock);
 }
-
-cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
 // Calls launch(Word{}) with the widest Word (16, 8, 4, 2 or 1 bytes) that divides
 // row_bytes and every address in `pointers`, so that rows are copied in as few,
@@ -83,14 +68,6 @@ void with_widest_word(std::size_t row_bytes, std::initializer_list<const void*> 
     launch(static_cast<unsigned short>(0));
   } else {
     launch(static_cast<unsigned char>(0));
-  }
-}
-
-void check_launch(const char* kernel) {
-  cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(kernel) + " launch failed: " +
-                             cudaGetErrorString(status));
   }
 }
 
@@ -360,27 +337,9 @@ void copy_many(const ByteCopy* copies, std::size_t count, int device, std::uintp
 
 std::string take_kernel_error(int device, std::uintptr_t stream) {
   DeviceGuard guard(device);
-  cudaStream_t cuda_stream = as_stream(stream);
-  KernelErrorRecord record{};
-  cudaError_t status = cudaMemcpyFromSymbolAsync(&record, g_kernel_error, sizeof(record), 0,
-                                                 cudaMemcpyDeviceToHost, cuda_stream);
-  if (status == cudaSuccess) status = cudaStreamSynchronize(cuda_stream);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    throw std::runtime_error(std::string("reading the state kernel error record failed: ") +
-                             cudaGetErrorString(status));
-  }
-  if (record.kernel == kNoError) return "";
-  KernelErrorRecord cleared = {kNoError, 0, 0, 0, 0};
-  status = cudaMemcpyToSymbolAsync(g_kernel_error, &cleared, sizeof(cleared), 0,
-                                   cudaMemcpyHostToDevice, cuda_stream);
-  if (status == cudaSuccess) status = cudaStreamSynchronize(cuda_stream);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    throw std::runtime_error(std::string("clearing the state kernel error record failed: ") +
-                             cudaGetErrorString(status));
-  }
-  return describe_kernel_error(record);
+  KernelErrorRecord record = take_error_record(g_kernel_error, as_stream(stream), "state kernel");
+  if (record.kernel != kNoError) return describe_kernel_error(record);
+  return take_transition_kernel_error(device, stream);
 }
 
 }  // namespace ortspec::cuda

@@ -13,6 +13,7 @@
 #include "core/device_memory.h"
 #include "core/errors.h"
 #include "core/state_kernels.h"
+#include "core/transition_kernels.h"
 #include "python/bindings.h"
 
 namespace ortspec::python {
@@ -215,6 +216,60 @@ ids, positions, verified int64[B, k+1] (k >= 1), counts int64[B], all on one dev
 last_start >= 0 (max_length - k - 1: a finished row that keeps running stays inside the
 buffers). An a outside 0..k raises ValueError on the CPU (nothing written); on CUDA that
 row's ids and positions are left unchanged, its count is 0, and check_device_errors() raises.)doc");
+
+  // The commit of a transition-record verify (core/transition_kernels.h): every GDN layer of a
+  // device in one call (one launch on CUDA), all validated before anything is written.
+  module.def(
+      "replay_transitions",
+      [](const py::list& states, const py::list& keys, const py::list& values, const py::list& decay,
+         const py::list& beta, py::handle counts, py::handle stream) {
+        const char* op = "replay_transitions";
+        for (const auto& [name, list] : {std::pair<const char*, const py::list*>{"keys", &keys}, {"values", &values},
+                                         {"decay", &decay}, {"beta", &beta}}) {
+          require_same_count(op, name, list->size(), "states", states.size());
+        }
+        std::vector<TransitionLayer> layers;
+        for (std::size_t i = 0; i < states.size(); ++i) {
+          layers.push_back({tensor_arg(states[i], op, "state", true), tensor_arg(keys[i], op, "keys", false),
+                            tensor_arg(values[i], op, "values", false), tensor_arg(decay[i], op, "decay", false),
+                            tensor_arg(beta[i], op, "beta", false)});
+        }
+        TensorRef counts_ref = tensor_arg(counts, op, "counts", false);
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        replay_transitions(layers, counts_ref, stream_handle);
+      },
+      py::arg("states"), py::arg("keys"), py::arg("values"), py::arg("decay"), py::arg("beta"), py::arg("counts"),
+      py::arg("stream") = 0,
+      R"doc(Replays each request's first counts[b] verify rows onto its GDN state, in place, for every layer.
+
+Per layer l: states[l] float32[B, nv, dk, dv], keys[l] [B, M, nk, dk] (k̂), values[l] [B, M, nv*dv]
+(or [B, M, nv, dv]), decay[l] and beta[l] [B, M, nv]; counts int64[B] in 0..M, one for all layers.
+For each row j < counts[b] and value head h (key head h // (nv/nk)): S <- exp(g) S;
+u = beta (v - S^T k); S <- S + k u^T (LinearAttention's gated_delta rule). Every layer alike, on one
+device. A count outside 0..M raises ValueError on the CPU (nothing written); on CUDA that request's
+states are left unchanged and check_device_errors() raises.)doc");
+
+  module.def(
+      "commit_conv_tails",
+      [](const py::list& tails, const py::list& inputs, py::handle counts, py::handle stream) {
+        const char* op = "commit_conv_tails";
+        require_same_count(op, "inputs", inputs.size(), "tails", tails.size());
+        std::vector<ConvTailLayer> layers;
+        for (std::size_t i = 0; i < tails.size(); ++i) {
+          layers.push_back({tensor_arg(tails[i], op, "tail", true), tensor_arg(inputs[i], op, "inputs", false)});
+        }
+        TensorRef counts_ref = tensor_arg(counts, op, "counts", false);
+        std::uintptr_t stream_handle = stream_arg(stream);
+        py::gil_scoped_release release;
+        commit_conv_tails(layers, counts_ref, stream_handle);
+      },
+      py::arg("tails"), py::arg("inputs"), py::arg("counts"), py::arg("stream") = 0,
+      R"doc(Each request's conv tail after its first counts[b] verify rows, in place, for every layer.
+
+Per layer: tails[l] float32[B, K-1, C], inputs[l] [B, M, C] (the rows' pre-conv q, k, v); counts
+int64[B] in 0..M. tail[b] <- rows n..n+K-2 of concat(tail[b], inputs[b]), n = counts[b]. Errors as
+replay_transitions.)doc");
 
   module.def(
       "check_device_errors",

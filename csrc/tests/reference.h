@@ -7,11 +7,20 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
+
+#include "core/tensor_ref.h"
 
 namespace ortspec_test {
 
 using Tokens = std::vector<std::int64_t>;
+
+// A host TensorRef over `values` (the tests' own vectors as kernel arguments).
+template <typename T>
+ortspec::TensorRef host_tensor(std::vector<T>& values, ortspec::DType dtype, ortspec::Shape shape) {
+  return ortspec::TensorRef{values.data(), dtype, std::move(shape), ortspec::Device::cpu()};
+}
 
 // window [W, B, N] -> live [B, N]
 template <typename T>

@@ -20,11 +20,6 @@ using ortspec::Device;
 using ortspec::DType;
 using ortspec::TensorRef;
 
-template <typename T>
-TensorRef host_tensor(std::vector<T>& values, DType dtype, ortspec::Shape shape) {
-  return TensorRef{values.data(), dtype, std::move(shape), Device::cpu()};
-}
-
 TensorRef host_int64(Tokens& values, ortspec::Shape shape) {
   return host_tensor(values, DType::kInt64, std::move(shape));
 }
@@ -271,6 +266,7 @@ int run_state_kernel_cpu_tests() {
   test_write_rows_duplicates_keep_the_last();
   test_gather_rows_matches_reference();
   test_write_and_gather_rows_errors();
+  run_transition_kernel_cpu_tests();
   return 0;
 }
 

@@ -420,6 +420,7 @@ int run_state_kernel_cuda_tests() {
   test_copy_buffers_in_one_launch();
   test_advance_decode_inputs_match_cpu();
   test_advance_speculative_inputs_match_cpu();
+  run_transition_kernel_cuda_tests();
   return 0;
 }
 

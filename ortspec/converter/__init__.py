@@ -32,7 +32,7 @@ from .weights import WeightPreparer, cast_matrices
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
             quant: str | None = None, mtp_quant: str | None = "auto", activations: str = "auto",
-            overwrite: bool = False, progress: bool = True) -> Path:
+            gdn_verify: str = "per_row", overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -48,6 +48,12 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     step on a GPU. A float32 model's "model" is float32 (the same graphs). Not with int4
     weights (quant or mtp_quant: MatMulNBits takes float32 here). Recorded in the manifest.
     bfloat16 graphs need the CUDA provider (the CPU has no bfloat16 MatMul).
+    gdn_verify: how the portable (CUDA) select verifies emit their GDN layers' states for the
+    commit (manifest.GDN_VERIFY_FORMS): "per_row" (default: the recurrence once per row, the state
+    after each row stacked), "state_window" (the fused ops once, with their state_window; CUDA
+    only, k <= 7) or "transition" (the ops once and the rows' transition record, which the commit
+    replays onto the live state in one native kernel). The CPU variants run per row whatever it
+    is. Recorded in the manifest.
     pipeline_stages > 1 also writes every target graph split into that many stages
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
@@ -68,7 +74,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     """
     options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
                              pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
-                             mtp_quant=mtp_quant, activations=activations, overwrite=overwrite, progress=progress)
+                             mtp_quant=mtp_quant, activations=activations, gdn_verify=gdn_verify,
+                             overwrite=overwrite, progress=progress)
     checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     check_output_dir(out_dir, checkpoint_dir, options.overwrite)
     hf_config = read_hf_config(checkpoint_dir)
@@ -89,8 +96,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
             layout = store.write(f)
         builders = {(name, target): build for target in _targets(options)
                     for name, build in _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries,
-                                                       target).items()}
-        builders.update(_window_builders(spec, store, options.max_length, K, with_mtp))
+                                                       target, options.gdn_verify).items()}
+        builders.update(_window_builders(spec, store, options.max_length, K, with_mtp, options.gdn_verify))
         graphs = {}
         for (name, target), build in tqdm(builders.items(), desc="ortspec convert", unit="graph",
                                           disable=not options.progress):
@@ -105,7 +112,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                                    weights=layout, graphs=graphs, tokenizer_files=tokenizer_files,
                                    source=str(checkpoint_dir), model_type=hf_config.get("model_type"),
                                    stage_layers=boundaries, quant=options.quant, files=staging.files,
-                                   mtp_quant=options.head_quant if with_mtp else None, activations=options.activation_dtype)
+                                   mtp_quant=options.head_quant if with_mtp else None, activations=options.activation_dtype,
+                                   gdn_verify=options.gdn_verify)
         staging.write_bytes(MANIFEST_FILE, manifest.to_json().encode(), record=False)
         staging.publish()
     return out_dir
@@ -135,12 +143,13 @@ def _targets(options: ConvertOptions) -> tuple[str, ...]:
 
 
 def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,
-                    boundaries: list[int], target: str = PORTABLE) -> dict:
-    """Graph name -> a function building it for ``target`` (graphs are built one at a time, then written)."""
+                    boundaries: list[int], target: str = PORTABLE, gdn_verify: str = "per_row") -> dict:
+    """Graph name -> a function building it for ``target`` (graphs are built one at a time, then
+    written); the select verifies' GDN layers in the form gdn_verify (a CPU graph: per row)."""
     shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
-        shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True)
+        shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True, gdn_verify=gdn_verify)
     builders = {}
     for name, shape in shapes.items():
         shape["target"] = target
@@ -157,17 +166,20 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             builders[graph_name("mtp_sample", k)] = lambda k=k: make_mtp_propose_graph(spec, store, max_length, k,
                                                                                       sample=True, target=target)
             builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k,
-                                                                                       target=target)
+                                                                                       target=target,
+                                                                                       gdn_verify=gdn_verify)
     return builders
 
 
-def _window_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool) -> dict:
+def _window_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,
+                     gdn_verify: str = "per_row") -> dict:
     """(window name, PORTABLE) -> a function building that KV window variant (converter/kv_windows.py):
     each graph that gets variants, built for W slots, then narrowed from the full caches; for
     every W of ``window_buckets(max_length)`` (none at max_length <= 256)."""
     builders = {}
     for slots in window_buckets(max_length):
-        for name, build in _graph_builders(spec, store, slots, K, with_mtp, [0, spec.num_layers]).items():
+        for name, build in _graph_builders(spec, store, slots, K, with_mtp, [0, spec.num_layers],
+                                           gdn_verify=gdn_verify).items():
             if has_window_variants(name):
                 builders[(window_graph_name(name, slots), PORTABLE)] = (
                     lambda build=build, slots=slots: narrow_to_window(build(), slots, max_length))

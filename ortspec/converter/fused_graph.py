@@ -37,11 +37,12 @@ MTP_WINDOW = "Wm"  # the head's cache slots: its own dimension, apart from the t
 
 
 def make_verify_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
-                          target: str = PORTABLE) -> GraphBuilder:
+                          target: str = PORTABLE, gdn_verify: str = "per_row") -> GraphBuilder:
     """verify_select_k{k}, the greedy acceptance and mtp_propose_k{k} in one graph (module docstring);
-    target: the formulations (``builder``: the CPU variant runs the same ops as the CPU's other graphs)."""
+    target: the formulations (``builder``: the CPU variant runs the same ops as the CPU's other graphs);
+    gdn_verify: the form of the portable graph's GDN outputs (manifest.GDN_VERIFY_FORMS)."""
     g = make_target_graph(spec, store, max_length, graph_name("verify_mtp", k), rows=k + 1, windows=True,
-                          target=target)
+                          target=target, gdn_verify=gdn_verify)
     accepted = make_greedy_acceptance(g, "input_ids", "tokens", k)  # [B]
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, window=MTP_WINDOW).items()}
     drafts, _ = add_mtp_propose(g, spec, max_length, k, "tokens", "hidden", "positions", accepted, states,

@@ -6,6 +6,8 @@ Target graph I/O (B requests, M rows each, L = max_length):
                          cache's first W <= L slots, W past every position of the call (any such
                          W gives the same bits; the CPU runtime passes a window, CUDA all L)
        conv.{i} [B, K-1, C], recurrent.{i} [B, nv, dk, dv] (fp32)     GDN layer i
+    or (gdn_verify="state_window" verifies) conv.{i}.past{M} [M, B, K-1, C], recurrent.{i}.past{M}
+                         [M, B, nv, dk, dv]: the ops' past windows, the live state in slot M-1
   out  tokens int64 [B, M] (argmax)  logits [B, M, V] float32  hidden [B, M, H] (final-normed, in the
        activations' dtype: float32, or the model's with convert(activations="model"))
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
@@ -13,6 +15,9 @@ Target graph I/O (B requests, M rows each, L = max_length):
     or conv_window.{i} [M, ...], recurrent_window.{i} [M, ...]       state after each row (select)
     or (CPU variants) conv_window.{i}.{j}, recurrent_window.{i}.{j}  the state after row j, one
                          output per row (manifest.window_row_name): no stacking copy
+    or (gdn_verify="transition") conv_inputs.{i} [B, M, C], gdn_keys.{i} [B, M, nk, dk],
+                         gdn_values.{i} [B, M, nv*dv], gdn_decay.{i}, gdn_beta.{i} [B, M, nv]: the
+                         rows' transition record (manifest.TRANSITION_RECORD), no state at all
 
 MTP graph I/O: in input_ids [B, M] (the token after each hidden's position), hidden [B, M, H]
 (target final-normed hidden, or the MTP's own output when drafting), positions [B, M],
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from ..manifest import graph_name, window_row_name
+from ..manifest import graph_name, past_window_name, window_row_name
 from ..model_spec import FULL, ModelSpec
 from .builder import CPU, PORTABLE, GraphBuilder, WeightStore
 from .gdn_cpu import make_gated_deltanet_rows
@@ -67,6 +72,14 @@ def mtp_state_shapes(spec: ModelSpec, batch="B", window=WINDOW) -> dict[str, lis
     }
 
 
+def _state_input(g: GraphBuilder, name: str, shape: list, past: int) -> str:
+    """The graph input of state ``name``; a GDN state of a state_window verify of ``past`` rows is
+    its past window [past, B, ...] (manifest.past_window_name), whose last slot the ops read."""
+    if past and name.startswith(("conv.", "recurrent.")):
+        return g.input(past_window_name(name, past), F32, [past, *shape])
+    return g.input(name, F32, shape)
+
+
 def _decoder_layer(g, spec, x, residual, prefix, mixer):
     """Pre-norm block; `residual` is None for the first layer. Returns (mlp_out, residual)."""
     eps = spec.rms_norm_eps
@@ -91,9 +104,11 @@ def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
 
 def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
                       rows: int | None, windows: bool = False, layers: range | None = None,
-                      stage: int = 0, target: str = PORTABLE) -> GraphBuilder:
+                      stage: int = 0, target: str = PORTABLE, gdn_verify: str = "per_row") -> GraphBuilder:
     """rows=None: any M (prefill); rows=M: static M (decode M=1, verify M=k+1).
-    windows=True (needs static rows): GDN states after every row, for the select commit.
+    windows=True (needs static rows): GDN states after every row, for the select commit; the
+    portable graph in the form gdn_verify (manifest.GDN_VERIFY_FORMS: per-row windows, the ops'
+    state_window, or the transition record), a CPU graph always per row.
     target: the formulations (builder.GraphBuilder); a CPU graph of static M runs its GDN
     layers as converter/gdn_cpu.py builds them.
     layers: a pipeline stage (a contiguous range of layers). The first stage embeds the ids;
@@ -111,9 +126,11 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
         x = g.input("proxy.hidden", g.activations, ["B", dim_m, spec.hidden_size])
         residual = (g.input("proxy.residual", g.activations, ["B", dim_m, spec.hidden_size]) if layers.start > 0
                     else None)
-    states = {n: g.input(n, F32, shape) for n, shape in state_shapes(spec).items() if int(n.split(".")[1]) in layers}
+    past = rows if windows and gdn_verify == "state_window" and target == PORTABLE else 0  # the ops' past windows
+    states = {n: _state_input(g, n, shape, past) for n, shape in state_shapes(spec).items()
+              if int(n.split(".")[1]) in layers}
     window = next((n for n in states if n.startswith("key.")), None)  # all attention layers get one window width
-    step = make_step_inputs(g, spec, positions, max_length, window=window)
+    step = make_step_inputs(g, spec, positions, max_length, window=window, rows=rows)
     state_outputs = []
     for i in layers:
         prefix = f"L{i}"
@@ -131,11 +148,13 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                                                               windows)
                 else:
                     out, conv, rec = make_gated_deltanet(g, spec, h, prefix, conv_state, recurrent_state,
-                                                         per_position=rows if windows else 0)
+                                                         per_position=rows if windows else 0, verify=gdn_verify)
                 for kind, value in (("conv", conv), ("recurrent", rec)):
                     name = f"{kind}_{'window' if windows else 'out'}.{i}"
                     if isinstance(value, list):  # the CPU variants: the state after each row, one output each
                         state_outputs.extend((v, window_row_name(name, j)) for j, v in enumerate(value))
+                    elif isinstance(value, dict):  # a transition record: its vectors, no state
+                        state_outputs.extend((v, f"{part}.{i}") for part, v in value.items())
                     else:
                         state_outputs.append((value, name))
                 return out
@@ -267,7 +286,8 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
     for j in range(1, k):
         position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
         out, _, _, key_view, value_view = _mtp_pass(
-            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view), key_view, value_view)
+            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view, rows=1), key_view,
+            value_view)
         draft, probs = draft_from(out, j)
         drafts.append(draft)
         draft_probs.append(probs)

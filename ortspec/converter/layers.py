@@ -34,15 +34,37 @@ class StepInputs:
     """Per-graph values every layer reads: positions and the attention bias."""
 
     positions: str  # int64 [B, M]: also the rows of the RoPE tables (make_rope)
-    attn_bias: str  # float [B, 1, M*groups, W]: 0 where slot <= position, -inf elsewhere (query rows of make_attention)
+    attn_bias: str  # float [B, 1, M*groups, W] (one row: [B, 1, 1, W]): 0 where slot <= position, -inf elsewhere
+    one_row: bool = False  # M is 1 in a portable graph: make_attention moves rows by Reshape (see there)
+    shared_slots: dict | None = None  # a portable graph's KV scatter indices, made once for all its layers
+
+    def kv_slots(self, g: GraphBuilder, spec: ModelSpec, new_key: str, new_value: str) -> tuple[str, str]:
+        """The scatter indices of make_attention's new KV rows new_key [B, kvh, hd, M] and new_value
+        [B, kvh, M, hd]: the positions expanded to their shapes. Every attention layer of a graph (the
+        MTP head's too: the same heads) writes at the same positions, so a portable graph expands them
+        once, from the positions' shape (two kernels fewer per further layer); a CPU graph per layer."""
+        if self.shared_slots is None:
+            return (g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 2])]), g.op("Shape", [new_key])]),
+                    g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 3])]), g.op("Shape", [new_value])]))
+        if not self.shared_slots:
+            kvh, hd = spec.num_key_value_heads, spec.head_dim
+            batch, rows = g.op("Shape", [self.positions], end=1), g.op("Shape", [self.positions], start=1)
+            key_shape = g.op("Concat", [batch, g.const([kvh, hd]), rows], axis=0)  # [B, kvh, hd, M]
+            value_shape = g.op("Concat", [batch, g.const([kvh]), rows, g.const([hd])], axis=0)  # [B, kvh, M, hd]
+            self.shared_slots["key"] = g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 2])]), key_shape])
+            self.shared_slots["value"] = g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 3])]),
+                                                         value_shape])
+        return self.shared_slots["key"], self.shared_slots["value"]
 
 
 def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int,
-                     window: str | None = None) -> StepInputs:
+                     window: str | None = None, rows: int | None = None) -> StepInputs:
     """window: a key cache input [B, kvh, hd, W] whose W slots the rows attend over. The runtime
     may pass the first W slots of the cache, any W past every position of the call: masked
     slots add exact zeros, so a row's bits do not depend on W (tools/row_invariance.py).
-    None: all max_length slots."""
+    None: all max_length slots. rows: M where it is static (None: any). A portable graph of one
+    row keeps one bias row [B, 1, 1, W], which every query row of its heads broadcasts (the
+    same values as the expanded rows, one kernel fewer)."""
     if window is None:
         slots = g.const(range(max_length), hint="slots")  # [L]
     else:
@@ -50,11 +72,15 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
         slots = g.op("Range", [g.const(0), width, g.const(1)], hint="slots")  # [W]
     visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, W]
     bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
+    shared = {} if g.target != CPU else None
+    if rows == 1 and g.target != CPU:
+        return StepInputs(positions, g.op("Unsqueeze", [bias, g.const([1])], hint="attn_bias"), one_row=True,
+                          shared_slots=shared)
     # one bias row per query row of make_attention (row m*groups + g attends like row m)
     groups = spec.num_attention_heads // spec.num_key_value_heads
     bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
     rows_shape = g.op("Concat", [g.op("Shape", [bias], end=1), g.const([1, -1]), g.op("Shape", [bias], start=3)], axis=0)
-    return StepInputs(positions, g.op("Reshape", [bias, rows_shape], hint="attn_bias"))
+    return StepInputs(positions, g.op("Reshape", [bias, rows_shape], hint="attn_bias"), shared_slots=shared)
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -147,10 +173,10 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     k = make_rope(g, spec, make_rms_norm(g, k, f"{prefix}.k_norm", eps), kvh, step)  # [B, M, kvh, hd]
     v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])])
 
-    new_key = g.op("Transpose", [k], perm=[0, 2, 3, 1])  # [B, kvh, hd, M]
-    new_value = g.op("Transpose", [v], perm=[0, 2, 1, 3])  # [B, kvh, M, hd]
-    key_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 2])]), g.op("Shape", [new_key])])
-    value_slots = g.op("Expand", [g.op("Unsqueeze", [step.positions, g.const([1, 3])]), g.op("Shape", [new_value])])
+    rows = _RowMoves(g, step.one_row)
+    new_key = rows.transpose(k, [0, 2, 3, 1], [0, kvh, hd, 1])  # [B, kvh, hd, M]
+    new_value = rows.transpose(v, [0, 2, 1, 3], [0, kvh, 1, hd])  # [B, kvh, M, hd]
+    key_slots, value_slots = step.kv_slots(g, spec, new_key, new_value)  # int64, the shapes of new_key, new_value
     keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, W]
     values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, W, hd]
 
@@ -160,16 +186,32 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     # kernel, which it takes only for alpha == 1 (tools/row_invariance.py): the scores carry
     # alpha = hd^-1/2 and the context alpha = 2 (the o_proj weight is stored halved; powers
     # of two cancel exactly), so a token's bits do not depend on the rows beside it.
-    qg = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])])], perm=[0, 2, 1, 3, 4])
+    qg = rows.transpose(g.op("Reshape", [q, g.const([0, 0, kvh, groups, hd])]), [0, 2, 1, 3, 4],
+                        [0, kvh, groups, hd])
     qg = g.op("Reshape", [qg, g.const([0, 0, -1, hd])])  # [B, kvh, M*groups, hd]
     scores = g.ms("FusedMatMul", [qg, keys], alpha=hd ** -0.5)  # [B, kvh, M*groups, W]
     probs = g.op("Softmax", [g.op("Add", [scores, step.attn_bias])], axis=-1)
     ctx = g.ms("FusedMatMul", [probs, values], alpha=CONTEXT_ALPHA)  # [B, kvh, M*groups, hd]
-    ctx = g.op("Transpose", [g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])])], perm=[0, 2, 1, 3, 4])
+    ctx = rows.transpose(g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])]), [0, 2, 1, 3, 4], [0, 1, nh * hd])
     ctx = g.op("Reshape", [ctx, g.const([0, 0, nh * hd])])  # [B, M, nh*hd], head h = kv head * groups + group
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
     out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out", x_dtype=F32)  # [B, M, H] in the activations
     return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
+
+
+class _RowMoves:
+    """make_attention's Transposes between the row axis M and the head axes. Where M is 1 in a
+    portable graph (a decode, a draft pass) each moves only axes of size 1, so the bytes keep their
+    order: a Reshape to the same shape gives the same tensor, and on CUDA it is an alias where the
+    Transpose was a copy kernel (four per attention layer). The CPU graphs keep their Transposes."""
+
+    def __init__(self, g: GraphBuilder, one_row: bool) -> None:
+        self.g, self.one_row = g, one_row
+
+    def transpose(self, x: str, perm: list[int], one_row_shape: list[int]) -> str:
+        if self.one_row:
+            return self.g.op("Reshape", [x, self.g.const(one_row_shape)])
+        return self.g.op("Transpose", [x], perm=perm)
 
 
 L2NORM_EPS = 1e-6  # transformers' l2norm(x, eps=1e-6) on the GDN queries and keys
@@ -187,19 +229,30 @@ def l2_normalize(g: GraphBuilder, x: str, heads: int, head_dim: int, scale: floa
 
 
 def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, conv_state: str,
-                        recurrent_state: str, per_position: int = 0):
-    """Gated DeltaNet layer. Returns (output [B,M,H], conv_out, recurrent_out); x and the output
+                        recurrent_state: str, per_position: int = 0, verify: str = "per_row"):
+    """Gated DeltaNet layer. Returns (output [B,M,H], conv, recurrent); x and the output
     in the activations' dtype, everything between in float32 (one Cast after in_proj, one
     before out_proj, where the activations are not float32).
 
     conv_state [B, K-1, C] (channels-last tail of the pre-conv q,k,v inputs) and
-    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 the outputs are the states
-    after the last row. With per_position=M (a static row count) they are windows, slot j =
-    state after row j: conv [M, B, K-1, C] and recurrent [M, B, nv, dk, dv]. The CPU kernels
-    refuse the ops' own ``state_window``, so a CPU verify builds the windows itself: the conv
-    window by data movement (``_conv_window``), the recurrent one by running LinearAttention
-    once per row (``_recurrence_per_row``). Either way every op runs on the same rows with the
-    same bits (M rows in one call equal M one-row calls: tools/row_invariance.py).
+    recurrent_state [B, nv, dk, dv] (fp32). With per_position=0 conv and recurrent are the
+    states after the last row. With per_position=M (a static row count) they are what a select
+    commit needs, in the form ``verify`` (manifest.GDN_VERIFY_FORMS):
+      per_row       windows, slot j = state after row j: conv [M, B, K-1, C], recurrent
+                    [M, B, nv, dk, dv]. The CPU kernels refuse the ops' own ``state_window``, so
+                    the windows are built by data movement (``_conv_window``) and by running
+                    LinearAttention once per row (``_recurrence_per_row``). Every op runs on the
+                    same rows with the same bits (M rows in one call equal M one-row calls:
+                    tools/row_invariance.py).
+      state_window  the same windows from one call of each op with its ``state_window`` = M
+                    (CUDA only); conv_state and recurrent_state are then the ops' past windows
+                    [M, B, ...], the live state in slot M-1, the only one they read (the runtime
+                    lays it there: manifest.past_window_name)
+      transition    dicts of the rows' transition record (manifest.TRANSITION_RECORD), each op run
+                    once over all M rows: conv {"conv_inputs": pre-conv q,k,v [B, M, C]},
+                    recurrent {"gdn_keys": k̂ [B, M, nk, dk], "gdn_values": v [B, M, nv*dv],
+                    "gdn_decay": g, "gdn_beta": β [B, M, nv]}; the commit replays the accepted
+                    rows onto the live states (runtime.states, native replay_transitions)
 
                  x ─ MatMul(in_proj) ─ Split ─┬─ qkv ─ CausalConvWithState(silu) ─ Split ─ q,k,v
                                               ├─ z ─────────────────────────────────────┐
@@ -209,32 +262,43 @@ def make_gated_deltanet(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, c
     """
     nk, nv, dk = spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim
     kd, vd, C = spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
+    window = per_position if verify == "state_window" else 0  # the ops' own state_window
     qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj", out_dtype=F32), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)
     decay, beta = g.ms("LinearAttentionGate", [a, g.weight(f"{prefix}.dt_bias"), g.weight(f"{prefix}.decay_scale"), b],
                        num_outputs=2)  # [B, M, nv] each
     mixed, conv_out = g.ms("CausalConvWithState", [qkv, g.weight(f"{prefix}.conv"), "", conv_state], num_outputs=2,
-                           activation="silu", channels_last=1)  # [B, M, C], [B, K-1, C]
+                           activation="silu", channels_last=1, **_window_attribute(window))  # [B, M, C], [(M,) B, K-1, C]
     q, k, v = g.op("Split", [mixed, g.const([kd, kd, vd])], num_outputs=3, axis=-1)
     # nk query/key heads serve nv value heads, value head j reading key head j // (nv/nk) as
     # transformers' repeat_interleave does: LinearAttention maps heads so itself (kv_num_heads
     # a multiple of the key's heads, fewer query heads: "inverse GQA"), so no head is repeated
     q = g.op("Reshape", [l2_normalize(g, q, nk, dk), g.const([0, 0, kd])])  # [B, M, nk*dk]
-    k = g.op("Reshape", [l2_normalize(g, k, nk, dk), g.const([0, 0, kd])])
+    keys = l2_normalize(g, k, nk, dk)  # [B, M, nk, dk]
+    k = g.op("Reshape", [keys, g.const([0, 0, kd])])
 
-    def recurrence(state, q, k, v, decay, beta):
+    def recurrence(state, q, k, v, decay, beta, window=0):
         return g.ms("LinearAttention", [q, k, v, state, decay, beta], num_outputs=2, q_num_heads=nk, kv_num_heads=nv,
-                    update_rule="gated_delta", scale=float(dk ** -0.5))
+                    update_rule="gated_delta", scale=float(dk ** -0.5), **_window_attribute(window))
 
-    if per_position == 0:
-        core, recurrent_out = recurrence(recurrent_state, q, k, v, decay, beta)
+    if per_position == 0 or verify != "per_row":
+        core, recurrent_out = recurrence(recurrent_state, q, k, v, decay, beta, window)
     else:
         conv_out = _conv_window(g, conv_state, qkv, per_position, spec.linear_conv_kernel_dim)
         core, recurrent_out = _recurrence_per_row(g, recurrence, recurrent_state, [q, k, v, decay, beta],
                                                   per_position)
+    if per_position and verify == "transition":  # the ops' states after the last row are left unused
+        conv_out = {"conv_inputs": qkv}
+        recurrent_out = {"gdn_keys": keys, "gdn_values": v, "gdn_decay": decay, "gdn_beta": beta}
     out = g.linear(make_gated_norm(g, spec, core, z, f"{prefix}.gdn_norm"), f"{prefix}.out", hint=f"{prefix}.gdn_out",
                    x_dtype=F32)
     return out, conv_out, recurrent_out
+
+
+def _window_attribute(window: int) -> dict:
+    """The ops' state_window attribute where a window is asked for; none otherwise (the graphs of
+    the other forms stay what they were, loadable on the CPU)."""
+    return {"state_window": window} if window else {}
 
 
 def _conv_window(g: GraphBuilder, conv_state: str, qkv: str, rows: int, kernel: int) -> str:

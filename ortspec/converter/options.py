@@ -13,7 +13,7 @@ import dataclasses
 import numbers
 
 from ..errors import ConvertOptionError
-from ..manifest import MAX_SPECULATIVE_TOKENS, state_bytes, state_table
+from ..manifest import GDN_VERIFY_FORMS, MAX_SPECULATIVE_TOKENS, MAX_STATE_WINDOW, state_bytes, state_table
 from ..model_spec import FULL, ModelSpec
 from ..validation import machine_memory_bytes
 
@@ -36,6 +36,7 @@ class ConvertOptions:
     quant: str | None = None
     mtp_quant: str | None = "auto"
     activations: str = "auto"
+    gdn_verify: str = "per_row"
     overwrite: bool = False
     progress: bool = True
 
@@ -69,6 +70,19 @@ class ConvertOptions:
                                      "(typical: 1024-8192).")
         if self.pipeline_stages < 1:
             raise ConvertOptionError(f"pipeline_stages={self.pipeline_stages} must be at least 1.")
+        self._check_gdn_verify()
+
+    def _check_gdn_verify(self) -> None:
+        if not isinstance(self.gdn_verify, str) or self.gdn_verify not in GDN_VERIFY_FORMS:
+            raise ConvertOptionError(f"gdn_verify={self.gdn_verify!r} is not supported; use one of "
+                                     f"{', '.join(map(repr, GDN_VERIFY_FORMS))} (manifest.GDN_VERIFY_FORMS says how "
+                                     "each form's CUDA verify emits the GDN states).")
+        if self.gdn_verify == "state_window" and self.num_speculative_tokens + 1 > MAX_STATE_WINDOW:
+            raise ConvertOptionError(
+                f"gdn_verify='state_window' with num_speculative_tokens={self.num_speculative_tokens}: the ops' "
+                f"state_window holds at most {MAX_STATE_WINDOW} rows, a verify of k={self.num_speculative_tokens} "
+                f"has {self.num_speculative_tokens + 1}. Use num_speculative_tokens <= {MAX_STATE_WINDOW - 1}, "
+                "or gdn_verify='transition'.")
 
 
     def _check_activations(self) -> None:

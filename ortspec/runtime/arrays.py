@@ -57,6 +57,16 @@ class HostArrays:
     def reshape(self, array: np.ndarray, shape) -> np.ndarray:
         return array.reshape(shape)
 
+    def slot(self, array: np.ndarray, index: int) -> np.ndarray:
+        """array[index] of a [W, ...] array, a view."""
+        return array[index]
+
+    def past_window(self, backing: np.ndarray, start: int, stop: int, width: int) -> np.ndarray:
+        """A [width, stop-start, ...] view of backing [W, B, ...] whose last slot is backing[W-1][start:stop]
+        (its other slots: the bytes before, in backing; what a state_window op never reads)."""
+        return backing.reshape(-1)[_past_window_span(backing.shape, start, stop, width)].reshape(
+            width, stop - start, *backing.shape[2:])
+
     def upload(self, dst: np.ndarray, host: np.ndarray) -> None:
         np.copyto(dst, host)
 
@@ -97,6 +107,34 @@ class HostArrays:
     def gather(self, src, index: np.ndarray, dst) -> None:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
         dst[...] = src[np.arange(len(index)), index]
+
+    def replay_transitions(self, states: list, keys: list, values: list, decay: list, beta: list, counts) -> None:
+        """Per layer, each request's first counts[b] verify rows replayed onto its GDN state, in place
+        (native replay_transitions, csrc/core/transition_kernels.h): states [B, nv, dk, dv], keys
+        [B, M, nk, dk] (k̂), values [B, M, nv*dv], decay (g) and beta [B, M, nv]; for row j and value
+        head h (key head h // (nv/nk)): S <- e^g S; u = beta (v - S^T k); S <- S + k u^T. float32,
+        requests that still take a row all at once."""
+        counts = _checked_counts("replay_transitions", counts, keys[0].shape[1] if keys else 0)
+        for state, k, v, g, b in zip(states, keys, values, decay, beta):
+            batch, heads, _, value_dim = state.shape
+            k = np.repeat(k, heads // k.shape[2], axis=2)  # [B, M, nv, dk]: value head h reads key head h // r
+            v = v.reshape(batch, -1, heads, value_dim)  # [B, M, nv, dv]
+            for j in range(int(counts.max(initial=0))):
+                taking = counts > j  # [B]: the requests that replay row j
+                s = state[taking] * np.exp(g[taking, j])[..., None, None]  # [b, nv, dk, dv]
+                key = k[taking, j]  # [b, nv, dk]
+                u = b[taking, j][..., None] * (v[taking, j] - np.einsum("bhkv,bhk->bhv", s, key))  # [b, nv, dv]
+                state[taking] = s + key[..., :, None] * u[..., None, :]
+
+    def commit_conv_tails(self, tails: list, inputs: list, counts) -> None:
+        """Per layer, tail[b] <- rows n..n+K-2 of concat(tail[b], inputs[b]), n = counts[b]: the conv
+        tail after a verify's first n rows (native commit_conv_tails); tails [B, K-1, C], inputs
+        [B, M, C] (the rows' pre-conv q, k, v)."""
+        counts = _checked_counts("commit_conv_tails", counts, inputs[0].shape[1] if inputs else 0)
+        for tail, fed in zip(tails, inputs):
+            joined = np.concatenate([tail, fed], axis=1)  # [B, K-1+M, C]
+            for b, n in enumerate(counts.tolist()):
+                tail[b] = joined[b, n: n + tail.shape[1]]
 
     def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
         """The next decode step's inputs [B, 1]: ids = tokens, positions one on (at most last_position)."""
@@ -152,6 +190,23 @@ class HostArrays:
         pass  # numpy memory goes with its last reference
 
 
+def _past_window_span(shape, start: int, stop: int, width: int) -> slice:
+    """The elements of a past window (HostArrays.past_window) in the flat backing [W, B, ...]."""
+    row = int(np.prod(shape[2:]))  # one request's state
+    end = ((shape[0] - 1) * shape[1] + stop) * row
+    return slice(end - width * (stop - start) * row, end)
+
+
+def _checked_counts(op: str, counts, rows: int) -> np.ndarray:
+    """counts as int64 [B], every one in 0..rows (the native kernels' check: nothing written else)."""
+    counts = np.asarray(counts, np.int64)
+    bad = np.flatnonzero((counts < 0) | (counts > rows))
+    if len(bad):
+        raise ValueError(f"{op}: counts[{bad[0]}]={counts[bad[0]]} is out of range 0..M={rows} (the verify's rows); "
+                         "nothing was written")
+    return counts
+
+
 class CudaArrays:
     """Device memory and native kernels on one CUDA device, all enqueued on ``stream`` (the
     handle of the stream shared with ONNX Runtime, or 0, the legacy stream; module docstring)."""
@@ -171,7 +226,7 @@ class CudaArrays:
         self._uploaded: dict = {}  # small host arrays uploaded this step (scratch), by content
         self._staging: dict = {}
         self._persistent: dict = {}  # id -> persistent buffer (held, so an id is never reused)
-        self._views: dict = {}  # (id, start, stop) -> row view of a persistent buffer
+        self._views: dict = {}  # views of persistent buffers: rows (id, start, stop), slots and windows (id, byte, shape)
         self._ids = 0
 
     def begin_step(self, check_errors: bool = True) -> None:
@@ -213,6 +268,27 @@ class CudaArrays:
 
     def reshape(self, buffer, shape):
         return self.native.Buffer.from_pointer(buffer.data_ptr, tuple(shape), buffer.dtype, "cuda", self.device_index)
+
+    def slot(self, buffer, index: int):
+        """buffer[index] of a persistent [W, ...] buffer: a view, persistent itself (its row views are made once)."""
+        view = self._view(buffer, index * (buffer.nbytes // buffer.shape[0]), tuple(buffer.shape[1:]))
+        self._persistent[id(view)] = view
+        return view
+
+    def past_window(self, backing, start: int, stop: int, width: int):
+        """HostArrays.past_window on the device: a view, made once per (backing, rows, width)."""
+        span = _past_window_span(tuple(backing.shape), start, stop, width)
+        itemsize = np.dtype(DTYPES[backing.dtype]).itemsize
+        return self._view(backing, itemsize * span.start, (width, stop - start, *backing.shape[2:]))
+
+    def _view(self, buffer, offset: int, shape: tuple):
+        """The view of `shape` at byte `offset` of a persistent buffer (its dtype), made once."""
+        key = (id(buffer), offset, shape)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self.native.Buffer.from_pointer(buffer.data_ptr + offset, shape, buffer.dtype,
+                                                                      "cuda", self.device_index)
+        return view
 
     def upload(self, dst, host: np.ndarray) -> None:
         if dst.dtype == "bfloat16":  # the native module takes bfloat16 as its uint16 bit pattern
@@ -286,6 +362,13 @@ class CudaArrays:
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         self.native.gather_rows(src, self._index(index), dst, self.stream)
+
+    def replay_transitions(self, states: list, keys: list, values: list, decay: list, beta: list, counts) -> None:
+        """Every layer in one launch; counts a host array (uploaded) or a device buffer (as it is)."""
+        self.native.replay_transitions(states, keys, values, decay, beta, self._index(counts), self.stream)
+
+    def commit_conv_tails(self, tails: list, inputs: list, counts) -> None:
+        self.native.commit_conv_tails(tails, inputs, self._index(counts), self.stream)
 
     def advance_decode_inputs(self, tokens, ids, positions, last_position: int) -> None:
         self.native.advance_decode_inputs(tokens, ids, positions, last_position, self.stream)

@@ -66,6 +66,13 @@ def proxies(outputs: dict) -> dict:
     return {name: value for name, value in outputs.items() if name.startswith("proxy.")}
 
 
+def past_slots(graphs: GraphSet) -> int:
+    """The GDN states' past windows (runtime.states.LayerState): K+1 slots where the CUDA verifies
+    read them (gdn_verify="state_window"), else none (the CPU runs its own per-row variants)."""
+    manifest = graphs.manifest
+    return manifest.num_speculative_tokens + 1 if manifest.gdn_verify == "state_window" and graphs.provider == "cuda" else 0
+
+
 class TargetModel:
     """The hybrid target: prefill, M=1 decode, M=k+1 verify (plain or with state windows).
 
@@ -81,7 +88,8 @@ class TargetModel:
     def __init__(self, graphs: GraphSet, batch: int, stages: int = 1, engine: int | None = None) -> None:
         self.graphs, self.stages = graphs, stages
         self.engine = graphs.slots.new_engine_id() if engine is None else engine
-        self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"))
+        self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("kv_key", "conv", "recurrent"),
+                               past_slots=past_slots(graphs))
         self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
         self._slot_ids = {0: self.engine}  # first row of a bound row range -> the id its graph slots use
         self._control: dict = {}  # (name, first row, shape) -> an int64 buffer of a loop's step control

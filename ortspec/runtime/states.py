@@ -20,6 +20,15 @@ replaced whole by each forward, so it is what a rollback saves and puts back.
     capture(rows) / put(data, rows)           copy out and put back (StateSet checks the lengths)
     zero(rows)                                a fresh sequence
 
+A select verify hands over its GDN layers in one of two shapes (manifest.GDN_VERIFY_FORMS): the
+state after each row (windows, ``select_window``), or the rows' transition record
+(``record_names``), which ``StateSet.select`` replays onto the live states in place for the
+accepted rows (``arrays.replay_transitions`` / ``commit_conv_tails``: one native call each per
+device), so no state is ever written per row. A state_window verify reads each GDN state as the
+last slot of a past window [M, B, ...] (manifest.past_window_name): with ``past_slots`` the live
+buffer is the last slot of a [past_slots, B, ...] allocation, and ``feeds`` hands the verify of M
+rows the M slots that end at it, a view (the ops read slot M-1 only), so nothing is copied.
+
 ``StateSet`` drives all of one model's states together, each kind with its own verbs; it
 checks that a snapshot is restored at the length it was taken (rollback fails loudly).
 Buffers live where the ``arrays`` backend keeps them (numpy on the CPU, native device memory
@@ -35,7 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import OrtspecError
-from ..manifest import window_row_name
+from ..manifest import past_window_name, record_names, window_row_name
 
 
 class StateError(OrtspecError, RuntimeError):
@@ -95,8 +104,10 @@ class ReplacedState(Protocol):
     names: tuple[str, ...]
     arrays: object
     buffer: object
+    kind: str  # "conv" or "recurrent" (manifest state kinds)
     out_name: str
     window_name: str
+    record_names: tuple[str, ...]  # a transition verify's outputs that commit this state
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict: ...
     def advance(self, outputs: dict, rows: Rows) -> None: ...
@@ -169,15 +180,23 @@ class LayerState:
     The plain graphs return ``{kind}_out.{i}`` (state after the last row); the select verify
     graphs return ``{kind}_window.{i}`` [M, B, ...] (state after each row), or in their CPU
     variants ``{kind}_window.{i}.{j}`` [B, ...] per row j; ``select_window`` copies slot index[j]
-    of row j into the live buffer.
+    of row j into the live buffer. A transition verify returns ``record_names`` instead (module
+    docstring), which ``StateSet.select`` replays.
     """
 
-    def __init__(self, arrays, name: str, shape) -> None:
+    def __init__(self, arrays, name: str, shape, past_slots: int = 0) -> None:
+        """past_slots: the widest past window a state_window verify reads (K+1); 0: none."""
         self.arrays = arrays
-        kind, layer = name.split(".")
+        self.kind, layer = name.split(".")
         self.names = (name,)
-        self.buffer = arrays.zeros(shape)
-        self.out_name, self.window_name = f"{kind}_out.{layer}", f"{kind}_window.{layer}"
+        if past_slots:  # the live state is the last slot; the slots before it are never read
+            self._backing = arrays.zeros([past_slots, *shape])
+            self.buffer = arrays.slot(self._backing, past_slots - 1)
+        else:
+            self.buffer = arrays.zeros(shape)
+        self.past_slots = past_slots
+        self.out_name, self.window_name = f"{self.kind}_out.{layer}", f"{self.kind}_window.{layer}"
+        self.record_names = record_names(name)
         self._row_names: list[str] = []  # window_row_name(window_name, j), made once
 
     def window(self, outputs: dict, width: int):
@@ -191,7 +210,15 @@ class LayerState:
         return [outputs[name] for name in self._row_names[:width]]
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
-        return {self.names[0]: rows.take(self.arrays, self.buffer)}
+        """The state's rows, and with past_slots its past windows of 2..past_slots rows ending at them."""
+        feeds = {self.names[0]: rows.take(self.arrays, self.buffer)}
+        if self.past_slots:
+            if rows.slice is None:
+                raise StateError("a state_window verify reads contiguous rows only (it runs on CUDA)")
+            for width in range(2, self.past_slots + 1):
+                feeds[past_window_name(self.names[0], width)] = self.arrays.past_window(
+                    self._backing, rows.slice.start, rows.slice.stop, width)
+        return feeds
 
     def advance(self, outputs, rows: Rows) -> None:
         rows.put(self.arrays, self.buffer, outputs[self.out_name])
@@ -222,9 +249,10 @@ class StateSet:
     """All states of one model (target or MTP), driven together: ``caches`` (positional) and
     ``layers`` (replaced whole), each list answering its own verbs."""
 
-    def __init__(self, arrays_for, table: dict[str, dict], batch: int, kinds: tuple[str, ...]) -> None:
+    def __init__(self, arrays_for, table: dict[str, dict], batch: int, kinds: tuple[str, ...],
+                 past_slots: int = 0) -> None:
         """arrays_for(state name) -> the arrays backend of the device that holds it; kinds: the
-        manifest state kinds this model owns."""
+        manifest state kinds this model owns; past_slots: the GDN states' past windows (LayerState)."""
         self.caches: list[PositionalState] = []
         self.layers: list[ReplacedState] = []
         for name, entry in table.items():
@@ -236,7 +264,7 @@ class StateSet:
                 self.caches.append(KVCache(arrays_for(name), name, value_name, shape,
                                            [batch] + table[value_name]["shape"][1:]))
             elif entry["kind"] in ("conv", "recurrent"):
-                self.layers.append(LayerState(arrays_for(name), name, shape))
+                self.layers.append(LayerState(arrays_for(name), name, shape, past_slots))
         groups: dict = {}
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
@@ -284,10 +312,15 @@ class StateSet:
         return views
 
     def select(self, outputs, rows: Rows, positions: np.ndarray, accepted, counts=None) -> None:
-        """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a.
+        """Keep the state after row accepted[j] of a windowed forward: KV rows 0..a, GDN window slot a
+        (or, from a transition verify, its rows 0..a replayed onto the GDN states: ``_replay``).
         counts: accepted + 1, where the caller has it already (a device buffer: the loop that runs
         ahead of the GPU never has the accept lengths on the host; ``runtime.fused_run``)."""
-        self.write(outputs, rows, positions, counts=accepted + 1 if counts is None else counts)
+        counts = accepted + 1 if counts is None else counts
+        self.write(outputs, rows, positions, counts=counts)
+        if self.layers and self.layers[0].record_names[0] in outputs:
+            self._replay(outputs, rows, counts)
+            return
         width = positions.shape[1]
         if rows.slice is None:
             for layer in self.layers:
@@ -296,6 +329,19 @@ class StateSet:
         for arrays, layers in self._layers_by_device:  # contiguous rows: one call per device, not per layer
             arrays.select_many([s.window(outputs, width) for s in layers], accepted,
                                [rows.take(arrays, s.buffer) for s in layers])
+
+    def _replay(self, outputs, rows: Rows, counts) -> None:
+        """A transition verify's commit: each GDN state takes its first counts[j] rows of the record
+        (recurrent states by replay_transitions, conv tails by commit_conv_tails), one native call of
+        each per device, counts read where they are (a device buffer: nothing waits for the host)."""
+        if rows.slice is not None:
+            for (arrays, layers), views in zip(self._layers_by_device, self._views_of(rows)):
+                _replay_layers(arrays, layers, views, outputs.__getitem__, counts)
+            return
+        for j, row in enumerate(rows.indices.tolist()):  # a subset of rows (CPU): one row at a time
+            for arrays, layers in self._layers_by_device:
+                _replay_layers(arrays, layers, [s.buffer[row: row + 1] for s in layers],
+                               lambda name, j=j: outputs[name][j: j + 1], counts[j: j + 1])
 
     def write(self, outputs, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """The KV rows only (the MTP head's catch-up: its cache is all it keeps)."""
@@ -345,3 +391,15 @@ class StateSet:
         for kind in self.kinds:
             out.update({n: np.array(v) for n, v in kind.row_view(row, length).items()})
         return out
+
+
+def _replay_layers(arrays, layers: list, lives: list, record, counts) -> None:
+    """The replay of one device's GDN layers (``StateSet._replay``): lives[i] the rows of layers[i]'s
+    buffer to commit, record(name) the verify output of that name for the same rows."""
+    recurrent = [(s, live) for s, live in zip(layers, lives) if s.kind == "recurrent"]
+    conv = [(s, live) for s, live in zip(layers, lives) if s.kind == "conv"]
+    if recurrent:  # keys, values, decay, beta
+        arrays.replay_transitions([live for _, live in recurrent],
+                                  *([record(s.record_names[i]) for s, _ in recurrent] for i in range(4)), counts)
+    if conv:
+        arrays.commit_conv_tails([live for _, live in conv], [record(s.record_names[0]) for s, _ in conv], counts)
