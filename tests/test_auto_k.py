@@ -65,7 +65,7 @@ def test_the_climb_finds_the_best_k_and_tries_few_others():
     rates = {0: 100.0, 1: 150.0, 2: 190.0, 3: 210.0, 4: 180.0}
     chooser = KChooser(4)
     chosen = batcher_windows(chooser, 4, 60, rates.get)
-    assert chosen[:5] == [1, 2, 3, 4, 3]  # from k = 1 up the neighbours of the best, never k = 0
+    assert chosen[:6] == [1, 1, 2, 3, 4, 3]  # the first window warms up; then from k = 1 up the neighbours
     assert chosen[-20:].count(3) >= 18  # then the best, a neighbour again every PROBE_EVERY windows
     assert chooser.snapshot()["windows"]["batcher rows 4"]["best"] == 3
 
@@ -105,7 +105,7 @@ def test_a_calls_window_is_the_whole_call():
             chooser.record_step(16, 16, 16, 16 / rates[k])
         chooser.record_call(16, [], Tail(16, 64))
         ks.append(k)
-    assert ks[:3] == [1, 2, 0] and ks[-5:] == [0] * 5
+    assert ks[:4] == [1, 1, 2, 0] and ks[-5:] == [0] * 5  # the first call warms up
     windows = chooser.snapshot()["windows"]
     assert windows["call rows 16"]["best"] == 0 and "batcher rows 16" not in windows
 
@@ -133,7 +133,7 @@ def test_each_threads_window_is_its_own():
         t.start()
     for t in threads:
         t.join()
-    assert len(seen) == 3 and sum(n for _, n in chooser.snapshot()["windows"]["call rows 4"]["reward"].values()) == 3
+    assert len(seen) == 3 and sum(n for _, n in chooser.snapshot()["windows"]["call rows 4"]["reward"].values()) == 2
 
 
 def test_tail_of_a_generate_calls_requests():
@@ -158,8 +158,8 @@ def test_generate_calls_and_batchers_measure_their_own_windows(models):
             while batcher.pending:
                 batcher.step()
     windows = session.stats["auto_k"]["windows"]
-    assert sum(n for _, n in windows["call rows 4"]["reward"].values()) == 2
-    assert sum(n for _, n in windows["batcher rows 4"]["reward"].values()) >= 1
+    assert sum(n for _, n in windows["call rows 4"]["reward"].values()) == 1  # the first warmed up
+    assert windows["batcher rows 4"]["windows"] >= 2
 
 
 class TailSpy(ScriptedK):
@@ -280,11 +280,12 @@ def test_auto_session_equals_greedy_and_reports_its_choices(models):
         assert session.generate(PROMPTS, max_new_tokens=40) == greedy
         assert session.generate(PROMPTS[1], max_new_tokens=40) == greedy[1]
     stats = session.stats
-    assert sum(stats["steps_by_k"]) == stats["steps"] and all(stats["steps_by_k"][:3]), stats["steps_by_k"]
-    auto = stats["auto_k"]  # k = 1 first, then its neighbours: each call shape tried k = 0, 1, 2
+    assert sum(stats["steps_by_k"]) == stats["steps"] and stats["steps_by_k"][1] > 0, stats["steps_by_k"]
+    assert sum(stats["steps_by_k"]) > stats["steps_by_k"][1]  # k = 1 first (a warm-up, then measured), then a neighbour
+    auto = stats["auto_k"]
     assert len(auto["acceptance_by_depth"]) == 4 and auto["expected_tokens"][0] == 1.0
-    assert set(auto["windows"]) == {"call rows 1", "call rows 4"}
-    assert all(set(w["reward"]) == {0, 1, 2} for w in auto["windows"].values()), auto["windows"]
+    assert set(auto["windows"]) == {"call rows 1", "call rows 4"}  # the first window of each warms up
+    assert all(len(w["reward"]) >= 1 and w["best"] in range(5) for w in auto["windows"].values()), auto["windows"]
 
 
 def test_auto_batcher_with_arrivals_equals_greedy(models):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 
 from starlette.applications import Starlette
@@ -52,6 +53,7 @@ class Routes:
         self.session, self.engine, self.model = session, engine, model_name
         self.limits, self.chat_template = limits, chat_template
         self.has_tokenizer = session.manifest.tokenizer_path is not None
+        self._mailbox_of: Mailbox | None = None
 
     async def health(self, request: Request) -> Response:
         if self.engine.error:
@@ -92,7 +94,7 @@ class Routes:
             return error(500, internal_error(request_id))
         events: asyncio.Queue = asyncio.Queue()
         job = Job(prompt, req.max_tokens, req.sampling, time.monotonic() + req.timeout,
-                  deliver=_poster(asyncio.get_running_loop(), events), id=request_id)
+                  deliver=self._mailbox().poster(events), id=request_id)
         try:
             self.engine.submit(job)
         except QueueFull as exc:
@@ -100,6 +102,13 @@ class Routes:
         if req.stream:
             return StreamingResponse(self._events(req, job, events), media_type="text/event-stream")
         return await self._whole(request, req, job, events)
+
+    def _mailbox(self) -> Mailbox:
+        """The mailbox of the running event loop (one per loop: uvicorn runs one)."""
+        loop = asyncio.get_running_loop()
+        if self._mailbox_of is None or self._mailbox_of.loop is not loop:
+            self._mailbox_of = Mailbox(loop)
+        return self._mailbox_of
 
     async def _body(self, request: Request) -> bytes:
         """The whole body, or TooLarge (413) past max_body_bytes, BodyTimeout (408) past body_timeout."""
@@ -177,7 +186,7 @@ class Routes:
         detokenizer, done, count = self._detokenizer(), False, 0
         try:
             while not done:
-                event = await events.get()
+                event = _coalesced(await events.get(), events)
                 if isinstance(event, Tokens) and event.ids:  # text "" while a character is unfinished
                     count += len(event.ids)
                     yield protocol.chunk(req, self.model, detokenizer.add(event.ids) if detokenizer else "", event.ids)
@@ -217,16 +226,47 @@ def _error_event(status: int, message: str) -> str:
     return f"data: {json.dumps(protocol.error_body(message, status))}\n\n"
 
 
-def _poster(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
-    """deliver(event) for the engine thread: puts the event into this handler's queue, on its loop."""
+class Mailbox:
+    """Events from the engine thread into handlers' queues on one event loop, one wake-up per
+    batch: a step delivers to every running request, and a wake-up per event (a system call
+    each, then a pass of the loop) cost the loop more than the events themselves."""
 
-    def deliver(event) -> None:
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:  # the loop has closed (the server stopped): nobody reads it any more
-            pass
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue, object]] = []
 
-    return deliver
+    def poster(self, events: asyncio.Queue):
+        """deliver(event) for the engine thread: the event into this handler's queue, on the loop."""
+
+        def deliver(event) -> None:
+            with self._lock:
+                self._pending.append((events, event))
+                if len(self._pending) > 1:
+                    return  # a flush is already scheduled
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop has closed (the server stopped): nobody reads it any more
+                pass
+
+        return deliver
+
+    def _flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for events, event in pending:
+            events.put_nowait(event)
+
+
+def _coalesced(event, events: asyncio.Queue):
+    """A Tokens event with the Tokens queued behind it (a stream that fell behind sends one chunk
+    for several steps); the first event that is not Tokens stays queued."""
+    if not isinstance(event, Tokens):
+        return event
+    ids = list(event.ids)
+    while not events.empty() and isinstance(events._queue[0], Tokens):  # noqa: SLF001  (peek, no await)
+        ids += events.get_nowait().ids
+    return Tokens(ids)
 
 
 def create_app(session, engine: Engine, model_name: str, limits: Limits | None = None,

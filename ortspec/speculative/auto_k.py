@@ -9,6 +9,8 @@ what the GPU's kernels make of it, and a model tuned on one set of prompts misju
   and its switching costs are in its time), or WINDOW_STEPS steps of a batcher (rows join and
   leave: its reward is tokens per live row-step over seconds per row-step run, so a window is
   not judged by how many requests happened to be running);
+- a window that set a CUDA graph up is not counted (it timed the capture), nor a key's first
+  (first runs allocate and initialise);
 - per (static or not, rows bucket) the chooser hill-climbs over k: it starts at k = 1, measures
   the neighbours of the best k, moves to one only when its median reward over its last SAMPLES
   windows beats the best's by HYSTERESIS, and every PROBE_EVERY windows measures a neighbour
@@ -72,10 +74,11 @@ class Window:
     live_row_steps: int = 0
     run_row_steps: int = 0
     seconds: float = 0.0
+    setup: bool = False  # a CUDA graph was set up in it: its time is not its k's
 
     def reward(self) -> float | None:
         """Tokens per second (static); per live row-step over seconds per row-step run (a batcher)."""
-        if self.steps < MIN_WINDOW_STEPS or self.seconds <= 0 or not self.live_row_steps:
+        if self.steps < MIN_WINDOW_STEPS or self.seconds <= 0 or not self.live_row_steps or self.setup:
             return None
         if self.key[0]:
             return self.tokens / self.seconds
@@ -85,11 +88,14 @@ class Window:
 class Arms:
     """The rewards of each k for one key, and the k the hill climb stands on."""
 
+    START = 1  # where the climb starts
+
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
-        self.best = min(1, max_k)
+        self.best = min(self.START, max_k)
         self.rewards = {k: collections.deque(maxlen=SAMPLES) for k in range(max_k + 1)}
         self.windows = 0
+        self.warm = False  # whether a window was measured here before (the first is not counted)
         self._probe = itertools.cycle((1, -1))
 
     def estimate(self, k: int) -> float | None:
@@ -156,14 +162,19 @@ class KChooser:
         reward = window.reward()
         if reward is not None:
             with self._lock:
-                self._arms_of(window.key).add(window.k, reward)
+                arms = self._arms_of(window.key)
+                if arms.warm:
+                    arms.add(window.k, reward)
+                arms.warm = True  # a key's first window warms up (first runs allocate): not counted
 
     # -- measurements ------------------------------------------------------------------------
-    def record_step(self, rows_run: int, live: int, tokens: int, seconds: float) -> None:
-        """One step of the open window: the rows it ran, the live ones, the tokens it emitted and
-        its seconds (the loop's time since the last step was read)."""
+    def record_step(self, rows_run: int, live: int, tokens: int, seconds: float, setup: bool = False) -> None:
+        """One step of the open window: the rows it ran, the live ones, the tokens it emitted, its
+        seconds (the loop's time since the last step was read), and whether a CUDA graph was set
+        up meanwhile (such a window measures the capture, not k)."""
         window = getattr(self._local, "window", None)
         if window is not None:
+            window.setup |= setup
             window.steps += 1
             window.tokens += tokens
             window.live_row_steps += live

@@ -216,9 +216,9 @@ class Decoder:
             with self.engine.step(), self.stats.timed("commit"):
                 self.head.catch_up_deferred(plan.drafts)
         self.next_k = plan.drafts
-        elapsed, seconds = self._clock.read(flight.n, plan)
+        elapsed, seconds, setup = self._clock.read(flight.n, plan)
         self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live],
-                                      self.stats.generated_tokens - generated, elapsed, seconds))
+                                      self.stats.generated_tokens - generated, elapsed, seconds, setup))
         if self.on_commit and self._flight is None:
             self.on_commit(self, Batch([r for r, was_live in zip(requests, live) if was_live]))
 
@@ -398,15 +398,17 @@ class StepClock:
         """A run opens (before its step 0 is enqueued)."""
         self._setups.append(self.slots.setup_runs)
 
-    def read(self, n: int, plan: Plan) -> tuple[float, float | None]:
-        """Step n of the open run was just read: (its seconds, those seconds where steady else None)."""
+    def read(self, n: int, plan: Plan) -> tuple[float, float | None, bool]:
+        """Step n of the open run was just read: (its seconds, those seconds where steady else None,
+        whether a CUDA graph was set up since the last read)."""
         now = self._inside + (time.perf_counter() - self._since if self._since is not None else 0.0)
+        setup = bool(self._setups) and self._setups[-1] != self.slots.setup_runs
         self._setups.append(self.slots.setup_runs)
         steady = (n >= 1 or not self.depth) and self._last_k == plan.k == plan.drafts and \
             self._setups[0] == self._setups[-1] and self._last_read is not None
         elapsed = now - self._last_read if self._last_read is not None else 0.0
         self._last_read, self._last_k = now, plan.k
-        return elapsed, elapsed if steady else None
+        return elapsed, elapsed if steady else None, setup
 
 
 def pads_prompts(graphs: GraphSet) -> bool:

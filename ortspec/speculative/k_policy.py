@@ -25,7 +25,8 @@ from .auto_k import KChooser, Tail
 class StepRecord:
     """What one step did, for the policy: its k, the next step's k, the rows it ran, the live
     rows' accept lengths, the tokens it emitted, its seconds (the loop's time since the last
-    step was read) and those seconds again where the step was steady (else None)."""
+    step was read), those seconds again where the step was steady (else None), and whether a
+    CUDA graph was set up while it ran."""
 
     k: int
     next_k: int
@@ -34,6 +35,7 @@ class StepRecord:
     tokens: int
     elapsed: float
     seconds: float | None
+    setup: bool = False  # a CUDA graph was set up while it ran (its time is not a step's)
 
 
 class FixedK:
@@ -71,7 +73,7 @@ class AutoK:
             self.chooser.record_accepts(step.accepted, step.k)
         if step.seconds is not None:
             self.chooser.record_time(step.rows, step.k, step.seconds)
-        self.chooser.record_step(step.rows, len(step.accepted), step.tokens, step.elapsed)
+        self.chooser.record_step(step.rows, len(step.accepted), step.tokens, step.elapsed, step.setup)
 
     def end_call(self, rows: int, steps_by_k: list, tail: Tail) -> None:
         """A generate call ended: its window closes (``KChooser.record_call``)."""
