@@ -27,7 +27,6 @@ from .graph_slots import SlotKey
 from .kv_window import RunBound, attention_window
 from .model import TargetModel
 from .states import Rows
-from .streams import StepReadbacks
 
 GRAPH = "decode"
 
@@ -44,7 +43,7 @@ class DecodeRun:
         self.last_position = self.graphs.manifest.max_length - 1
         self.graph = GRAPH if bound is None else self.graphs.kv_windows.graph(GRAPH, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
-        self._readbacks = StepReadbacks(self.arrays, (len(rows), 1), np.int64)
+        self._readbacks = target.step_readbacks("tokens", (len(rows), 1), np.int64)
         self._hidden_readbacks: StepReadbacks | None = None  # made at step 0 (the graph's dtype)
         self._want_hidden = hidden
         self.hidden_dtype = None  # the hidden rows' dtype on the device, once step 0 ran
@@ -79,7 +78,7 @@ class DecodeRun:
         enqueued (a captured slot's output buffer is overwritten by it)."""
         if self._hidden_readbacks is None:
             self.hidden_dtype = hidden.dtype
-            self._hidden_readbacks = StepReadbacks(self.arrays, hidden.shape, hidden.dtype)
+            self._hidden_readbacks = self.target.step_readbacks("hidden", hidden.shape, hidden.dtype)
         self._hidden_readbacks.start(n, hidden)
 
     def _feed(self, out: dict, host_positions: np.ndarray) -> tuple:
@@ -103,14 +102,10 @@ class DecodeRun:
         return tokens, hidden
 
     def close(self) -> None:
-        """Waits for a step run past the last read and reports any index error a kernel recorded,
-        then frees the page-locked memory and events, under the device lock (freeing page-locked
-        memory may synchronise the device, which no thread may do while another captures)."""
+        """Waits for a step run past the last read and reports any index error a kernel recorded
+        (the page-locked copies stay with the model for the next run)."""
         with self.graphs.device_lock:
             try:
                 self.graphs.begin_step()
             finally:
-                self._readbacks.close()
-                if self._hidden_readbacks is not None:
-                    self._hidden_readbacks.close()
                 self._outputs = [None, None]

@@ -33,7 +33,6 @@ from .graph_slots import SlotKey
 from .kv_window import RunBound, attention_window
 from .model import MTPHead, TargetModel
 from .states import Rows
-from .streams import StepReadbacks
 
 
 class FusedRun:
@@ -56,7 +55,7 @@ class FusedRun:
         self._own = {name: target.control_buffer(name, rows, shape) for name in ("input_ids", "positions")}
         self._verified = target.control_buffer("verified", rows, shape)  # [B, k+1]: the positions a step commits at
         self._counts = target.control_buffer("counts", rows, (len(rows),))  # [B]: a + 1
-        self._readbacks = StepReadbacks(self.arrays, (len(rows), 2 * k + 2), np.int64)
+        self._readbacks = target.step_readbacks("step_ids", (len(rows), 2 * k + 2), np.int64)
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
         self._read = -1  # the last step read
 
@@ -99,11 +98,9 @@ class FusedRun:
         return step_ids
 
     def close(self) -> None:
-        """As ``DecodeRun.close``: waits for a step run past the last read, reports kernel index
-        errors, frees the page-locked memory, under the device lock."""
+        """As ``DecodeRun.close``: waits for a step run past the last read, reports kernel index errors."""
         with self.graphs.device_lock:
             try:
                 self.graphs.begin_step()
             finally:
-                self._readbacks.close()
                 self._outputs = [None, None]

@@ -15,6 +15,7 @@ from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
 from .kv_window import attention_window
 from .states import Rows, Snapshot, StateSet
+from .streams import StepReadbacks
 
 
 class Forward(dict):
@@ -93,6 +94,7 @@ class TargetModel:
         self.hand_overs = [HandOver(graphs, s) for s in range(1, stages)]
         self._slot_ids = {0: self.engine}  # first row of a bound row range -> the id its graph slots use
         self._control: dict = {}  # (name, first row, shape) -> an int64 buffer of a loop's step control
+        self._readbacks: dict = {}  # (name, shape, dtype) -> StepReadbacks a run reads its steps through
 
     def slot_id(self, rows: Rows) -> int:
         """The engine id of the slot keys of a forward over these rows: the model's own for rows
@@ -111,6 +113,15 @@ class TargetModel:
         if key not in self._control:
             self._control[key] = self.graphs.arrays.zeros(shape, np.int64)
         return self._control[key]
+
+    def step_readbacks(self, name: str, shape: tuple, dtype) -> StepReadbacks:
+        """The page-locked copies a run of steps reads ``name`` [shape] back through, made once per
+        name, shape and dtype: allocating page-locked memory costs as much as a step, and freeing it
+        may synchronise the device, so a run (one per join or change of k) takes them from here."""
+        key = (name, tuple(int(d) for d in shape), np.dtype(dtype).str)
+        if key not in self._readbacks:
+            self._readbacks[key] = StepReadbacks(self.graphs.arrays, shape, dtype)
+        return self._readbacks[key]
 
     def graph_names(self, name: str) -> list[str]:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
@@ -192,6 +203,10 @@ class TargetModel:
         """Drops the state, control and hand-over buffers (Session.close), even while stale objects still hold this model."""
         self.states.release()
         self._control.clear()
+        with self.graphs.device_lock:  # freeing page-locked memory may synchronise the device
+            for readbacks in self._readbacks.values():
+                readbacks.close()
+            self._readbacks.clear()
         for hand_over in self.hand_overs:
             hand_over.release()
 
