@@ -107,14 +107,13 @@ class Decoder:
         self.engine = engine or Engine.create(graphs, batch_size, k, stages)
         self.policy = policy_for(k, k_chooser)
         self.fixed_rows = (arrays.device != "cpu" or exact is not None) if fixed_rows is None else fixed_rows
-        self.max_length = graphs.manifest.max_length
-        self.forwards = FixedShape(self.engine.target, exact) if exact else ShapePerCall(self.engine.target)
+        forwards = FixedShape(self.engine.target, exact) if exact else ShapePerCall(self.engine.target)
         mtp = self.engine.mtp
         self.head = Head(mtp, arrays, pad_lengths=pads_prompts(graphs)) if mtp is not None else None
         source = make_drafts(mtp) if mtp is not None else None
         device = stages == 1 and exact is None and (arrays.device == "cpu" or arrays.shared_stream)
         fused = fusable_ks(graphs.manifest, commit, exact is not None, stages) if fused_verify else frozenset()
-        self.kinds = StepKinds(self.engine, self.forwards, COMMITS[commit](self.forwards), source, self.head, stats,
+        self.kinds = StepKinds(self.engine, forwards, COMMITS[commit](forwards), source, self.head, stats,
                                device, fused)
         self.depth = int(device and (arrays.device != "cpu" if pipelined is None else pipelined))
         self.occupants: list[Request | None] = [None] * batch_size  # by row
@@ -124,6 +123,10 @@ class Decoder:
         self._run: Run | None = None  # the open run
         self._flight: Flight | None = None  # the step enqueued ahead, not read yet
         self._clock = StepClock(graphs, self.depth)
+
+    @property
+    def max_length(self) -> int:
+        return self.graphs.manifest.max_length
 
     @property
     def target(self):
@@ -187,7 +190,7 @@ class Decoder:
         else:
             self._close_run()
             batch = Batch(requests)
-            batch.park_finished(self.max_length - self.forwards.positions_used(plan.k))
+            batch.park_finished(self.max_length - self.kinds.forwards.positions_used(plan.k))
             self._clock.start_run()
             run = self._run = Run(plan, self.kinds.open(plan.kind, batch, plan.k, plan.drafts), requests, batch.rows)
             run.steps.enqueue(0, batch)
