@@ -52,6 +52,16 @@ def _k_or_auto(text: str):
         raise argparse.ArgumentTypeError(f'expected an integer or "auto"; got {text!r}')
 
 
+def _probability(text: str) -> float:
+    try:
+        p = float(text)
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability between 0 and 1 such as 0.8; got {text!r}")
+    return p
+
+
 def _k_list(text: str) -> list:
     """-k of bench: comma-separated counts and "auto"."""
     return [_k_or_auto(x) for x in text.split(",")]
@@ -156,6 +166,10 @@ def _add_bench(sub) -> None:
     b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
                                                      "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
+    b.add_argument("--scripted-drafts", type=_probability, metavar="P", default=None,
+                   help="drafts right with probability P (each the greedy token, else that token + 1) instead "
+                        "of the MTP head's, which still runs every step: a random-weight model at a real head's "
+                        "acceptance (0.8: Qwen3.5's published MTP agreement)")
     _add_run_options(b, max_new_tokens=64)
     b.add_argument("--transformers", metavar="CHECKPOINT",
                    help="also time transformers' greedy generate on this HF checkpoint (same weights)")
@@ -287,7 +301,8 @@ def _bench(args) -> None:
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
                                           devices=args.devices, prompt_texts=texts, exact=args.exact,
-                                          exact_batch_size=args.exact_batch_size) for model in models])
+                                          exact_batch_size=args.exact_batch_size, scripted_p=args.scripted_drafts)
+                                for model in models])
         if args.transformers:
             from .bench import transformers_greedy
             from .session import Session

@@ -11,6 +11,7 @@ from pathlib import Path
 import ortspec
 from ortspec.speculative.exactness import ExactnessError, check_speculative
 from tools.make_tiny_checkpoint import FULL, LINEAR, make_checkpoint
+from tools.stream_checkpoint import QWEN35_08B, write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "models" / "tiny-qwen35"
@@ -29,6 +30,9 @@ LARGE = dict(hidden_size=2048, intermediate_size=6144, vocab_size=32768, num_att
              linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True,
              layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 3)
 PRESETS = {"medium": (MEDIUM, dict(seed=7, draft_agreement=10.0)), "large": (LARGE, dict(seed=3))}
+# Checkpoints of a real model's shape, written tensor by tensor (tools/stream_checkpoint.py), stored float16:
+# Qwen3.5-0.8B's (hidden 1024, 24 layers, vocabulary 248,320, tied embeddings, one MTP layer).
+STREAMED = {"qwen35-0.8b": (QWEN35_08B, dict(seed=0, dtype="float16"))}
 
 # Prompt sets (token ids of the random models; text for the trained one).
 IDENTITY_PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
@@ -56,7 +60,10 @@ def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline
 
 
 def random_checkpoint(out: Path, preset: str) -> Path:
-    """A random checkpoint of MEDIUM or LARGE (fixed seeds) in out."""
+    """A random checkpoint of MEDIUM, LARGE (fixed seeds) or a STREAMED shape in out."""
+    if preset in STREAMED:
+        config, options = STREAMED[preset]
+        return write_random_checkpoint(out, **options, **config)
     config, options = PRESETS[preset]
     make_checkpoint(out, **options, **config)
     return out

@@ -54,11 +54,14 @@ def run(args) -> int:
     return 0
 
 
-def build_large(out: Path, dtype: str = "float16") -> Path:
+def build_large(out: Path, dtype: str = "float16", preset: str = "large") -> Path:
     """LARGE as this subcommand runs it (tools/gpu.py agree too): the random checkpoint (its
-    preset's seed) in out/large_ck, converted in out/large_fp16 (float16) or out/large_{dtype}."""
-    name = "large_fp16" if dtype == "float16" else f"large_{dtype}"
-    return convert(random_checkpoint(out / "large_ck", "large"), out / name, dtype=dtype)
+    preset's seed) in out/large_ck, converted in out/large_fp16 (float16) or out/large_{dtype}.
+    preset: another random model (common.PRESETS, common.STREAMED) in out/{preset}_ck and
+    out/{preset}_fp16 or out/{preset}_{dtype}."""
+    name = "large" if preset == "large" else preset
+    converted = f"{name}_fp16" if dtype == "float16" else f"{name}_{dtype}"
+    return convert(random_checkpoint(out / f"{name}_ck", preset), out / converted, dtype=dtype)
 
 
 def copy_bandwidth() -> float:
