@@ -52,6 +52,16 @@ def _k_or_auto(text: str):
         raise argparse.ArgumentTypeError(f'expected an integer or "auto"; got {text!r}')
 
 
+def _draft_vocab(text: str):
+    """--draft-vocab: "auto" or a token count (0: none)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a token count such as 32768, 0 for none, or "auto"; got {text!r}')
+
+
 def _probability(text: str) -> float:
     try:
         p = float(text)
@@ -126,6 +136,13 @@ def _add_convert(sub) -> None:
     c.add_argument("--mtp-quant", choices=["auto", "int4", "none"], default="auto",
                    help="the MTP draft head's weights: int4 (cheaper drafts; the output is the target's), none (the "
                         "model's dtype), or auto (default: int4 for a float32 model, none for float16/bfloat16)")
+    c.add_argument("--draft-vocab", type=_draft_vocab, default="auto", metavar="N",
+                   help="the MTP head drafts from the N most frequent tokens only (its lm_head cut to N columns; "
+                        "the output stays the target's): auto (default: 32768 for a vocabulary from 65536 up, "
+                        "none below), N, or 0 for none")
+    c.add_argument("--draft-corpus", metavar="FILE", default=None,
+                   help="a text file whose token frequencies rank the draft vocabulary (needs tokenizer.json; "
+                        "default: token ids rank it, a BPE vocabulary's merge order)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -234,7 +251,8 @@ def _convert(args) -> None:
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
-                  mtp_quant=args.mtp_quant, activations=args.activations, overwrite=args.overwrite)
+                  mtp_quant=args.mtp_quant, activations=args.activations, draft_vocab=args.draft_vocab,
+                  draft_corpus=args.draft_corpus, overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 
