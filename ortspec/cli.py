@@ -52,7 +52,7 @@ def _k_or_auto(text: str):
         raise argparse.ArgumentTypeError(f'expected an integer or "auto"; got {text!r}')
 
 
-def _draft_vocab(text: str):
+def parse_draft_vocab(text: str):
     """--draft-vocab: "auto" or a token count (0: none)."""
     if text == "auto":
         return text
@@ -136,7 +136,7 @@ def _add_convert(sub) -> None:
     c.add_argument("--mtp-quant", choices=["auto", "int4", "none"], default="auto",
                    help="the MTP draft head's weights: int4 (cheaper drafts; the output is the target's), none (the "
                         "model's dtype), or auto (default: int4 for a float32 model, none for float16/bfloat16)")
-    c.add_argument("--draft-vocab", type=_draft_vocab, default="auto", metavar="N",
+    c.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto", metavar="N",
                    help="the MTP head drafts from the N most frequent tokens only (its lm_head cut to N columns; "
                         "the output stays the target's): auto (default: 32768 for a vocabulary from 65536 up, "
                         "none below), N, or 0 for none")

@@ -60,6 +60,10 @@ def make_feeds(session: ort.InferenceSession, manifest: Manifest, name: str, row
     rng = np.random.default_rng(seed)
     reach = rows - 1 if name.startswith("mtp_propose") else 1  # the drafts reach k-1 slots past row a
     window = window_slots(manifest.max_length, position + rows - 1, reach) if manifest.attention_window else None
+    if name.startswith("verify_mtp") and manifest.attention_window:  # the head's cache: k slots further (Wm)
+        head_window = window_slots(manifest.max_length, position + rows - 1, rows - 1)
+    else:
+        head_window = window
     feeds = {}
     for i in session.get_inputs():
         if i.name == "input_ids":
@@ -70,10 +74,11 @@ def make_feeds(session: ort.InferenceSession, manifest: Manifest, name: str, row
             feeds[i.name] = np.zeros(batch, np.int64)
         elif i.name in manifest.states:
             state = (0.1 * rng.standard_normal([batch] + manifest.states[i.name]["shape"][1:])).astype(np.float32)
-            if window is not None and manifest.states[i.name]["kind"].endswith("kv_key"):
-                state = state[..., :window]
-            elif window is not None and manifest.states[i.name]["kind"].endswith("kv_value"):
-                state = state[:, :, :window]
+            slots = head_window if manifest.states[i.name]["kind"].startswith("mtp_") else window
+            if slots is not None and manifest.states[i.name]["kind"].endswith("kv_key"):
+                state = state[..., :slots]
+            elif slots is not None and manifest.states[i.name]["kind"].endswith("kv_value"):
+                state = state[:, :, :slots]
             feeds[i.name] = np.ascontiguousarray(state)
         else:  # the MTP head's hidden input [B, M, H]
             shape = [batch] + [d if isinstance(d, int) else rows for d in i.shape[1:]]

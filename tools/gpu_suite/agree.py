@@ -49,6 +49,7 @@ from pathlib import Path
 
 import ortspec
 from ortspec.bench import scripted_drafts
+from ortspec.cli import parse_draft_vocab
 from ortspec.errors import OrtspecError
 from ortspec.speculative.stats import PHASES
 
@@ -72,6 +73,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--preset", choices=["large", *STREAMED], default="large",
                         help="the random model built when --model is not given: LARGE (1.0B, vocabulary 32,768) or "
                              "qwen35-0.8b (Qwen3.5-0.8B's shape: 24 layers, vocabulary 248,320; tools/stream_checkpoint.py)")
+    parser.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
+                        help="convert --draft-vocab for the model built: auto (32768 tokens for qwen35-0.8b, none for "
+                             "LARGE), N, or 0 for the full-vocabulary draft head")
     parser.add_argument("--out", default="/tmp/ortspec_gpu_agree", help="working directory (LARGE's checkpoint "
                                                                          "and conversion)")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda", help="cpu: the logic, tiny sizes")
@@ -114,7 +118,7 @@ def run(args) -> int:
     check_arguments(args)
     budget, clock = Budget(args.budget_s), {}
     model = Path(args.model) if args.model else timed(clock, "build", build_large, Path(args.out), "float16",
-                                                      args.preset)
+                                                      args.preset, args.draft_vocab)
     sessions, refused = timed(clock, "sessions", open_sessions, model, args)
     prompts = token_prompts(sessions[0], args.prompts)
     oracles = timed(clock, "oracles", lambda: {b: greedy_oracle(sessions[0], prompts, b, args) for b in args.batches})

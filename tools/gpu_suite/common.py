@@ -49,14 +49,15 @@ ACTIVATIONS = "auto"  # convert's activations in every subcommand; tools/gpu.py 
 
 
 def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline_stages: int = 1,
-            quant: str | None = None) -> Path:
+            quant: str | None = None, draft_vocab="auto") -> Path:
     """ortspec.convert with K=4, quietly, replacing an earlier conversion at the same fixed path
     (the subcommands reconvert into fixed /tmp paths): every subcommand converts this way, with
-    the activations of ``--activations`` (int4 weights keep float32 ones: convert refuses "model")."""
+    the activations of ``--activations`` (int4 weights keep float32 ones: convert refuses "model")
+    and convert's draft vocabulary (auto: 32768 tokens from a 65536-token vocabulary up)."""
     activations = ACTIVATIONS if quant is None else "float32"
     return ortspec.convert(source, out, num_speculative_tokens=4, max_length=max_length, dtype=dtype,
-                           pipeline_stages=pipeline_stages, quant=quant, activations=activations, overwrite=True,
-                           progress=False)
+                           pipeline_stages=pipeline_stages, quant=quant, activations=activations,
+                           draft_vocab=draft_vocab, overwrite=True, progress=False)
 
 
 def random_checkpoint(out: Path, preset: str) -> Path:
