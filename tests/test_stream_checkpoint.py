@@ -41,3 +41,15 @@ def test_qwen35_08b_preset_has_the_published_shape():
     assert len(header) % 8 == 0 and entries["model.embed_tokens.weight"]["data_offsets"][1] - \
         entries["model.embed_tokens.weight"]["data_offsets"][0] == 2 * 248320 * 1024
     assert "qwen35-0.8b" in common.STREAMED
+
+
+def test_build_large_builds_a_streamed_preset(tmp_path, monkeypatch):
+    """tools/gpu.py agree --preset: the streamed checkpoint written and converted (here a tiny
+    shape in the preset's place), with the draft vocabulary asked for recorded."""
+    from ortspec.manifest import Manifest
+    from tools.gpu_suite import scale
+
+    monkeypatch.setitem(common.STREAMED, "qwen35-0.8b", (dict(vocab_size=512), dict(seed=0, dtype="float16")))
+    model = scale.build_large(tmp_path, dtype="float32", preset="qwen35-0.8b", draft_vocab=128)
+    assert model == tmp_path / "qwen35-0.8b_float32" and (tmp_path / "qwen35-0.8b_ck" / "model.safetensors").exists()
+    assert Manifest.load(model).draft_vocab["size"] == 128
