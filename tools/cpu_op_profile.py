@@ -14,7 +14,8 @@ graph a CPU Session loads: the CPU variant where the model has one), e.g.
 
 Two tables:
 - wall ms per Run without the profiler, graphs interleaved round by round (so machine noise
-  hits them alike): median and minimum, and the median's ratio to the first graph;
+  hits them alike): median and minimum, and the median's ratio to the first graph; and the
+  process CPU time per Run (every intra-op thread), median and ratio;
 - op time by op type from ONNX Runtime's profiler: per node the median over the runs (one
   slow run does not move it), summed by op type, with the number of nodes. The profiler adds
   a fixed cost per node, so compare columns, not the sum with the wall table.
@@ -104,10 +105,11 @@ class GraphProbe:
         for _ in range(3):  # warm-up: first runs allocate
             self.run()
 
-    def run(self) -> float:
-        start = time.perf_counter()
+    def run(self) -> tuple[float, float]:
+        """(wall seconds, process CPU seconds) of one Run."""
+        start, cpu_start = time.perf_counter(), time.process_time()
         self.session.run(None, self.feeds)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu_start
 
     def op_times(self) -> dict[str, tuple[float, int]]:
         """op type -> (sum over its nodes of the median kernel us per run, number of nodes)."""
@@ -133,16 +135,20 @@ VARIANTS = ("cpu", "portable")
 
 
 def wall_table(probes: list[GraphProbe], runs: int) -> str:
-    times = {p.name: [] for p in probes}
+    """Wall and process CPU time per Run (the CPU time counts every intra-op thread and moves far
+    less than the wall clock when other processes load the machine), medians' ratios to the first graph."""
+    times = {p.name: ([], []) for p in probes}
     for _ in range(runs):  # interleaved: every round runs every graph once
         for p in probes:
-            times[p.name].append(p.run())
-    base = statistics.median(times[probes[0].name])
-    lines = ["| graph | median ms | min ms | median / first |", "|---|---|---|---|"]
+            for kind, value in zip(times[p.name], p.run()):
+                kind.append(value)
+    base, cpu_base = (statistics.median(t) for t in times[probes[0].name])
+    lines = ["| graph | median ms | min ms | median / first | CPU ms (median) | CPU / first |", "|---|---|---|---|---|---|"]
     for p in probes:
-        t = times[p.name]
-        lines.append(f"| {p.name} | {1e3 * statistics.median(t):.2f} | {1e3 * min(t):.2f} | "
-                     f"{statistics.median(t) / base:.2f} |")
+        wall, cpu = times[p.name]
+        lines.append(f"| {p.name} | {1e3 * statistics.median(wall):.2f} | {1e3 * min(wall):.2f} | "
+                     f"{statistics.median(wall) / base:.2f} | {1e3 * statistics.median(cpu):.2f} | "
+                     f"{statistics.median(cpu) / cpu_base:.2f} |")
     return "\n".join(lines)
 
 
