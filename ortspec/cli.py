@@ -42,24 +42,24 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1; got {text!r}")
 
 
-def _k_or_auto(text: str):
-    """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
+def _count_or_auto(text: str, expected: str):
+    """An integer option that also takes "auto"."""
     if text == "auto":
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'expected an integer or "auto"; got {text!r}')
+        raise argparse.ArgumentTypeError(f'expected {expected} or "auto"; got {text!r}')
+
+
+def _k_or_auto(text: str):
+    """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
+    return _count_or_auto(text, "an integer")
 
 
 def parse_draft_vocab(text: str):
     """--draft-vocab: "auto" or a token count (0: none)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a token count such as 32768, 0 for none, or "auto"; got {text!r}')
+    return _count_or_auto(text, "a token count such as 32768, 0 for none,")
 
 
 def _probability(text: str) -> float:
