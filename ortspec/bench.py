@@ -16,6 +16,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .session import Session
+from .speculative.drafts import MTPDrafts, ScriptedDrafts
 
 PROMPT_TEXTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Parser:\n    def __init__(self, text):",
                 "for i in range(10):", "# Read the configuration file", "return sorted(items, key=lambda x:",
@@ -46,28 +47,54 @@ def read_prompts(path) -> list[str]:
     return texts
 
 
+def scripted_drafts(truths: list[list[int]], vocab_size: int, p: float, seed: int):
+    """make_drafts for one generate call whose row j holds the prompt of truths[j] (prompt + its
+    plain-greedy continuation): each draft is the greedy token with probability p, else that
+    token + 1 (ScriptedDrafts), so speculation runs at a set acceptance while the MTP head still
+    runs every catch-up (a step costs what it would with a trained head). A placeholder row (a
+    CUDA batch bucket's padding) is its own truth."""
+
+    def truth(request) -> list[int]:
+        return request.tokens if request.placeholder else truths[request.row]
+
+    return lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab_size, p=p, seed=seed)
+
+
+def greedy_truths(session: Session, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """prompt + plain greedy continuation per prompt (in one call of this batch size), K tokens
+    longer than max_new_tokens (K: the conversion's largest k; a last step drafts past the end)."""
+    longest = session.manifest.num_speculative_tokens
+    outputs = session.generate(prompts, max_new_tokens=max_new_tokens + longest)
+    return [list(p) + list(o) for p, o in zip(prompts, outputs)]
+
+
 def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, repeats=3, provider="cpu",
               commit="select", threads=None, progress=True, pipeline_stages=1, devices=None,
-              prompt_texts: list[str] | None = None, exact=False, exact_batch_size=16) -> dict:
-    sessions = {k: Session(model_dir, provider=provider, num_speculative_tokens=k, commit=commit, threads=threads,
-                           pipeline_stages=pipeline_stages, devices=devices, exact=exact,
-                           exact_batch_size=exact_batch_size)
-                for k in ks}
+              prompt_texts: list[str] | None = None, exact=False, exact_batch_size=16,
+              scripted_p: float | None = None) -> dict:
+    """scripted_p: drafts right with this probability (scripted_drafts) instead of the head's own,
+    for random-weight models whose heads never draft the target's tokens."""
+    def session(k):
+        return Session(model_dir, provider=provider, num_speculative_tokens=k, commit=commit, threads=threads,
+                       pipeline_stages=pipeline_stages, devices=devices, exact=exact, exact_batch_size=exact_batch_size)
+
+    sessions = {k: session(k) for k in ks}
     samples = {(k, b): [] for k in ks for b in batches}
     cpu = {key: [] for key in samples}  # process CPU time: with one intra-op thread, machine load barely moves it
     stats = {}
+    options = _draft_options(lambda: sessions.get(0) or session(0), batches, max_new_tokens, prompt_texts, scripted_p)
     for k, b in samples:  # warm-up: first runs allocate and initialise; auto k climbs to its best k, a call a
         # window (speculative/auto_k.py), as a Session serving requests would have long before
         for _ in range(sessions[k].k + 4 if k == "auto" else 1):
             sessions[k].generate(_prompts(sessions[k], b, prompt_texts), max_new_tokens=max_new_tokens if k == "auto"
-                                 else 8)
+                                 else 8, **options(k, b, 0))
     bar = tqdm(total=repeats * len(samples), desc="ortspec bench", disable=not progress)
-    for _ in range(repeats):
+    for r in range(repeats):
         for (k, b), times in samples.items():
             session = sessions[k]
             session.reset_stats()
             start, cpu_start = time.perf_counter(), time.process_time()
-            session.generate(_prompts(session, b, prompt_texts), max_new_tokens=max_new_tokens)
+            session.generate(_prompts(session, b, prompt_texts), max_new_tokens=max_new_tokens, **options(k, b, r + 1))
             times.append(time.perf_counter() - start)
             cpu[(k, b)].append(time.process_time() - cpu_start)
             stats[(k, b)] = session.stats
@@ -100,8 +127,21 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
     exact_shape = sessions[ks[0]].exact
     return {"model": str(model_dir), "provider": provider, "commit": commit, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "threads": threads, "pipeline_stages": pipeline_stages, "prompts": prompt_texts or "bench",
+            "scripted_drafts": scripted_p,
             "devices": sessions[ks[0]].devices, "rows": rows,
             "exact": dataclasses.asdict(exact_shape) if exact_shape else None}
+
+
+def _draft_options(greedy_session, batches, max_new_tokens: int, prompt_texts, scripted_p: float | None):
+    """(k, batch, round) -> generate's extra options: none, or with scripted_p the scripted
+    drafts of that batch's prompts (their truths from one call per batch size of the greedy
+    Session ``greedy_session()`` returns; a seed per round)."""
+    if scripted_p is None:
+        return lambda k, b, r: {}
+    greedy = greedy_session()
+    truths = {b: greedy_truths(greedy, _prompts(greedy, b, prompt_texts), max_new_tokens) for b in batches}
+    vocab = greedy.manifest.spec.vocab_size
+    return lambda k, b, r: {} if k == 0 else {"make_drafts": scripted_drafts(truths[b], vocab, scripted_p, seed=r)}
 
 
 def converted_models(model, dtypes: list[str] | None, num_speculative_tokens: int, workdir: Path,

@@ -51,14 +51,34 @@ def _batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _k_or_auto(text: str):
-    """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
+def _count_or_auto(text: str, expected: str):
+    """An integer option that also takes "auto"."""
     if text == "auto":
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'expected an integer or "auto"; got {text!r}')
+        raise argparse.ArgumentTypeError(f'expected {expected} or "auto"; got {text!r}')
+
+
+def _k_or_auto(text: str):
+    """-k of generate and serve: a count, or "auto" (the Session chooses k per step)."""
+    return _count_or_auto(text, "an integer")
+
+
+def parse_draft_vocab(text: str):
+    """--draft-vocab: "auto" or a token count (0: none)."""
+    return _count_or_auto(text, "a token count such as 32768, 0 for none,")
+
+
+def _probability(text: str) -> float:
+    try:
+        p = float(text)
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability between 0 and 1 such as 0.8; got {text!r}")
+    return p
 
 
 def _k_list(text: str) -> list:
@@ -130,6 +150,13 @@ def _add_convert(sub) -> None:
                         "recurrence once per row), state_window (the fused ops' own state windows; CUDA only, "
                         "k <= 7) or transition (the rows' transition record, replayed onto the state by one native "
                         "kernel); the CPU variants run per row whatever it is")
+    c.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto", metavar="N",
+                   help="the MTP head drafts from the N most frequent tokens only (its lm_head cut to N columns; "
+                        "the output stays the target's): auto (default: 32768 for a vocabulary from 65536 up, "
+                        "none below), N, or 0 for none")
+    c.add_argument("--draft-corpus", metavar="FILE", default=None,
+                   help="a text file whose token frequencies rank the draft vocabulary (needs tokenizer.json; "
+                        "default: token ids rank it, a BPE vocabulary's merge order)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -170,6 +197,10 @@ def _add_bench(sub) -> None:
     b.add_argument("--prompts", metavar="FILE", help="JSON list of prompt texts (default: the bench's own 8 code "
                                                      "prompts), e.g. benchmarks/heldout_prompts.json")
     b.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median is reported")
+    b.add_argument("--scripted-drafts", type=_probability, metavar="P", default=None,
+                   help="drafts right with probability P (each the greedy token, else that token + 1) instead "
+                        "of the MTP head's, which still runs every step: a random-weight model at a real head's "
+                        "acceptance (0.8: Qwen3.5's published MTP agreement)")
     _add_run_options(b, max_new_tokens=64)
     b.add_argument("--transformers", metavar="CHECKPOINT",
                    help="also time transformers' greedy generate on this HF checkpoint (same weights)")
@@ -248,7 +279,7 @@ def _convert(args) -> None:
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
                   mtp_quant=args.mtp_quant, activations=args.activations, gdn_verify=args.gdn_verify,
-                  overwrite=args.overwrite)
+                  draft_vocab=args.draft_vocab, draft_corpus=args.draft_corpus, overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 
@@ -315,7 +346,8 @@ def _bench(args) -> None:
                                           repeats=args.repeats, provider=args.provider, commit=args.commit,
                                           threads=args.threads, pipeline_stages=args.pipeline_stages,
                                           devices=args.devices, prompt_texts=texts, exact=args.exact,
-                                          exact_batch_size=args.exact_batch_size) for model in models])
+                                          exact_batch_size=args.exact_batch_size, scripted_p=args.scripted_drafts)
+                                for model in models])
         if args.transformers:
             from .bench import transformers_greedy
             from .session import Session

@@ -5,6 +5,9 @@ uses, the weight layout of weights.bin, every state tensor (kind, shape, dtype) 
 runtime allocates states without guessing, and the size and sha256 of every file in the
 directory (integrity.py), so a load refuses a directory that is not what was converted.
 
+``draft_vocab`` (added within ortspec/2): {"size": N, "source", "tensor"} where the MTP head
+drafts from N tokens only (converter/draft_vocab.py); absent or null in older manifests: none.
+
 ``activations`` (added within ortspec/2) is the dtype between layers: "float32", or the model's
 float16/bfloat16 (``convert(activations="model")``); a manifest written before it reads as
 "float32", which is what its graphs run. ``gdn_verify`` (also within ortspec/2) is the form of the
@@ -161,6 +164,7 @@ class Manifest:
     attention_window: bool = False  # the graphs attend over the first W KV slots they are given
     activations: str = "float32"  # the dtype between layers: float32 or the model's dtype (converter/layers.py)
     gdn_verify: str = "per_row"  # the form of the portable select verifies' GDN layers (GDN_VERIFY_FORMS)
+    draft_vocab: dict | None = None  # {"size": N, "source", "tensor"}: the head drafts from N tokens (converter/draft_vocab.py)
 
     @property
     def num_stages(self) -> int:
@@ -206,11 +210,12 @@ class Manifest:
     @classmethod
     def create(cls, spec, *, max_length, num_speculative_tokens, dtype, weights, graphs, tokenizer_files,
                source, model_type, stage_layers, quant=None, files=None, mtp_quant=None,
-               activations="float32", gdn_verify="per_row") -> "Manifest":
+               activations="float32", gdn_verify="per_row", draft_vocab=None) -> "Manifest":
         return cls(Path("."), spec, max_length, num_speculative_tokens, dtype, weights, graphs,
                    state_table(spec, max_length, "mtp" in graphs), tokenizer_files,
                    {"checkpoint": source, "model_type": model_type}, stage_layers, quant, dict(files or {}),
-                   mtp_quant, attention_window=True, activations=activations, gdn_verify=gdn_verify)
+                   mtp_quant, attention_window=True, activations=activations, gdn_verify=gdn_verify,
+                   draft_vocab=draft_vocab)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -225,6 +230,7 @@ class Manifest:
             "attention_window": self.attention_window,
             "activations": self.activations,
             "gdn_verify": self.gdn_verify,
+            "draft_vocab": self.draft_vocab,
             "weights": {"file": WEIGHTS_FILE, "tensors": self.weights},
             "graphs": self.graphs,
             "states": self.states,
@@ -249,7 +255,7 @@ class Manifest:
                    doc["weights"]["tensors"], doc["graphs"], doc["states"], doc["tokenizer"]["files"],
                    doc.get("source", {}), doc.get("pipeline", {}).get("stage_layers", []), doc.get("quant"),
                    doc["files"], doc.get("mtp_quant"), bool(doc.get("attention_window", False)),
-                   doc.get("activations", "float32"), doc.get("gdn_verify", "per_row"))
+                   doc.get("activations", "float32"), doc.get("gdn_verify", "per_row"), doc.get("draft_vocab"))
 
     def verify(self) -> dict[str, int]:
         """Re-hashes every file against its recorded checksum (reads every byte); raises
@@ -284,6 +290,7 @@ def _read_document(model_dir: Path) -> dict:
         _check_field(doc, dotted, kind, path)
     _check_activations(doc, path)
     _check_gdn_verify(doc, path)
+    _check_draft_vocab(doc, path)
     _check_files(doc, path)
     return doc
 
@@ -302,6 +309,18 @@ def _check_gdn_verify(doc: dict, path: Path) -> None:
     if form not in GDN_VERIFY_FORMS:
         raise ModelDirError(f"{path} has gdn_verify {form!r}, not one of {', '.join(GDN_VERIFY_FORMS)}; "
                             f"{_reconvert(path.parent, doc)}")
+def _check_draft_vocab(doc: dict, path: Path) -> None:
+    """draft_vocab, where recorded (absent or null: none), names an int64 [N] tensor of weights.bin
+    with N its size, below the vocabulary."""
+    entry = doc.get("draft_vocab")
+    if entry is None:
+        return
+    tensor = doc["weights"]["tensors"].get(entry.get("tensor")) if isinstance(entry, dict) else None
+    size = entry.get("size") if isinstance(entry, dict) else None
+    vocab = doc["model"].get("vocab_size") if isinstance(doc["model"], dict) else None
+    if not (isinstance(size, int) and isinstance(vocab, int) and 0 < size < vocab and isinstance(tensor, dict)
+            and tensor.get("dtype") == "int64" and tensor.get("shape") == [size]):
+        raise ModelDirError(f"{path} has an invalid draft_vocab {entry!r}; {_reconvert(path.parent, doc)}")
 
 
 def _check_field(doc: dict, dotted: str, kind: type, path: Path) -> None:

@@ -220,7 +220,7 @@ def test_op_count_tables_both_activations(models, capsys):
                      "float32,model", "-k", "1"]) == 0
     text = capsys.readouterr().out
     assert "float16, activations float32" in text and "float16, activations model" in text
-    decode_rows = [line.split("|")[3].strip() for line in text.splitlines() if line.startswith("| decode |")]
+    decode_rows = [line.split("|")[4].strip() for line in text.splitlines() if line.startswith("| decode |")]  # Casts
     assert decode_rows == [str(4 * 6 + 3), str(2 * 4 + 1)]  # in and out of 3 products a layer, lm_head, embedding
 
 

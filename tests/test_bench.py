@@ -28,6 +28,25 @@ def test_bench_cli_writes_table_and_json(models, tmp_path, capsys):
     assert rows[(0, 2)]["cpu_speedup_vs_greedy"] == 1.0 and rows[(2, 2)]["cpu_seconds"] > 0
 
 
+@pytest.mark.parametrize("p,accepted", [(1.0, 1.0), (0.0, 0.0)])
+def test_bench_scripted_drafts_set_the_acceptance(models, tmp_path, p, accepted):
+    """--scripted-drafts P: drafts right with probability P whatever the head proposes (1: every
+    draft accepted, 0: none); greedy rows unchanged."""
+    code = main(["bench", str(models.converted("base")), "-k", "0,3", "--batch", "1,2", "--max-new-tokens", "9",
+                 "--repeats", "1", "--threads", "1", "--scripted-drafts", str(p), "--json", str(tmp_path / "b.json")])
+    assert code == 0
+    result = json.loads((tmp_path / "b.json").read_text())
+    rows = {(r["k"], r["batch"]): r for r in result["rows"]}
+    assert result["scripted_drafts"] == p and rows[(0, 2)]["acceptance_rate"] == 0.0
+    assert rows[(3, 1)]["acceptance_rate"] == rows[(3, 2)]["acceptance_rate"] == accepted
+
+
+def test_bench_refuses_a_probability_outside_0_1(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "x", "--scripted-drafts", "1.5"])
+    assert "expected a probability between 0 and 1" in capsys.readouterr().err
+
+
 def test_bench_converts_a_checkpoint_per_dtype(models, tmp_path, capsys):
     """`ortspec bench CHECKPOINT --dtype float32,float16`: both converted and benched side by side,
     each row labelled with its dtype and compared with greedy of its own dtype."""

@@ -233,7 +233,7 @@ def test_agree_tool_fails_when_the_drafts_are_not_the_scripted_ones(models, tmp_
     model = models.converted("base")
     status, result = agree_cpu(model, tmp_path, "--p", "0")
     assert status == 0 and [r["tokens_per_step"] for r in result["rows"] if r["k"] == 2] == [1.0, 1.0]
-    monkeypatch.setattr(agree, "scripted", lambda truths, vocab_size, p, seed: MTPDrafts)
+    monkeypatch.setattr(agree, "scripted_drafts", lambda truths, vocab_size, p, seed: MTPDrafts)
     status, result = agree_cpu(model, tmp_path)
     assert status == 1 and all(r["differ"] == 0 for r in result["rows"])
     assert all(abs(r["z"]) > agree.MAX_Z for r in result["rows"] if r["k"] == 2)

@@ -48,3 +48,15 @@ def test_views_launch_no_kernel():
              helper.make_node("Sigmoid", ["u"], ["y"]), helper.make_node("Cast", ["y"], ["z"], to=10)]
     graph = helper.make_graph(nodes, "g", [], [])
     assert kernel_ops(helper.make_model(graph)) == {"Sigmoid": 1, "Cast": 1}
+
+
+def test_cpu_variants_are_counted_with_their_views(models, tmp_path):
+    """--variant cpu: the {graph}.cpu.onnx a CPU Session runs, every node counted beside the kernels."""
+    from tools.op_count import graph_nodes, main
+
+    out = convert_small(models.checkpoint("base"), tmp_path / "f32")
+    portable, cpu = graph_kernel_ops(out, ["decode"]), graph_kernel_ops(out, ["decode"], variant="cpu")
+    assert "LinearAttention" in portable["decode"] and "LinearAttention" not in cpu["decode"]
+    nodes = graph_nodes(out, ["decode", "verify_k1"], variant="cpu")
+    assert nodes["decode"] > sum(cpu["decode"].values()) and set(nodes) == {"decode", "verify_k1"}
+    assert main([str(out), "--variant", "cpu"]) == 0

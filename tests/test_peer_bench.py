@@ -169,10 +169,13 @@ def og():
 
 @pytest.fixture(scope="module")
 def harness(og, tmp_path_factory):
-    """One whole run with the peer on the CPU: builder export, MTP head directory, both runtimes."""
+    """One whole run with the peer on the CPU: builder export, MTP head directory, both runtimes.
+    fp16 (the CUDA export with providers cleared): the peer's fp32 CPU export fails its MTP runs
+    (test_fp32_cpu_export_runs_the_peers_fused_cpu_kernels)."""
     work = tmp_path_factory.mktemp("peer")
-    code = main([str(TINY), "--provider", "cpu", "--k", "1", "--mtp", "1,2", "--prompts-per-set", "1",
-                 "--max-new-tokens", "8", "--rounds", "1", "--work", str(work), "--json", str(work / "r.json")])
+    code = main([str(TINY), "--provider", "cpu", "--precision", "fp16", "--k", "1", "--mtp", "1,2",
+                 "--prompts-per-set", "1", "--max-new-tokens", "8", "--rounds", "1", "--work", str(work),
+                 "--json", str(work / "r.json")])
     assert code == 0
     return work, json.loads((work / "r.json").read_text())
 
@@ -211,3 +214,23 @@ def test_harness_runs_both_runtimes_and_compares_their_tokens(harness):
     assert rows["ortspec k=1"]["differs_from_ortspec_greedy"] == 0
     assert all(rows[n]["differs_from_peer_eager"] is not None for n in ("peer mtp N=1", "peer mtp N=2"))
     assert rows["peer mtp N=2"]["tokens_per_step"] >= 1 and result["notes"]
+
+
+def test_fp32_cpu_export_runs_the_peers_fused_cpu_kernels(og, tmp_path):
+    """--provider cpu (default fp32): the builder's CPU export (LinearAttention and the other fused
+    CPU kernels), one intra-op thread on both sides, ortspec's float32 CPU graphs; same tokens.
+    (The peer's MTP head of that export fails in its own runtime, 0.18: "Cast - input and output
+    types are the same"; the harness reports that configuration's error and goes on.)"""
+    import onnx
+
+    code = main([str(TINY), "--provider", "cpu", "--threads", "1", "--k", "", "--mtp", "", "--prompts-per-set", "1",
+                 "--max-new-tokens", "8", "--rounds", "1", "--work", str(tmp_path), "--json", str(tmp_path / "r.json")])
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = {r["name"]: r for r in result["configs"]}
+    assert code == 0 and (result["precision"], result["threads"]) == ("fp32", 1)
+    assert rows["peer eager"]["error"] is None and rows["peer eager"]["differs_from_ortspec_greedy"] == 0
+    assert rows["ortspec greedy"]["tokens_per_cpu_second"] > 0
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "peer" / "model.onnx"), load_external_data=False).graph.node}
+    assert {"LinearAttention", "CausalConvWithState", "GroupQueryAttention"} <= ops
+    options = export.read_genai_config(tmp_path / "peer_cpu")["model"]["decoder"]["session_options"]
+    assert options["intra_op_num_threads"] == 1 and (tmp_path / "ortspec_fp32" / "decode.cpu.onnx").exists()

@@ -14,7 +14,8 @@ graph a CPU Session loads: the CPU variant where the model has one), e.g.
 
 Two tables:
 - wall ms per Run without the profiler, graphs interleaved round by round (so machine noise
-  hits them alike): median and minimum, and the median's ratio to the first graph;
+  hits them alike): median and minimum, and the median's ratio to the first graph; and the
+  process CPU time per Run (every intra-op thread), median and ratio;
 - op time by op type from ONNX Runtime's profiler: per node the median over the runs (one
   slow run does not move it), summed by op type, with the number of nodes. The profiler adds
   a fixed cost per node, so compare columns, not the sum with the wall table.
@@ -60,6 +61,10 @@ def make_feeds(session: ort.InferenceSession, manifest: Manifest, name: str, row
     rng = np.random.default_rng(seed)
     reach = rows - 1 if name.startswith("mtp_propose") else 1  # the drafts reach k-1 slots past row a
     window = window_slots(manifest.max_length, position + rows - 1, reach) if manifest.attention_window else None
+    if name.startswith("verify_mtp") and manifest.attention_window:  # the head's cache: k slots further (Wm)
+        head_window = window_slots(manifest.max_length, position + rows - 1, rows - 1)
+    else:
+        head_window = window
     feeds = {}
     for i in session.get_inputs():
         if i.name == "input_ids":
@@ -70,10 +75,11 @@ def make_feeds(session: ort.InferenceSession, manifest: Manifest, name: str, row
             feeds[i.name] = np.zeros(batch, np.int64)
         elif i.name in manifest.states:
             state = (0.1 * rng.standard_normal([batch] + manifest.states[i.name]["shape"][1:])).astype(np.float32)
-            if window is not None and manifest.states[i.name]["kind"].endswith("kv_key"):
-                state = state[..., :window]
-            elif window is not None and manifest.states[i.name]["kind"].endswith("kv_value"):
-                state = state[:, :, :window]
+            slots = head_window if manifest.states[i.name]["kind"].startswith("mtp_") else window
+            if slots is not None and manifest.states[i.name]["kind"].endswith("kv_key"):
+                state = state[..., :slots]
+            elif slots is not None and manifest.states[i.name]["kind"].endswith("kv_value"):
+                state = state[:, :, :slots]
             feeds[i.name] = np.ascontiguousarray(state)
         else:  # the MTP head's hidden input [B, M, H]
             shape = [batch] + [d if isinstance(d, int) else rows for d in i.shape[1:]]
@@ -99,10 +105,11 @@ class GraphProbe:
         for _ in range(3):  # warm-up: first runs allocate
             self.run()
 
-    def run(self) -> float:
-        start = time.perf_counter()
+    def run(self) -> tuple[float, float]:
+        """(wall seconds, process CPU seconds) of one Run."""
+        start, cpu_start = time.perf_counter(), time.process_time()
         self.session.run(None, self.feeds)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu_start
 
     def op_times(self) -> dict[str, tuple[float, int]]:
         """op type -> (sum over its nodes of the median kernel us per run, number of nodes)."""
@@ -128,16 +135,20 @@ VARIANTS = ("cpu", "portable")
 
 
 def wall_table(probes: list[GraphProbe], runs: int) -> str:
-    times = {p.name: [] for p in probes}
+    """Wall and process CPU time per Run (the CPU time counts every intra-op thread and moves far
+    less than the wall clock when other processes load the machine), medians' ratios to the first graph."""
+    times = {p.name: ([], []) for p in probes}
     for _ in range(runs):  # interleaved: every round runs every graph once
         for p in probes:
-            times[p.name].append(p.run())
-    base = statistics.median(times[probes[0].name])
-    lines = ["| graph | median ms | min ms | median / first |", "|---|---|---|---|"]
+            for kind, value in zip(times[p.name], p.run()):
+                kind.append(value)
+    base, cpu_base = (statistics.median(t) for t in times[probes[0].name])
+    lines = ["| graph | median ms | min ms | median / first | CPU ms (median) | CPU / first |", "|---|---|---|---|---|---|"]
     for p in probes:
-        t = times[p.name]
-        lines.append(f"| {p.name} | {1e3 * statistics.median(t):.2f} | {1e3 * min(t):.2f} | "
-                     f"{statistics.median(t) / base:.2f} |")
+        wall, cpu = times[p.name]
+        lines.append(f"| {p.name} | {1e3 * statistics.median(wall):.2f} | {1e3 * min(wall):.2f} | "
+                     f"{statistics.median(wall) / base:.2f} | {1e3 * statistics.median(cpu):.2f} | "
+                     f"{statistics.median(cpu) / cpu_base:.2f} |")
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """Kernel-launching ops per graph of a converted model: what prices a GPU step.
 
-    python tools/op_count.py MODEL_DIR [MODEL_DIR ...]                # converted model directories
+    python tools/op_count.py MODEL_DIR [MODEL_DIR ...] [--variant cpu]  # converted model directories
     python tools/op_count.py --convert CHECKPOINT --dtype float32,float16 [--activations float32,model] [-k 3]
 
 On the CUDA EP a decode of the 20M model is launch-bound: ~1.6-2 us per kernel, the GPU busy
@@ -11,7 +11,10 @@ the CPU still counts, so the count is an upper bound that moves one for one with
 The table lists the total, the Casts (a float16/bfloat16 model converted with float32 activations
 casts into and out of every product; ``--activations model`` keeps the residual stream in the
 model dtype) and the op kinds, most frequent first; tests/test_op_count.py holds the fp16
-decode of a tiny model under a bound so that a change re-adding casts fails.
+decode of a tiny model under a bound so that a change re-adding casts fails. --variant cpu
+counts the CPU variants a CPU Session runs ({graph}.cpu.onnx) instead of the portable graphs;
+there a view is no copy either, but each node still costs ONNX Runtime's dispatch (~0.2-0.3 us
+on the CPU), so the "nodes" column counts them all.
 """
 
 from __future__ import annotations
@@ -36,22 +39,30 @@ def kernel_ops(model: onnx.ModelProto) -> collections.Counter:
     return collections.Counter(n.op_type for n in model.graph.node if n.op_type not in VIEW_OPS)
 
 
-def graph_kernel_ops(model_dir: Path, graphs=GRAPHS) -> dict[str, collections.Counter]:
-    """graph name -> kernel_ops, for the graphs of ``graphs`` the model directory has."""
-    counts = {}
-    for name in graphs:
-        path = Path(model_dir) / f"{name}.onnx"
-        if path.is_file():
-            counts[name] = kernel_ops(onnx.load(str(path), load_external_data=False))
-    return counts
+def graph_kernel_ops(model_dir: Path, graphs=GRAPHS, variant: str | None = None) -> dict[str, collections.Counter]:
+    """graph name -> kernel_ops, for the graphs of ``graphs`` the model directory has (variant
+    "cpu": their CPU variants, {graph}.cpu.onnx)."""
+    return {name: kernel_ops(model) for name, model in _graphs(model_dir, graphs, variant).items()}
 
 
-def table(label: str, counts: dict[str, collections.Counter], top: int = 12) -> str:
-    """A markdown table: one row per graph, its total and its most frequent op kinds."""
-    rows = [f"#### {label}", "", "| graph | kernel ops | Casts | most frequent |", "|---|---|---|---|"]
+def graph_nodes(model_dir: Path, graphs=GRAPHS, variant: str | None = None) -> dict[str, int]:
+    """graph name -> every node, views included."""
+    return {name: len(model.graph.node) for name, model in _graphs(model_dir, graphs, variant).items()}
+
+
+def _graphs(model_dir: Path, graphs, variant: str | None) -> dict[str, onnx.ModelProto]:
+    suffix = f".{variant}.onnx" if variant else ".onnx"
+    paths = {name: Path(model_dir) / f"{name}{suffix}" for name in graphs}
+    return {name: onnx.load(str(path), load_external_data=False) for name, path in paths.items() if path.is_file()}
+
+
+def table(label: str, counts: dict[str, collections.Counter], top: int = 12, nodes: dict[str, int] | None = None) -> str:
+    """A markdown table: one row per graph, its total (and every node, views too), its Casts and
+    its most frequent op kinds."""
+    rows = [f"#### {label}", "", "| graph | kernel ops | nodes | Casts | most frequent |", "|---|---|---|---|---|"]
     for name, ops in counts.items():
         common = ", ".join(f"{op} {n}" for op, n in ops.most_common(top))
-        rows.append(f"| {name} | {sum(ops.values())} | {ops['Cast']} | {common} |")
+        rows.append(f"| {name} | {sum(ops.values())} | {(nodes or {}).get(name, '-')} | {ops['Cast']} | {common} |")
     return "\n".join(rows) + "\n"
 
 
@@ -75,6 +86,8 @@ def main(argv=None) -> int:
     parser.add_argument("--activations", default="float32",
                         help="activations to convert --convert with (comma separated: float32, model)")
     parser.add_argument("-k", type=int, default=3, help="largest k to convert --convert with (default 3)")
+    parser.add_argument("--variant", choices=["cpu"], default=None,
+                        help="count the CPU variants ({graph}.cpu.onnx, float32 models) instead of the portable graphs")
     args = parser.parse_args(argv)
     if not args.model_dirs and args.convert is None:
         parser.error("give converted model directories or --convert CHECKPOINT")
@@ -85,7 +98,9 @@ def main(argv=None) -> int:
             models += list(_converted(args.convert, args.dtype.split(","), args.activations.split(","), args.k,
                                       Path(work)))
         for label, model_dir in models:
-            print(table(label, graph_kernel_ops(model_dir, graphs)))
+            label += f", {args.variant} variants" if args.variant else ""
+            print(table(label, graph_kernel_ops(model_dir, graphs, args.variant),
+                        nodes=graph_nodes(model_dir, graphs, args.variant)))
     return 0
 
 

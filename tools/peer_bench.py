@@ -4,9 +4,11 @@
     python tools/peer_bench.py --large [--work DIR]       # the 1B random model of tools/gpu.py scale
     python tools/peer_bench.py --report F.json            # print the tables of an earlier run
 
-1. Export: ortspec converts the checkpoint (fp16); the peer's own builder exports the re-laid
-   checkpoint (fp16, CUDA EP) and the harness writes its MTP head directory and CUDA-graph
-   variants (tools/peer/export.py).
+1. Export: ortspec converts the checkpoint (fp16; with --provider cpu float32, whose CPU graph
+   variants a CPU Session runs); the peer's own builder exports the re-laid checkpoint (fp16 for
+   its CUDA EP; with --provider cpu fp32 for its CPU EP, with its fused CPU kernels) and the
+   harness writes its MTP head directory and CUDA-graph variants (tools/peer/export.py).
+   --precision overrides the choice for both; --threads gives both the same intra-op threads.
 2. Interleaved rounds over the bench's code prompts and a held-out set (tools/peer/prompts.py),
    batch 1, 128 new tokens: ortspec greedy and k = 1..4; peer eager and CUDA-graph greedy; peer
    MTP N = 1..4, eager and with graphs. tok/s and ms/token are medians over rounds (min-max
@@ -38,6 +40,7 @@ from tools.peer import export, profile, relayout, report, rounds, runners  # noq
 from tools.peer.progress import say  # noqa: E402
 from tools.peer.prompts import load_prompts  # noqa: E402
 
+DTYPES = {"fp16": "float16", "fp32": "float32"}  # --precision -> ortspec.convert's dtype
 DEFAULT_PROFILE = ("ortspec greedy", "ortspec k=2", "peer eager", "peer graph", "peer mtp N=2", "peer mtp N=2 graph")
 
 
@@ -50,6 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reuse-exports", action="store_true", help="keep --work's exports if made from this checkpoint")
     p.add_argument("--json", type=Path)
     p.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--precision", choices=("fp16", "fp32"), default=None,
+                   help="both exports' precision (default: fp16 on cuda, fp32 on cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads of both runtimes' sessions (default: ONNX Runtime's choice)")
     p.add_argument("--skip-peer", action="store_true", help="ortspec only (no onnxruntime-genai needed)")
     p.add_argument("--no-graph", action="store_true", help="leave out the peer's CUDA-graph configurations")
     p.add_argument("--k", default="1,2,3,4", help="ortspec speculative k values (greedy always runs)")
@@ -99,8 +106,8 @@ def large_checkpoint(work: Path) -> Path:
 def make_runners(args, ortspec_dir: Path, peer_dirs, order: list, errors: dict) -> dict:
     """name -> runner; every wanted name goes to `order` (report order), and a configuration
     that cannot be built to `errors` with its message."""
-    wanted = [("ortspec greedy", lambda: runners.OrtspecRunner(ortspec_dir, args.provider, 0))]
-    wanted += [(f"ortspec k={k}", lambda k=k: runners.OrtspecRunner(ortspec_dir, args.provider, k))
+    wanted = [("ortspec greedy", lambda: runners.OrtspecRunner(ortspec_dir, args.provider, 0, args.threads))]
+    wanted += [(f"ortspec k={k}", lambda k=k: runners.OrtspecRunner(ortspec_dir, args.provider, k, args.threads))
                for k in int_list(args.k, "k")]
     if peer_dirs is not None:
         models = runners.PeerModels(peer_dirs)
@@ -134,21 +141,28 @@ def profile_all(args, built: dict, prompt, floor: dict, bandwidth: float) -> dic
     return profiles
 
 
+def precision(args) -> str:
+    """--precision, or the provider's: fp16 on CUDA, fp32 on the CPU."""
+    return args.precision or ("fp32" if args.provider == "cpu" else "fp16")
+
+
 def export_both(args, checkpoint: Path, result: dict):
-    """ortspec's fp16 conversion, then the peer's export (a failure there leaves ortspec running).
-    With --reuse-exports both are kept from an earlier run when exports.json shows it was made
-    from the same checkpoint files and max_length (the host script's retry uses this)."""
-    stamp_path, stamp = args.work / "exports.json", export.source_stamp(checkpoint, args.max_length)
+    """ortspec's conversion, then the peer's export (a failure there leaves ortspec running), both
+    in precision(args). With --reuse-exports both are kept from an earlier run when exports.json
+    shows it was made from the same checkpoint files, max_length and precision (the host
+    script's retry uses this)."""
+    chosen = precision(args)
+    stamp_path, stamp = args.work / "exports.json", export.source_stamp(checkpoint, args.max_length, chosen)
     reuse = args.reuse_exports and stamp_path.exists() and json.loads(stamp_path.read_text()) == stamp
-    ortspec_dir = args.work / "ortspec_fp16"
+    ortspec_dir = args.work / f"ortspec_{chosen}"
     if not reuse:
         stamp_path.unlink(missing_ok=True)
         for stale in (ortspec_dir, args.work / "peer"):  # never reuse an export of another checkpoint
             shutil.rmtree(stale, ignore_errors=True)
-        say(f"converting {checkpoint} with ortspec (fp16)")
+        say(f"converting {checkpoint} with ortspec ({chosen})")
         start = time.perf_counter()
-        ortspec.convert(checkpoint, ortspec_dir, num_speculative_tokens=4, dtype="float16", max_length=args.max_length,
-                        progress=False)
+        ortspec.convert(checkpoint, ortspec_dir, num_speculative_tokens=4, dtype=DTYPES[chosen],
+                        max_length=args.max_length, progress=False)
         result["setup"]["ortspec_convert_s"] = time.perf_counter() - start
         stamp_path.write_text(json.dumps(stamp))
     result["setup"]["reused_exports"] = reuse
@@ -157,9 +171,9 @@ def export_both(args, checkpoint: Path, result: dict):
     start = time.perf_counter()
     try:
         if reuse and (args.work / "peer" / "genai_config.json").exists():
-            return ortspec_dir, export.model_dirs(args.work / "peer", args.provider)
-        say("exporting with onnxruntime-genai's builder (fp16, CUDA EP)")
-        peer_dirs = export.export_peer(checkpoint, args.work, args.provider)
+            return ortspec_dir, export.model_dirs(args.work / "peer", args.provider, args.threads)
+        say(f"exporting with onnxruntime-genai's builder ({chosen}, {'CPU' if chosen == 'fp32' else 'CUDA'} EP)")
+        peer_dirs = export.export_peer(checkpoint, args.work, args.provider, chosen, args.threads)
     except Exception as err:  # noqa: BLE001
         result["setup"]["peer_error"] = f"{type(err).__name__}: {err}"
         result["notes"].append(f"the peer's export failed ({type(err).__name__}: {str(err).splitlines()[0]}); "
@@ -244,14 +258,16 @@ def run(args) -> int:
     if not (checkpoint / "config.json").is_file():
         raise CheckpointNotFoundError(f"{checkpoint} has no config.json: pass a HuggingFace checkpoint directory")
     prompts = checked_prompts(args, checkpoint)
-    result = {"checkpoint": str(checkpoint), "provider": args.provider, "max_new_tokens": args.max_new_tokens,
+    result = {"checkpoint": str(checkpoint), "provider": args.provider, "precision": precision(args),
+              "threads": args.threads, "max_new_tokens": args.max_new_tokens,
               "max_length": args.max_length, "num_prompts": len(prompts), "prompts": [vars(p) for p in prompts],
               "setup": {}, "notes": [], "complete": False, "versions": versions(args.provider)}
     report.write_json(result, args.json)
     ortspec_dir, peer_dirs = export_both(args, checkpoint, result)
     if args.provider == "cpu" and peer_dirs is not None:
-        result["notes"].append("peer on the CPU: its fp16 CUDA export with providers cleared and shared_initializers "
-                               "dropped (its CPU runtime refuses them); no graph configurations")
+        export_kind = "fp32 CPU export" if precision(args) == "fp32" else "fp16 CUDA export with providers cleared"
+        result["notes"].append(f"peer on the CPU: its {export_kind}, shared_initializers dropped (its CPU runtime "
+                               f"refuses them), {args.threads or 'default'} intra-op threads; no graph configurations")
     if args.provider == "cuda":
         add_floor(result, checkpoint, prompts)
     say("loading the configurations")

@@ -209,6 +209,38 @@ def window_invariant(threads: int = 1, seed: int = 0) -> bool:
     return all(np.array_equal(outputs[0], o) for o in outputs[1:])
 
 
+def gqa_rows_invariant(threads: int = 1, seed: int = 0, past: int = 20) -> bool:
+    """com.microsoft GroupQueryAttention (the peer's CPU attention), M new rows over a past of
+    `past` slots in one call against M one-row calls, each row's key and value appended to the
+    past (present_key/present_value) before the next: the same bits for every row? The CPU
+    graphs do not use it (they run FusedMatMul over a merged cache view: make_attention)."""
+    nh, kvh, hd = 6, 2, 64
+    node = _ms("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens", "total"], ["o", "ok", "ov"],
+               num_heads=nh, kv_num_heads=kvh, scale=hd ** -0.5)
+    types = dict.fromkeys(("q", "k", "v", "pk", "pv"), F32) | {"seqlens": TensorProto.INT32, "total": TensorProto.INT32}
+    graph = helper.make_graph([node], "gqa", [helper.make_tensor_value_info(n, t, None) for n, t in types.items()],
+                              [helper.make_tensor_value_info(n, F32, None) for n in node.output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = threads, 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    for m in ROWS:
+        q, k, v = _normal(rng, 1, m, nh * hd), _normal(rng, 1, m, kvh * hd), _normal(rng, 1, m, kvh * hd)
+        key, value = _normal(rng, 1, kvh, past, hd), _normal(rng, 1, kvh, past, hd)
+        together = session.run(None, {"q": q, "k": k, "v": v, "pk": key, "pv": value,
+                                      "seqlens": np.array([past + m - 1], np.int32),
+                                      "total": np.array(past + m, np.int32)})[0]
+        for j in range(m):
+            alone, key, value = session.run(None, {"q": q[:, j:j + 1], "k": k[:, j:j + 1], "v": v[:, j:j + 1],
+                                                   "pk": key, "pv": value, "seqlens": np.array([past + j], np.int32),
+                                                   "total": np.array(past + j + 1, np.int32)})
+            if not np.array_equal(together[:, j:j + 1], alone):
+                return False
+    return True
+
+
 GDN_ROWS = range(1, 6)  # verify widths M checked for the CPU graphs' GDN layer
 
 
@@ -288,6 +320,9 @@ def main(argv=None) -> int:
                                                           for t in threads) + " |")
     print(f"| attention over the first W cache slots, W = {', '.join(map(str, WINDOWS))} | KV window (CPU runtime) | "
           + " | ".join("same bits" if window_invariant(t) else "**differs**" for t in threads) + " |")
+    print("| GroupQueryAttention, M rows vs one-row calls through its KV | not used (the CPU graphs attend with "
+          "FusedMatMul over a merged cache view) | " + " | ".join("yes" if gqa_rows_invariant(t) else "**no**"
+                                                                  for t in threads) + " |")
     print(f"| GDN layer of the CPU graphs, M = {GDN_ROWS.start}..{GDN_ROWS.stop - 1} rows vs one-row decodes | "
           "decode / verify_select (*.cpu.onnx) | " + " | ".join("yes" if gdn_rows_invariant(t) else "**no**"
                                                                 for t in threads) + " |")

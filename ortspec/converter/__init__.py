@@ -19,6 +19,7 @@ from ..manifest import (MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, 
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader, check_tokenizer
+from .draft_vocab import DraftVocab, add_draft_head, build_draft_vocab, draft_vocab_size
 from .fused_graph import make_verify_mtp_graph
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
 from .kv_windows import has_window_variants, narrow_to_window, window_buckets
@@ -32,7 +33,8 @@ from .weights import WeightPreparer, cast_matrices
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
             quant: str | None = None, mtp_quant: str | None = "auto", activations: str = "auto",
-            gdn_verify: str = "per_row", overwrite: bool = False, progress: bool = True) -> Path:
+            gdn_verify: str = "per_row", draft_vocab: int | str | None = "auto", draft_corpus=None,
+            overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -62,6 +64,12 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     lm_head): drafts get cheaper, the output stays exactly the target's. mtp_quant="auto" (the
     default) is "int4" for float32 weights (a CPU model: a draft pass costs a third there) and
     "none" for float16/bfloat16 (ConvertOptions.head_quant says why).
+    draft_vocab: the MTP head drafts from the N most frequent tokens only (converter/draft_vocab.py:
+    its lm_head is the [H, N] columns of those tokens; the output stays exactly the target's).
+    "auto" (the default): 32768 tokens for a vocabulary of 65536 or more, none below; an int N
+    below the vocabulary forces N; 0 or None: none. draft_corpus: a text file whose token
+    frequencies rank them (needs tokenizer.json); without it, token ids rank them (a byte-level
+    BPE's merge order). Recorded in the manifest ("draft_vocab").
 
     Every graph is written portable (fused ops: what CUDA runs) and, for float32 models, also
     as a CPU variant ({graph}.cpu.onnx, built with what ONNX Runtime's CPU EP runs fastest:
@@ -75,6 +83,7 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
                              pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
                              mtp_quant=mtp_quant, activations=activations, gdn_verify=gdn_verify,
+                             draft_vocab=draft_vocab, draft_corpus=None if draft_corpus is None else str(draft_corpus),
                              overwrite=overwrite, progress=progress)
     checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     check_output_dir(out_dir, checkpoint_dir, options.overwrite)
@@ -90,8 +99,11 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
         print(f"ortspec convert: {checkpoint_dir} has no mtp.* weights; converting without an MTP head "
               "(greedy only, num_speculative_tokens=0).")
 
+    draft_size = draft_vocab_size(options.draft_vocab, spec, options.draft_corpus) if with_mtp else None
+    vocab = build_draft_vocab(checkpoint_dir, spec, draft_size, options.draft_corpus) if draft_size else None
+
     with StagingDir(out_dir, options.overwrite) as staging:
-        store = _prepare_weights(spec, reader, options, with_mtp)
+        store = _prepare_weights(spec, reader, options, with_mtp, vocab)
         with staging.create(WEIGHTS_FILE) as f:
             layout = store.write(f)
         builders = {(name, target): build for target in _targets(options)
@@ -113,7 +125,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                                    source=str(checkpoint_dir), model_type=hf_config.get("model_type"),
                                    stage_layers=boundaries, quant=options.quant, files=staging.files,
                                    mtp_quant=options.head_quant if with_mtp else None, activations=options.activation_dtype,
-                                   gdn_verify=options.gdn_verify)
+                                   gdn_verify=options.gdn_verify,
+                                   draft_vocab=vocab.manifest_entry() if vocab else None)
         staging.write_bytes(MANIFEST_FILE, manifest.to_json().encode(), record=False)
         staging.publish()
     return out_dir
@@ -125,9 +138,12 @@ def _path(name: str, value) -> Path:
     return Path(value)
 
 
-def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: ConvertOptions, with_mtp: bool) -> WeightStore:
+def _prepare_weights(spec: ModelSpec, reader: CheckpointReader, options: ConvertOptions, with_mtp: bool,
+                     vocab: DraftVocab | None) -> WeightStore:
     store = WeightStore()
     WeightPreparer(spec, reader, store).prepare_all(options.max_length, with_mtp)
+    if vocab is not None:
+        add_draft_head(store, vocab)
     if options.quant == "int4":
         quantize_store(store)
     elif options.head_quant == "int4" and with_mtp:

@@ -106,7 +106,8 @@ def _recurrence_rows(g: GraphBuilder, spec: ModelSpec, state: str, q: str, k: st
         outputs.append(g.op("Add", [sq, g.op("Mul", [u, k_dot_q_j])]))  # [B, nv, 1, dv]
         s = g.op("Add", [g.op("Mul", [s, e_j]), g.op("MatMul", [k_column_j, u])])  # [B, nv, dk, dv]
         states.append(s)
-    heads = g.op("Reshape", [_stack(g, outputs, axis=1), g.const([0, rows, nv, dv])])  # [B, M, nv, dv]
+    stacked = _stack(g, outputs, axis=1) if rows > 1 else outputs[0]  # [B, M, nv, 1, dv], or a decode's [B, nv, 1, dv]
+    heads = g.op("Reshape", [stacked, g.const([0, rows, nv, dv])])  # [B, M, nv, dv]
     return heads, (states if windows else s)
 
 
@@ -127,7 +128,6 @@ def _row(g: GraphBuilder, x: str, j: int, rows: int) -> str:
 
 
 def _stack(g: GraphBuilder, rows: list[str], axis: int) -> str:
-    """M tensors [...] -> one with a new axis of M (Unsqueeze aliases its input: the Concat
+    """M > 1 tensors [...] -> one with a new axis of M (Unsqueeze aliases its input: the Concat
     writes each row once)."""
-    stacked = [g.op("Unsqueeze", [t, g.const([axis])]) for t in rows]
-    return g.op("Concat", stacked, axis=axis) if len(stacked) > 1 else stacked[0]
+    return g.op("Concat", [g.op("Unsqueeze", [t, g.const([axis])]) for t in rows], axis=axis)

@@ -33,6 +33,7 @@ from onnx import TensorProto
 from ..manifest import graph_name, past_window_name, window_row_name
 from ..model_spec import FULL, ModelSpec
 from .builder import CPU, PORTABLE, GraphBuilder, WeightStore
+from .draft_vocab import DRAFT_HEAD, DRAFT_TOKENS
 from .gdn_cpu import make_gated_deltanet_rows
 from .layers import (
     make_add_rms_norm,
@@ -171,8 +172,43 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
 
 
 def mtp_lm_head(store: WeightStore) -> str:
-    """The MTP head's own lm_head when it has one (an int4 draft head), else the shared one."""
+    """The MTP head's own full-vocabulary lm_head when it has one (an int4 draft head without a
+    draft vocabulary), else the shared one: what the one-pass "mtp" graph scores."""
     return "mtp.lm_head" if "mtp.lm_head" in store.arrays else "lm_head"
+
+
+def draft_vocab_size(store: WeightStore, spec: ModelSpec) -> int:
+    """The tokens a draft scores: N with a draft vocabulary (converter/draft_vocab.py), else V."""
+    return store.arrays[DRAFT_TOKENS].size if DRAFT_TOKENS in store.arrays else spec.vocab_size
+
+
+def draft_logits(g: GraphBuilder, rows: str) -> str:
+    """The head's float32 logits for its normed rows [B, 1, H]: [B, 1, N] over the draft
+    vocabulary where the model has one, else [B, 1, V]."""
+    weight = DRAFT_HEAD if DRAFT_HEAD in g.weights.arrays else mtp_lm_head(g.weights)
+    return g.linear(rows, weight, out_dtype=F32)
+
+
+def to_full_vocabulary(g: GraphBuilder, spec: ModelSpec, draft: str, probs: str | None) -> tuple[str, str | None]:
+    """A draft chosen over the draft vocabulary -> its full-vocabulary id [B, 1] (a Gather over
+    draft_tokens), and its distribution [B, 1, N] -> [B, 1, V], scattered into zeros (q = 0 outside
+    the map, which keeps speculative sampling exact); both unchanged without a draft vocabulary.
+
+        draft [B, 1] ─ Gather(draft_tokens) ─ full id
+        draft ─ Unsqueeze ─ Mul 0 ─ zero [B, 1, 1] ─┬─ Add(draft_tokens) ─ index [B, 1, N] ─┐
+                                                    └─ Cast ─ Add(ConstantOfShape [V]) ─ ScatterElements(probs) ─ [B, 1, V]
+
+    (the zero carries the batch dimension without a shape op: a CUDA graph may not hold one)."""
+    if DRAFT_TOKENS not in g.weights.arrays:
+        return draft, probs
+    tokens = g.weight(DRAFT_TOKENS)
+    full = g.op("Gather", [tokens, draft], hint="draft")  # [B, 1]
+    if probs is None:
+        return full, None
+    zero = g.op("Mul", [g.op("Unsqueeze", [draft, g.const([2])]), g.const(0)])  # [B, 1, 1] int64
+    index = g.op("Add", [zero, tokens])  # [B, 1, N]
+    zeros = g.op("Add", [g.op("Cast", [zero], to=F32), g.op("ConstantOfShape", [g.const([spec.vocab_size])])])
+    return full, g.op("ScatterElements", [zeros, index, probs], axis=-1, hint="draft_probs")  # [B, 1, V]
 
 
 def _mtp_pass(g: GraphBuilder, spec: ModelSpec, ids: str, hidden: str, step, past_key: str, past_value: str):
@@ -254,7 +290,9 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
     and the head's share of ``verify_mtp_k{k}``). ids [B, M] x_{p+1}, hidden [B, M, H], positions
     [B, M], last [B] int64 (row a), states: key.mtp and value.mtp inputs; choose(logits, j) ->
     (draft [B, 1], probs [B, 1, V] or None). Declares new_key.mtp and new_value.mtp (the catch-up's
-    rows); returns (drafts [B, k], their probabilities [B, k, V] or None).
+    rows); returns (drafts [B, k], their probabilities [B, k, V] or None). With a draft vocabulary
+    choose sees [B, 1, N] logits, and its choice is mapped back to full ids and [B, 1, V]
+    (``to_full_vocabulary``).
 
     Each draft pass attends over the previous pass's merged cache view. Rows of the catch-up
     past a are padding: their slots lie after every draft's position, so the mask hides them.
@@ -273,7 +311,8 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
 
     def draft_from(out, j):  # the lm_head on one row per request: [B, 1, H] -> [B, 1], [B, 1, V] or None
-        return choose(g.linear(out, mtp_lm_head(g.weights), out_dtype=F32), j)
+        draft, probs = choose(draft_logits(g, out), j)  # over the draft vocabulary (N or V tokens)
+        return to_full_vocabulary(g, spec, draft, probs)
 
     out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
     # A draft's position stays below max_length; it needs no clamp to the window W: the runtime
@@ -298,17 +337,19 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
 
 
 def draft_argmax(g: GraphBuilder):
-    """(logits [B, 1, V], pass j) -> (the argmax draft [B, 1], None): mtp_propose_k{k}'s (and verify_mtp_k{k}'s) choice."""
+    """(logits [B, 1, N], pass j) -> (the argmax draft [B, 1], None): mtp_propose_k{k}'s (and
+    verify_mtp_k{k}'s) choice, over the draft vocabulary's N tokens (V without one)."""
     return lambda logits, j: (g.op("ArgMax", [logits], axis=-1, keepdims=0), None)
 
 
 def _draft_sampler(g: GraphBuilder, spec: ModelSpec, k: int):
-    """The sampling graph's inputs, and (logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V])."""
+    """The sampling graph's inputs, and (logits [B, 1, N], pass j) -> (draft [B, 1], probs [B, 1, N]):
+    N the draft vocabulary's tokens (V without one)."""
     temperature, top_p = g.input("temperature", F32, ["B"]), g.input("top_p", F32, ["B"])
     top_k, uniforms = g.input("top_k", I64, ["B"]), g.input("uniforms", F32, ["B", k])
 
     def choose(logits, j):
         u = g.op("Slice", [uniforms, g.const([j]), g.const([j + 1]), g.const([1])])  # [B, 1]
-        return make_draft_choice(g, logits, temperature, top_k, top_p, u, spec.vocab_size)
+        return make_draft_choice(g, logits, temperature, top_k, top_p, u, draft_vocab_size(g.weights, spec))
 
     return choose

@@ -79,8 +79,9 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
     # one bias row per query row of make_attention (row m*groups + g attends like row m)
     groups = spec.num_attention_heads // spec.num_key_value_heads
     bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
-    rows_shape = g.op("Concat", [g.op("Shape", [bias], end=1), g.const([1, -1]), g.op("Shape", [bias], start=3)], axis=0)
-    return StepInputs(positions, g.op("Reshape", [bias, rows_shape], hint="attn_bias"), shared_slots=shared)
+    # Reshape's 0 keeps that axis (B, W): a constant target, no shape arithmetic
+    return StepInputs(positions, g.op("Reshape", [bias, g.const([0, 1, -1, 0])], hint="attn_bias"),  # [B, 1, M*groups, W]
+                      shared_slots=shared)
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 
 from ..errors import ConvertOptionError
 from ..manifest import GDN_VERIFY_FORMS, MAX_SPECULATIVE_TOKENS, MAX_STATE_WINDOW, state_bytes, state_table
@@ -37,6 +38,8 @@ class ConvertOptions:
     mtp_quant: str | None = "auto"
     activations: str = "auto"
     gdn_verify: str = "per_row"
+    draft_vocab: int | str | None = "auto"
+    draft_corpus: str | None = None
     overwrite: bool = False
     progress: bool = True
 
@@ -62,6 +65,7 @@ class ConvertOptions:
         if self.dtype not in DTYPES:
             raise ConvertOptionError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
         self._check_activations()
+        self._check_draft_vocab()
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ConvertOptionError(f"num_speculative_tokens={self.num_speculative_tokens} is out of range; "
                                      f"use 0..{MAX_SPECULATIVE_TOKENS}.")
@@ -95,6 +99,25 @@ class ConvertOptions:
                 f"activations='model' with {' and '.join(self._int4())} is not supported: int4 products "
                 "(MatMulNBits) take float32 activations here, so every one would gain a Cast pair. Use "
                 "activations='auto' (the default) or 'float32' with int4 weights.")
+
+    def _check_draft_vocab(self) -> None:
+        """draft_vocab: "auto", None or 0 (none), or a token count N >= 1 (its bound, the model's
+        vocabulary, is checked with the model: draft_vocab.draft_vocab_size); draft_corpus a file."""
+        value = self.draft_vocab
+        if value != "auto" and value is not None:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ConvertOptionError(f"draft_vocab={value!r} is not supported; use 'auto' (the default: "
+                                         "32768 tokens for a vocabulary from 65536 up, none below), a token count "
+                                         "N such as 32768, or 0 for none.")
+            object.__setattr__(self, "draft_vocab", int(value))
+        if self.draft_corpus is not None:
+            if not isinstance(self.draft_corpus, (str, os.PathLike)) or not os.path.isfile(self.draft_corpus):
+                raise ConvertOptionError(f"draft_corpus={self.draft_corpus!r} is not a file; give a text file whose "
+                                         "token frequencies rank the draft vocabulary, or leave it out.")
+            if self.draft_vocab in (0, None):
+                raise ConvertOptionError(f"draft_corpus={self.draft_corpus!r} ranks a draft vocabulary, but "
+                                         f"draft_vocab={self.draft_vocab!r} asks for none; give draft_vocab "
+                                         "('auto' or N) or leave draft_corpus out.")
 
     def _int4(self) -> list[str]:
         return [f"{name}='int4'" for name in ("quant", "mtp_quant") if getattr(self, name) == "int4"]

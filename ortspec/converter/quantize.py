@@ -17,24 +17,36 @@ import numpy as np
 
 BLOCK = 32
 QUANTIZED_SUFFIXES = (".qkv", ".o", ".in_proj", ".out", ".gate_up", ".down")
-QUANTIZED_NAMES = ("lm_head", "mtp.fc", "mtp.lm_head")  # the embedding stays a gather table
+QUANTIZED_NAMES = ("lm_head", "mtp.fc", "mtp.lm_head", "mtp.draft_head")  # the embedding stays a gather table
 DRAFT_HEAD_PREFIX = "mtp."
+_COLUMNS = 8192  # output columns quantized at once (quantize_int4)
 
 
 def quantize_int4(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """[K, N] float -> (B uint8 [N, blocks, block/2], scales float32 [N * blocks]). The graphs use
     block 32: with 64 or 128 ONNX Runtime 1.32's accuracy_level 4 kernel is ~20% faster per row but
-    no longer gives a row the same bits at any M (tools/row_invariance.py)."""
+    no longer gives a row the same bits at any M (tools/row_invariance.py). Columns go _COLUMNS at a
+    time, so the float temporaries stay small beside a 248k-column lm_head."""
     K, N = weight.shape
     blocks = -(-K // block)
-    padded = np.zeros((blocks * block, N), np.float32)
+    packed = np.empty((N, blocks, block // 2), np.uint8)
+    scales = np.empty((N, blocks), np.float32)
+    for start in range(0, N, _COLUMNS):
+        columns = slice(start, min(N, start + _COLUMNS))
+        packed[columns], scales[columns] = _quantize_columns(weight[:, columns], blocks, block)
+    return packed, scales.reshape(-1)
+
+
+def _quantize_columns(weight: np.ndarray, blocks: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """[K, n] -> (codes packed [n, blocks, block/2], scales [n, blocks])."""
+    K, n = weight.shape
+    padded = np.zeros((blocks * block, n), np.float32)
     padded[:K] = weight
-    w = padded.T.reshape(N, blocks, block)  # per output column, blocks along K
-    scales = np.abs(w).max(axis=2) / 7.0  # [N, blocks]
+    w = padded.T.reshape(n, blocks, block)  # per output column, blocks along K
+    scales = np.abs(w).max(axis=2) / 7.0  # [n, blocks]
     scales[scales == 0] = 1.0
     codes = np.clip(np.rint(w / scales[..., None]) + 8, 0, 15).astype(np.uint8)
-    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)  # [N, blocks, 16]
-    return packed, scales.astype(np.float32).reshape(-1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), scales.astype(np.float32)
 
 
 def dequantize_int4(packed: np.ndarray, scales: np.ndarray, K: int) -> np.ndarray:
@@ -52,7 +64,7 @@ def quantize_store(store, prefix: str = "") -> None:
     int4 form (store.quantized[name] = (K, N))."""
     for name in list(store.arrays):
         if name.startswith(prefix) and (name in QUANTIZED_NAMES or name.endswith(QUANTIZED_SUFFIXES)):
-            weight = store.arrays[name].astype(np.float32)
+            weight = np.asarray(store.arrays[name], np.float32)  # no copy of a float32 matrix
             packed, scales = quantize_int4(weight)
             store.arrays[name] = packed
             store.arrays[f"{name}.scales"] = scales
@@ -61,8 +73,10 @@ def quantize_store(store, prefix: str = "") -> None:
 
 def quantize_draft_head(store) -> None:
     """int4 for the MTP head alone: its matrices and its own copy of the lm_head (``mtp.lm_head``;
-    the target keeps its own). Drafts are proposals the target verifies, so this changes how
-    often they are accepted, never the output; on the CPU a draft pass gets ~3x cheaper
-    (BENCHMARKS.md, "the MTP head's cost per draft")."""
-    store.add("mtp.lm_head", store.arrays["lm_head"])
+    the target keeps its own), or with a draft vocabulary its ``mtp.draft_head`` columns
+    (converter/draft_vocab.py) instead of a copy. Drafts are proposals the target verifies, so
+    this changes how often they are accepted, never the output; on the CPU a draft pass gets ~3x
+    cheaper (BENCHMARKS.md, "the MTP head's cost per draft")."""
+    if "mtp.draft_head" not in store.arrays:
+        store.add("mtp.lm_head", store.arrays["lm_head"])
     quantize_store(store, prefix=DRAFT_HEAD_PREFIX)

@@ -15,6 +15,7 @@ Store names (i = layer index, "mtp.L0" for the MTP layer):
   {p}.dt_bias, {p}.decay_scale [nv]  {p}.gdn_norm [dv] (plain w)  {p}.out [vd, H]
   {p}.gate_up [H, 2*I]  {p}.down [I, H]
   mtp.fc [2H, H]  mtp.pre_embed, mtp.pre_hidden, mtp.norm [H]  (1 + w)
+  draft_tokens int64 [N], mtp.draft_head [H, N]      with a draft vocabulary (converter/draft_vocab.py)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .checkpoint import CheckpointReader
 from .layers import CONTEXT_ALPHA
 
 _MATRIX_SUFFIXES = (".qkv", ".o", ".in_proj", ".out", ".gate_up", ".down")
-_MATRICES = ("embed", "lm_head", "mtp.fc")
+_MATRICES = ("embed", "lm_head", "mtp.fc", "mtp.draft_head")
 _STREAM_NORM_SUFFIXES = (".in_norm", ".post_norm")  # the norms on the residual stream (not q/k/gdn norms)
 _STREAM_NORMS = ("final_norm", "mtp.pre_embed", "mtp.pre_hidden", "mtp.norm")
 

@@ -44,7 +44,7 @@ class DecodeRun:
         self.graph = GRAPH if bound is None else self.graphs.kv_windows.graph(GRAPH, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._readbacks = target.step_readbacks("tokens", (len(rows), 1), np.int64)
-        self._hidden_readbacks: StepReadbacks | None = None  # made at step 0 (the graph's dtype)
+        self._hidden_readbacks = None  # StepReadbacks, made at step 0 (the graph's dtype)
         self._want_hidden = hidden
         self.hidden_dtype = None  # the hidden rows' dtype on the device, once step 0 ran
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this

@@ -11,7 +11,9 @@ an oracle: plain greedy over each prompt at the same batch size (fp16 greedy at 
 differ from batch 1), --new-tokens + K tokens long (K: the conversion's largest k) so the
 last step's drafts have it too.
 
-Order: LARGE built and converted as `scale` builds it (scale.build_large; or --model DIR), one
+Order: LARGE (or with --preset qwen35-0.8b a random model of Qwen3.5-0.8B's shape, vocabulary
+248,320: its draft head's lm_head is a third of a decode's weights) built and converted as
+`scale` builds it (scale.build_large; or --model DIR), one
 Session per k (greedy and --ks), the held-out prompts of exact_prompts.token_prompts, the
 oracles, a warm-up call per (k, batch), then --rounds rounds, each running every (k, batch) as
 generate calls of `batch` prompts, in an order rotated every round. Per (k, batch): tokens/s
@@ -32,7 +34,8 @@ row's tokens per step and z-score then show.
 plus the last round's fits in it. Estimated from BENCHMARKS.md's LARGE step times (H200, fp16;
 not yet run there): build + convert ~25 s, five Sessions and the oracles ~30-60 s, one round of
 the defaults (16 prompts x 128 tokens, batch 1 and 16, k = 0..4) ~20 s, so the defaults need
-about 2-2.5 minutes. --provider cpu --model TINY_DIR runs the same logic on the CPU
+about 2-2.5 minutes; --preset qwen35-0.8b adds ~15 s to write its checkpoint
+(tools/stream_checkpoint.py) and its conversion (~1 minute on a 2-core CPU). --provider cpu --model TINY_DIR runs the same logic on the CPU
 (tests/test_gpu_tools.py).
 """
 
@@ -45,11 +48,12 @@ import time
 from pathlib import Path
 
 import ortspec
+from ortspec.bench import scripted_drafts
+from ortspec.cli import parse_draft_vocab
 from ortspec.errors import OrtspecError
-from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.speculative.stats import PHASES
 
-from .common import Budget, Checks, graph_faults, markdown_table, write_json
+from .common import STREAMED, Budget, Checks, graph_faults, markdown_table, write_json
 from .exact_prompts import token_prompts
 from .scale import build_large
 
@@ -65,7 +69,13 @@ def _ks(text: str) -> list:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="a converted model directory (default: build LARGE in --out)")
+    parser.add_argument("--model", default=None, help="a converted model directory (default: build --preset in --out)")
+    parser.add_argument("--preset", choices=["large", *STREAMED], default="large",
+                        help="the random model built when --model is not given: LARGE (1.0B, vocabulary 32,768) or "
+                             "qwen35-0.8b (Qwen3.5-0.8B's shape: 24 layers, vocabulary 248,320; tools/stream_checkpoint.py)")
+    parser.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
+                        help="convert --draft-vocab for the model built: auto (32768 tokens for qwen35-0.8b, none for "
+                             "LARGE), N, or 0 for the full-vocabulary draft head")
     parser.add_argument("--out", default="/tmp/ortspec_gpu_agree", help="working directory (LARGE's checkpoint "
                                                                          "and conversion)")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda", help="cpu: the logic, tiny sizes")
@@ -107,7 +117,8 @@ class Tally:
 def run(args) -> int:
     check_arguments(args)
     budget, clock = Budget(args.budget_s), {}
-    model = Path(args.model) if args.model else timed(clock, "build", build_large, Path(args.out))
+    model = Path(args.model) if args.model else timed(clock, "build", build_large, Path(args.out), "float16",
+                                                      args.preset, args.draft_vocab)
     sessions, refused = timed(clock, "sessions", open_sessions, model, args)
     prompts = token_prompts(sessions[0], args.prompts)
     oracles = timed(clock, "oracles", lambda: {b: greedy_oracle(sessions[0], prompts, b, args) for b in args.batches})
@@ -174,23 +185,13 @@ def warm_up(sessions: dict, prompts, batches) -> None:
             session.generate(prompts[:b], max_new_tokens=8, stop_tokens=[])
 
 
-def scripted(truths: list[list[int]], vocab_size: int, p: float, seed: int):
-    """make_drafts for one generate call whose row j holds the prompt of truths[j]; a placeholder
-    row (a CUDA batch bucket's padding) is its own truth."""
-
-    def truth(request) -> list[int]:
-        return request.tokens if request.placeholder else truths[request.row]
-
-    return lambda mtp: ScriptedDrafts(MTPDrafts(mtp), truth, vocab_size, p=p, seed=seed)
-
-
 def run_cell(session, prompts, oracle, batch: int, args, seed: int) -> tuple[list[list[int]], float, dict]:
     """One (k, batch) of a round: generate calls of `batch` prompts (k > 0: scripted drafts)
     -> (outputs, seconds inside generate, the Session's stats for these calls)."""
     session.reset_stats()
     outputs, seconds, vocab = [], 0.0, session.manifest.spec.vocab_size
     for g, (group, truths) in enumerate(zip(groups(prompts, batch), groups(oracle, batch))):
-        options = {} if session.k == 0 else {"make_drafts": scripted(truths, vocab, args.p, seed + g)}
+        options = {} if session.k == 0 else {"make_drafts": scripted_drafts(truths, vocab, args.p, seed + g)}
         start = time.perf_counter()
         outputs += session.generate(group, max_new_tokens=args.new_tokens, stop_tokens=[], **options)
         seconds += time.perf_counter() - start

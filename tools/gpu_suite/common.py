@@ -11,6 +11,7 @@ from pathlib import Path
 import ortspec
 from ortspec.speculative.exactness import ExactnessError, check_speculative
 from tools.make_tiny_checkpoint import FULL, LINEAR, make_checkpoint
+from tools.stream_checkpoint import QWEN35_08B, write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "models" / "tiny-qwen35"
@@ -29,6 +30,9 @@ LARGE = dict(hidden_size=2048, intermediate_size=6144, vocab_size=32768, num_att
              linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True,
              layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 3)
 PRESETS = {"medium": (MEDIUM, dict(seed=7, draft_agreement=10.0)), "large": (LARGE, dict(seed=3))}
+# Checkpoints of a real model's shape, written tensor by tensor (tools/stream_checkpoint.py), stored float16:
+# Qwen3.5-0.8B's (hidden 1024, 24 layers, vocabulary 248,320, tied embeddings, one MTP layer).
+STREAMED = {"qwen35-0.8b": (QWEN35_08B, dict(seed=0, dtype="float16"))}
 
 # Prompt sets (token ids of the random models; text for the trained one).
 IDENTITY_PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
@@ -45,18 +49,22 @@ ACTIVATIONS = "auto"  # convert's activations in every subcommand; tools/gpu.py 
 
 
 def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline_stages: int = 1,
-            quant: str | None = None, gdn_verify: str = "per_row") -> Path:
+            quant: str | None = None, gdn_verify: str = "per_row", draft_vocab="auto") -> Path:
     """ortspec.convert with K=4, quietly, replacing an earlier conversion at the same fixed path
     (the subcommands reconvert into fixed /tmp paths): every subcommand converts this way, with
-    the activations of ``--activations`` (int4 weights keep float32 ones: convert refuses "model")."""
+    the activations of ``--activations`` (int4 weights keep float32 ones: convert refuses "model")
+    and convert's draft vocabulary (auto: 32768 tokens from a 65536-token vocabulary up)."""
     activations = ACTIVATIONS if quant is None else "float32"
     return ortspec.convert(source, out, num_speculative_tokens=4, max_length=max_length, dtype=dtype,
                            pipeline_stages=pipeline_stages, quant=quant, activations=activations,
-                           gdn_verify=gdn_verify, overwrite=True, progress=False)
+                           gdn_verify=gdn_verify, draft_vocab=draft_vocab, overwrite=True, progress=False)
 
 
 def random_checkpoint(out: Path, preset: str) -> Path:
-    """A random checkpoint of MEDIUM or LARGE (fixed seeds) in out."""
+    """A random checkpoint of MEDIUM, LARGE (fixed seeds) or a STREAMED shape in out."""
+    if preset in STREAMED:
+        config, options = STREAMED[preset]
+        return write_random_checkpoint(out, **options, **config)
     config, options = PRESETS[preset]
     make_checkpoint(out, **options, **config)
     return out

@@ -54,11 +54,15 @@ def run(args) -> int:
     return 0
 
 
-def build_large(out: Path, dtype: str = "float16") -> Path:
+def build_large(out: Path, dtype: str = "float16", preset: str = "large", draft_vocab="auto") -> Path:
     """LARGE as this subcommand runs it (tools/gpu.py agree too): the random checkpoint (its
-    preset's seed) in out/large_ck, converted in out/large_fp16 (float16) or out/large_{dtype}."""
-    name = "large_fp16" if dtype == "float16" else f"large_{dtype}"
-    return convert(random_checkpoint(out / "large_ck", "large"), out / name, dtype=dtype)
+    preset's seed) in out/large_ck, converted in out/large_fp16 (float16) or out/large_{dtype}.
+    preset: another random model (common.PRESETS, common.STREAMED) in out/{preset}_ck and
+    out/{preset}_fp16 or out/{preset}_{dtype}; draft_vocab: convert's (LARGE's 32,768 tokens
+    take none by default, Qwen3.5-0.8B's 248,320 the default 32,768)."""
+    converted = f"{preset}_fp16" if dtype == "float16" else f"{preset}_{dtype}"
+    return convert(random_checkpoint(out / f"{preset}_ck", preset), out / converted, dtype=dtype,
+                   draft_vocab=draft_vocab)
 
 
 def copy_bandwidth() -> float:

@@ -11,7 +11,12 @@ runtime loads (the MTP head as a model of its own, the CUDA-graph variants, a CP
     <work>/peer_cpu/, peer_head_cpu/   CPU variants (--provider cpu): no provider options and no
                                "shared_initializers" (the peer's CPU runtime refuses them with
                                "GetMemoryInfo for CPU should not be used"; the initializers are
-                               still in the ONNX files as external data, so nothing is lost)
+                               still in the ONNX files as external data, so nothing is lost), and
+                               the intra-op threads asked for
+
+On the CPU the builder exports fp32 for its CPU EP (-p fp32 -e cpu: the fused CPU kernels
+LinearAttention, CausalConvWithState, GatedRMSNorm, GroupQueryAttention), the export a CPU user
+of the peer runs; fp16 exports are made for the CUDA EP (-e cuda), on a CPU machine too.
 
 genai parses genai_config.json strictly (an unknown key fails), which is why the head's decoder
 section is built from a list of the keys its decoder element accepts, not copied whole.
@@ -56,9 +61,11 @@ class PeerDirs:
 
 
 def builder_command(checkpoint: Path, out: Path, cache: Path, precision: str = "fp16") -> list[str]:
-    """The builder run docs/benchmarks.md records: fp16 for the CUDA EP (it runs on a CPU machine too)."""
+    """The builder run docs/benchmarks.md records: fp16 for the CUDA EP (it runs on a CPU machine too);
+    fp32 for its CPU EP."""
+    execution = "cpu" if precision == "fp32" else "cuda"
     return [sys.executable, "-m", BUILDER_MODULE, "-i", str(checkpoint), "-o", str(out), "-p", precision,
-            "-e", "cuda", "-c", str(cache)]
+            "-e", execution, "-c", str(cache)]
 
 
 def run_builder(relaid: Path, out: Path, log: Path, precision: str = "fp16") -> Path:
@@ -118,13 +125,17 @@ def graph_config(genai: dict) -> dict:
     return out
 
 
-def cpu_config(genai: dict) -> dict:
-    """The same config for the peer's CPU runtime: no provider options, no shared_initializers."""
+def cpu_config(genai: dict, threads: int | None = None) -> dict:
+    """The same config for the peer's CPU runtime: no provider options, no shared_initializers;
+    with threads, that many intra-op threads (and one inter-op thread), as ortspec's Session(threads=)."""
     out = copy.deepcopy(genai)
     for section in ("decoder", "mtp"):
         if section in out["model"]:
             out["model"][section].pop("shared_initializers", None)
-    out["model"]["decoder"].setdefault("session_options", {})["provider_options"] = []
+    options = out["model"]["decoder"].setdefault("session_options", {})
+    options["provider_options"] = []
+    if threads:
+        options.update(intra_op_num_threads=threads, inter_op_num_threads=1)
     return out
 
 
@@ -145,14 +156,15 @@ def write_variant(src: Path, dst: Path, config: dict, files: tuple[str, ...]) ->
     return dst
 
 
-def model_dirs(built: Path, device: str) -> PeerDirs:
-    """The runtime's directories for `device` ("cuda": eager + graph, main + head; "cpu": eager)."""
+def model_dirs(built: Path, device: str, threads: int | None = None) -> PeerDirs:
+    """The runtime's directories for `device` ("cuda": eager + graph, main + head; "cpu": eager,
+    with `threads` intra-op threads)."""
     genai = read_genai_config(built)
     has_head = "mtp" in genai["model"]
     work = built.parent
     if device == "cpu":
-        main = write_variant(built, work / "peer_cpu", cpu_config(genai), MAIN_FILES + HEAD_FILES[:2])
-        head = (write_variant(built, work / "peer_head_cpu", cpu_config(head_config(genai)), HEAD_FILES)
+        main = write_variant(built, work / "peer_cpu", cpu_config(genai, threads), MAIN_FILES + HEAD_FILES[:2])
+        head = (write_variant(built, work / "peer_head_cpu", cpu_config(head_config(genai), threads), HEAD_FILES)
                 if has_head else None)
         return PeerDirs(main, head)
     head = write_variant(built, work / "peer_head", head_config(genai), HEAD_FILES) if has_head else None
@@ -162,19 +174,20 @@ def model_dirs(built: Path, device: str) -> PeerDirs:
     return PeerDirs(built, head, graph_main, graph_head)
 
 
-def source_stamp(checkpoint, max_length: int) -> dict:
+def source_stamp(checkpoint, max_length: int, precision: str = "fp16") -> dict:
     """What identifies the exports of a checkpoint: its path, config.json, weight file sizes
-    and modification times, and the KV capacity they were made for."""
+    and modification times, the KV capacity and the precision they were made for."""
     checkpoint = Path(checkpoint).resolve()
     files = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(checkpoint.glob("*.safetensors"))}
     return {"checkpoint": str(checkpoint), "config": (checkpoint / "config.json").read_text(), "weights": files,
-            "max_length": max_length}
+            "max_length": max_length, "precision": precision}
 
 
-def export_peer(checkpoint, work, device: str = "cuda") -> PeerDirs:
-    """Re-lay `checkpoint`, run the builder (fp16, CUDA EP) and write the runtime's directories."""
+def export_peer(checkpoint, work, device: str = "cuda", precision: str = "fp16", threads: int | None = None) -> PeerDirs:
+    """Re-lay `checkpoint`, run the builder (fp16 for the CUDA EP, or fp32 for the CPU EP) and
+    write the runtime's directories."""
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     relaid = relay_checkpoint(checkpoint, work / "relaid")
-    built = run_builder(relaid, work / "peer", work / "builder.log")
-    return model_dirs(built, device)
+    built = run_builder(relaid, work / "peer", work / "builder.log", precision)
+    return model_dirs(built, device, threads)

@@ -2,7 +2,7 @@
 leaves what it measured) and the short markdown tables printed last.
 
 Token comparisons count prompts (of the code and held-out sets together) whose tokens differ:
-"vs ortspec greedy" against ortspec's fp16 greedy run, "vs peer eager" against the peer's own
+"vs ortspec greedy" against ortspec's greedy run (same precision), "vs peer eager" against the peer's own
 eager greedy run; "-" where the reference did not run.
 """
 
@@ -66,8 +66,8 @@ def _pct(share) -> str:
 
 
 def speed_table(rows: list[dict]) -> str:
-    lines = ["| configuration | tok/s (median) | min-max | ms/token | floor/wall | tokens/step | vs ortspec greedy |"
-             " vs peer eager | note |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | tok/s (median) | min-max | ms/token | tok per CPU-s | floor/wall | tokens/step |"
+             " vs ortspec greedy | vs peer eager | note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         spread = (f"{r['tokens_per_second_min']:.0f}-{r['tokens_per_second_max']:.0f}"
                   if "tokens_per_second_min" in r else "-")
@@ -76,7 +76,8 @@ def speed_table(rows: list[dict]) -> str:
         changed = r["unstable_prompts"]
         note = r["error"] or (f"{changed} prompts changed between rounds" if changed else "")
         cells = [r["name"], _fmt(r.get("tokens_per_second"), ".0f"), spread, _fmt(r.get("ms_per_token"), ".3f"),
-                 _pct(r.get("floor_share")), _fmt(r["tokens_per_step"], ".2f"), *same, note]
+                 _fmt(r.get("tokens_per_cpu_second"), ".0f"), _pct(r.get("floor_share")),
+                 _fmt(r["tokens_per_step"], ".2f"), *same, note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -96,7 +97,8 @@ def profile_table(profiles: dict[str, dict]) -> str:
 
 def format_report(result: dict) -> str:
     """The tables printed last: speed and tokens, then the kernel profile where there is one."""
-    head = (f"### {result['checkpoint']} ({result['provider']}, fp16, batch 1, {result['max_new_tokens']} new tokens, "
+    head = (f"### {result['checkpoint']} ({result['provider']}, {result.get('precision', 'fp16')}, "
+            f"{result.get('threads') or 'default'} threads, batch 1, {result['max_new_tokens']} new tokens, "
             f"{result['num_prompts']} prompts: code + held-out)")
     parts = [head, "", speed_table(result.get("configs", []))]
     if result.get("profiles"):

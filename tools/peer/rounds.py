@@ -1,7 +1,9 @@
 """Interleaved timed rounds over every configuration, and the token comparisons.
 
-A round runs every live configuration over every prompt (batch 1); the configuration order
-rotates by one each round so that no configuration always runs first (warm caches, clocks).
+A round runs every live configuration over every prompt (batch 1), prompt by prompt (each
+prompt through every configuration before the next), the configuration order rotated by one
+each round so that no configuration always runs first (warm caches, clocks). Each round keeps
+wall and process CPU time: on a shared machine other processes move the first, barely the second.
 A configuration that raises is marked failed with its message and left out of later rounds:
 one broken peer configuration never stops the others. Rounds stop early when the time budget
 would be exceeded (estimated from the first round), but at least one round always runs.
@@ -23,6 +25,7 @@ class ConfigRun:
     name: str
     side: str
     round_seconds: list[float] = field(default_factory=list)
+    round_cpu_seconds: list[float] = field(default_factory=list)  # process CPU time: what other processes barely move
     round_tokens: list[int] = field(default_factory=list)
     outputs: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> first round's tokens
     unstable: set[int] = field(default_factory=set)  # prompts whose tokens changed between rounds
@@ -43,6 +46,9 @@ class ConfigRun:
             out.update(tokens_per_second=statistics.median(rates), tokens_per_second_min=min(rates),
                        tokens_per_second_max=max(rates),
                        ms_per_token=statistics.median(1000 / r for r in rates))
+        cpu_rates = [t / s for t, s in zip(self.round_tokens, self.round_cpu_seconds) if s > 0]
+        if cpu_rates:
+            out["tokens_per_cpu_second"] = statistics.median(cpu_rates)
         return out
 
 
@@ -66,23 +72,28 @@ def warm_up(runners: dict, runs: dict[str, ConfigRun], prompt: list[int], max_ne
 
 
 def one_round(runners: dict, runs: dict[str, ConfigRun], prompts, max_new_tokens: int, rotation: int) -> None:
+    """Prompt by prompt, every live configuration on it (order rotated by `rotation`), so a
+    stretch of load from outside falls on all configurations alike; wall and CPU time summed."""
     names = [n for n in runners if runs[n].error is None]
     names = names[rotation % len(names):] + names[:rotation % len(names)] if names else []
-    for name in names:
-        runner, run = runners[name], runs[name]
-        seconds, tokens = 0.0, 0
-        try:
-            for prompt in prompts:
-                start = time.perf_counter()
-                out = runner.generate(prompt.ids, max_new_tokens)
-                seconds += time.perf_counter() - start
-                tokens += len(out)
-                run.record(prompt_key(prompt), out)
-        except Exception as err:  # noqa: BLE001
-            fail(run, f"round {rotation + 1}", err)
-            continue
-        run.round_seconds.append(seconds)
-        run.round_tokens.append(tokens)
+    totals = {name: [0.0, 0.0, 0] for name in names}  # wall s, CPU s, tokens
+    for prompt in prompts:
+        for name in [n for n in names if runs[n].error is None]:
+            try:
+                start, cpu_start = time.perf_counter(), time.process_time()
+                out = runners[name].generate(prompt.ids, max_new_tokens)
+                totals[name][0] += time.perf_counter() - start
+                totals[name][1] += time.process_time() - cpu_start
+            except Exception as err:  # noqa: BLE001
+                fail(runs[name], f"round {rotation + 1}", err)
+                continue
+            totals[name][2] += len(out)
+            runs[name].record(prompt_key(prompt), out)
+    for name, (seconds, cpu_seconds, tokens) in totals.items():
+        if runs[name].error is None:
+            runs[name].round_seconds.append(seconds)
+            runs[name].round_cpu_seconds.append(cpu_seconds)
+            runs[name].round_tokens.append(tokens)
 
 
 def run_rounds(runners: dict, prompts, max_new_tokens: int, rounds: int, budget_s: float,

@@ -1,7 +1,7 @@
 """One runner per configuration of the side-by-side: each generates the new tokens of one prompt
 (batch 1, greedy) and counts its steps, so timing and comparison code treats all alike.
 
-    ortspec greedy / ortspec k=K        ortspec.Session(num_speculative_tokens=K), fp16 conversion
+    ortspec greedy / ortspec k=K        ortspec.Session(num_speculative_tokens=K), fp16 or fp32 conversion
     peer eager / peer graph             og.Generator on the builder's model (graph: enable_cuda_graph)
     peer mtp N=K [graph]                og.MtpGenerator(main, head) with max_draft_tokens=K
 
@@ -37,10 +37,10 @@ class StepCount:
 class OrtspecRunner:
     side = "ortspec"
 
-    def __init__(self, model_dir: Path, provider: str, k: int):
+    def __init__(self, model_dir: Path, provider: str, k: int, threads: int | None = None):
         self.name = "ortspec greedy" if k == 0 else f"ortspec k={k}"
         self.k = k
-        self.session = ortspec.Session(model_dir, provider=provider, num_speculative_tokens=k)
+        self.session = ortspec.Session(model_dir, provider=provider, num_speculative_tokens=k, threads=threads)
         self.count = StepCount()
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
