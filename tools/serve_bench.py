@@ -63,7 +63,7 @@ def generate_side(session, texts: list[list[str]], max_tokens: int) -> tuple[flo
     return tokens / (time.perf_counter() - start), outputs
 
 
-def measure(args, k: int, prompts: list[str], clients: list[int]) -> dict:
+def measure(args, k: int | str, prompts: list[str], clients: list[int]) -> dict:
     """One round for one k: {clients: (server tok/s, generate tok/s, outputs equal)}."""
     rows = {}
     with served(args.model, k, args.provider, args.threads, max(clients)) as url:
@@ -83,7 +83,7 @@ def measure(args, k: int, prompts: list[str], clients: list[int]) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path)
-    parser.add_argument("-k", default="0,2", help="comma-separated k (the first is the baseline of the ratios)")
+    parser.add_argument("-k", default="0,2", help="comma-separated k or auto (the first is the baseline of the ratios)")
     parser.add_argument("--provider", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--clients", default="1,8")
@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stream", choices=["yes", "no"], default="yes")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    ks, clients = [int(k) for k in args.k.split(",")], [int(c) for c in args.clients.split(",")]
+    ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
+    clients = [int(c) for c in args.clients.split(",")]
     prompts = json.loads(args.prompts.read_text())
     runs = {(k, c): [] for k in ks for c in clients}
     for round_ in range(args.rounds):

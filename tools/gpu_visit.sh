@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One phase of a GPU host visit per call, idempotent, each bounded and printing as it goes:
+#   bash tools/gpu_visit.sh setup     onnxruntime-gpu (.ortgpu: the xz tar's parts, or the wheel's,
+#                                     in /tmp/ortgpu-parts), wheels in .whl/ (starlette, uvicorn for
+#                                     the server), ortspec built with CUDA, the native tests
+#   bash tools/gpu_visit.sh check     identity and states on CUDA: tools/gpu.py check --no-bench,
+#                                     then greedy_loop / spec_loop / auto_loop without timing rounds
+#   bash tools/gpu_visit.sh gdn       tools/gpu.py gdn_verify (the CUDA verify's GDN forms)
+#   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16
+#   bash tools/gpu_visit.sh bench     ortspec bench, held-out prompts, trained model fp16, k 0..3 and auto
+#   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
+#   bash tools/gpu_visit.sh sample    sampling against greedy (tools/sampling_cost.py style, on CUDA)
+# Several phases in one call: bash tools/gpu_visit.sh setup check gdn. Results under $OUT (default /tmp/out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PYTHONPATH=/tmp/ortgpu:/tmp/site:$PWD LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1 ORTSPEC_CUDA=1
+models=/tmp/visit_models
+status=0
+
+stamp() { echo "=== $(date +%T) $*"; }
+
+run() {  # run SECONDS NAME COMMAND...: bounded, output teed to $out/NAME.log
+  local seconds=$1 name=$2
+  shift 2
+  stamp "$name (at most ${seconds}s): $*"
+  timeout "$seconds" "$@" 2>&1 | tee "$out/$name.log" || { echo "!!! $name failed or timed out"; status=1; }
+}
+
+setup() {
+  if [ -e /tmp/ortgpu-parts/xz.00 ]; then bash .ortgpu/install_xz.sh; else bash .ortgpu/install.sh; fi || exit 1
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+  stamp build
+  python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -3
+  python3 -c "import ortspec._native as n, onnxruntime as o; print(n.build_info()); print(o.__version__, o.get_available_providers())"
+  stamp native tests
+  cmake -S csrc -B build/native -DCMAKE_BUILD_TYPE=Release > /dev/null && cmake --build build/native -j 16 > /dev/null
+  ctest --test-dir build/native --output-on-failure 2>&1 | tail -8
+}
+
+trained() {  # the trained model converted once per visit (fp16, max_length 1024)
+  [ -e "$models/trained_fp16/manifest.json" ] || python3 -m ortspec convert models/qwen35-python-20m \
+    "$models/trained_fp16" -k 4 --dtype float16 --max-length 1024 --overwrite > /dev/null
+  echo "$models/trained_fp16"
+}
+
+for phase in "$@"; do
+  case "$phase" in
+    setup) setup ;;
+    check)
+      run 300 check python3 tools/gpu.py check --no-bench --json "$out/check.json"
+      run 150 greedy_loop python3 tools/gpu.py greedy_loop --rounds 0 --json "$out/greedy_loop.json"
+      run 200 spec_loop python3 tools/gpu.py spec_loop --rounds 0 --json "$out/spec_loop.json"
+      run 200 auto_loop python3 tools/gpu.py auto_loop --rounds 0 --json "$out/auto_loop.json" ;;
+    gdn) run 330 gdn_verify python3 tools/gpu.py gdn_verify --budget-s 280 --json "$out/gdn_verify.json" ;;
+    serve)
+      model=$(trained)
+      run 420 serve_bench python3 tools/serve_bench.py "$model" -k "${SERVE_KS:-0,2,auto}" --provider cuda \
+        --clients "${SERVE_CLIENTS:-1,16}" --requests 4 --max-tokens 128 --rounds "${SERVE_ROUNDS:-2}" \
+        --json "$out/serve_bench.json" ;;
+    bench)
+      model=$(trained)
+      run 360 bench python3 -m ortspec bench "$model" --provider cuda -k 0,1,2,3,auto --batch 1,4,16 \
+        --max-new-tokens 128 --repeats "${BENCH_REPEATS:-3}" --prompts benchmarks/heldout_prompts.json \
+        --json "$out/bench_heldout.json" ;;
+    agree)
+      run 240 agree_large python3 tools/gpu.py agree --ks 1,2,3,4 --rounds 2 --budget-s 200 --json "$out/agree_large.json"
+      run 300 agree_q08b python3 tools/gpu.py agree --preset qwen35-0.8b --ks 2,3 --rounds 2 --budget-s 240 \
+        --json "$out/agree_q08b.json" ;;
+    sample)
+      model=$(trained)
+      run 300 sample python3 tools/sampling_cost.py "$model" --provider cuda -k 0,2 --batch "${SAMPLE_BATCH:-16}" \
+        --new-tokens 128 --rounds 3 ;;
+    *) echo "unknown phase $phase"; status=2 ;;
+  esac
+done
+stamp done
+exit $status
