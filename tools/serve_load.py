@@ -181,10 +181,15 @@ def served(model: Path, k: int, provider: str, threads: int | None, max_batch_si
         command += ["--threads", str(threads)]
     child = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE, text=True)
     try:
-        line = child.stderr.readline()
-        found = re.search(r"(http://\S+?)/v1/completions", line)
-        if not found:
-            raise SystemExit(f"serve_load: the server did not start: {line}{child.stderr.read()}")
+        seen = []
+        for line in child.stderr:  # ONNX Runtime may warn before the server says where it listens
+            found = re.search(r"(http://\S+?)/v1/completions", line)
+            if found:
+                break
+            seen.append(line)
+        else:
+            raise SystemExit(f"serve_load: the server did not start: {''.join(seen[-20:])}")
+        threading.Thread(target=child.stderr.read, daemon=True).start()  # drain: a full pipe would block the server
         yield found.group(1)
     finally:
         child.send_signal(signal.SIGINT)

@@ -138,7 +138,7 @@ def states_equal(model: Path, label: str, k: int, prompts: list, n: int, checks:
                                        decoder.mtp.row_state(req.row, req.processed))
 
     requests = lambda: [Request(row=i, prompt=p, max_new_tokens=n) for i, p in enumerate(prompts)]  # noqa: E731
-    Decoder(graphs, len(prompts), k, "select", Stats(), on_commit=at_end).generate(requests())
+    Decoder(graphs, len(prompts), k, "select", Stats(), on_commit=at_end, pipelined=False).generate(requests())
     with request_end_states() as ends:
         Decoder(graphs, len(prompts), k, "select", Stats()).generate(requests())
     different = differences(ends, lambda row, length: plain_ends[row])
