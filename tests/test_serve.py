@@ -248,3 +248,15 @@ def test_an_exact_mode_server_answers_as_exact_generate(tokenized_model):
             want = exact.generate(prompt, max_new_tokens=n)
             assert complete(server.url, {"prompt": prompt, "max_tokens": n}).text == want
             assert complete(server.url, {"prompt": prompt, "max_tokens": n, "stream": True}).text == want
+
+
+def test_the_choices_of_a_request_are_queued_all_or_none(session):
+    from ortspec.serve.engine import Job, QueueFull
+    from ortspec.speculative.sampling import GREEDY
+
+    engine = Engine(session, max_batch_size=2, max_queue=3)  # not started: jobs stay queued
+    jobs = [Job([1, 2], 4, GREEDY, time.monotonic() + 60, deliver=lambda event: None) for _ in range(4)]
+    engine.submit(*jobs[:2])
+    with pytest.raises(QueueFull, match=r"1 of 3 queue slots are free, for 2 choices"):
+        engine.submit(*jobs[2:])
+    assert engine.queue_depth == 2

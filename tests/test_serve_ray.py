@@ -67,3 +67,12 @@ def test_a_deployment_the_machine_cannot_place_is_refused(tokenized_model):
         _check_resources({"CPU": 8.0}, 2, "cuda", 1)
     with pytest.raises(ConfigurationError, match=r"replicas=0 must be an integer >= 1"):
         deploy(tokenized_model, replicas=0)
+
+
+def test_the_serve_command_checks_replicas_before_ray_starts(tokenized_model, capsys):
+    from ortspec import cli
+
+    assert cli.main(["serve", str(tokenized_model), "--replicas", "0"]) == 2
+    assert "replicas=0 must be an integer >= 1" in capsys.readouterr().err
+    assert cli.main(["serve", str(tokenized_model), "--replicas", "2", "--max-queue", "0"]) == 2
+    assert "max_queue=0 must be an integer >= 1" in capsys.readouterr().err

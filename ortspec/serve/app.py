@@ -57,6 +57,7 @@ class Routes:
                  chat_template: ChatTemplate | None) -> None:
         self.session, self.engine, self.model = session, engine, model_name
         self.names = tuple(dict.fromkeys([model_name, session.manifest.dir.name]))
+        self.max_n = min(engine.max_batch_size, engine.max_queue)  # a request's choices are rows, queued together
         self.limits, self.chat_template = limits, chat_template
         self.has_tokenizer = session.manifest.tokenizer_path is not None
         self._mailbox_of: Mailbox | None = None
@@ -77,7 +78,7 @@ class Routes:
                                                          "owned_by": "ortspec"}]})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi.description(self.names, self.chat_template is not None, self.engine.max_batch_size))
+        return JSONResponse(openapi.description(self.names, self.chat_template is not None, self.max_n))
 
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, chat=False)
@@ -163,7 +164,7 @@ class Routes:
         """(in a worker thread) The checked request and its prompt's token ids: parsing, the chat
         template and the tokenizer take time in proportion to the body, which the loop must not."""
         req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id, self.names,
-                                  self.engine.max_batch_size)
+                                  self.max_n)
         if chat:
             self._check_length(sum(len(m["content"]) for m in req.messages), "the messages' contents")
         elif isinstance(req.prompt, str):

@@ -167,7 +167,7 @@ def _max_tokens(body: dict, chat: bool):
 def _n(value, max_n: int) -> int:
     if not validation.is_integer(value) or not 1 <= value <= max_n:
         raise BadRequest(f"n={_short(value)} must be an integer in [1, {max_n}]: each choice takes a row of this "
-                         f"server's batch (--max-batch-size {max_n}).")
+                         "server's batch (at most --max-batch-size, and --max-queue, choices).")
     return int(value)
 
 
