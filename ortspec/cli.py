@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   ortspec generate out/py20m --prompt "def fibonacci(n):" --max-new-tokens 64 -k 2
   ortspec bench out/py20m -k 0,1,2,3 --batch 1,4 --plot bench.png   (--plot needs: pip install 'ortspec[bench]')
   ortspec serve out/py20m -k 2 --port 8000                           (needs: pip install 'ortspec[serve]')
+  ortspec serve out/py20m -k 2 --replicas 2 --threads 1              (needs: pip install 'ortspec[ray]')
 """
 
 
@@ -246,6 +247,13 @@ def _add_serve(sub) -> None:
     s.add_argument("--model-name", default=None, help="the model id the API reports (default: the directory's name)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level (info logs every request)")
+    s.add_argument("--replicas", type=int, default=None,
+                   help="serve N replicas on Ray Serve, each a Session of its own behind Serve's router: one GPU "
+                        "each with --provider cuda, --threads CPU cores each (default 1) on the CPU (needs: pip "
+                        "install 'ortspec[ray]')")
+    s.add_argument("--ray-address", default=None,
+                   help="with --replicas: a running Ray cluster to deploy on ('auto', or ray://HEAD:10001; "
+                        "default: start a local one)")
     s.set_defaults(func=_serve)
 
 
@@ -369,6 +377,9 @@ def _serve(args) -> None:
                   max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
                   header_timeout=args.header_timeout)
     check_options(args.max_batch_size, args.max_queue, args.log_level, **limits)  # before loading the model too
+    if args.replicas is not None:
+        _serve_replicas(args, limits)
+        return
     with Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
                  threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size) as session:
         server = Server(session, host=args.host, port=args.port, max_batch_size=args.max_batch_size,
@@ -378,3 +389,16 @@ def _serve(args) -> None:
               f"{args.provider}, batch {args.max_batch_size}, queue {args.max_queue}); Ctrl-C stops", file=sys.stderr,
               flush=True)
         server.run()
+
+
+def _serve_replicas(args, limits: dict) -> None:
+    from .serve.ray import deploy, require_ray
+
+    require_ray()
+    served = deploy(args.model, replicas=args.replicas, host=args.host, port=args.port, address=args.ray_address,
+                    provider=args.provider, threads=args.threads, num_speculative_tokens=args.k, commit=args.commit,
+                    exact=args.exact, exact_batch_size=args.exact_batch_size, max_batch_size=args.max_batch_size,
+                    max_queue=args.max_queue, model_name=args.model_name, log_level=args.log_level, **limits)
+    print(f"ortspec serve: {served.url}/v1/completions on Ray Serve, {args.replicas} replicas ({args.provider}, "
+          f"batch {args.max_batch_size} each); Ctrl-C stops", file=sys.stderr, flush=True)
+    served.run()

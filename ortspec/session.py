@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import validation
-from .detokenizer import IncrementalDetokenizer
 from .errors import ClosedError, InputError, ModelDirError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
@@ -22,6 +21,7 @@ from .speculative.step_kinds import fusable_ks
 from .speculative.requests import Request
 from .speculative.sampling import GREEDY, SamplingParams, random_stream
 from .speculative.stats import Stats, StatsTotals
+from .stop_strings import StopStrings
 
 
 class NewRequests(NamedTuple):
@@ -149,14 +149,16 @@ class Session:
 
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stream: bool = False,
-                 **decoder_options):
+                 stop=None, **decoder_options):
         """Greedy (or exact speculative) continuation of one prompt or a batch of prompts.
 
         prompt: token ids (list or tuple of ints or numpy integers, 1-D numpy integer array)
         -> list[int]; a batch (list of those, 2-D numpy integer array) -> list[list[int]];
         str -> str; list[str] -> list[str]. Exactly max_new_tokens tokens per request, unless a
         stop token (default: the model's eos ids; stop_tokens: one id or a list of ids, [] for
-        none) ends it earlier, stop token included.
+        none) ends it earlier, stop token included. stop: a string or a list of strings (needs
+        the model's tokenizer), matched on the generated text across token boundaries: a request
+        ends at the token that completes one (tokens up to it are returned; text ends before it).
 
         temperature 0 (the default) is greedy; > 0 samples from softmax(logits / temperature),
         cut to the top_k most likely tokens (0: all) and then to the smallest set whose
@@ -181,7 +183,7 @@ class Session:
         params = validation.sampling(temperature, top_k, top_p, seed)
         validation.sampling_graphs(self.manifest, self.k, params, self.auto_k)
         stream = validation.flag("stream", stream)
-        new = self.new_requests(prompt, max_new_tokens, stop_tokens, sampling=params)
+        new = self.new_requests(prompt, max_new_tokens, stop_tokens, sampling=params, stop=stop)
         self._check_open()
         if stream:
             validation.single_prompt([r.prompt for r in new.requests], new.single, "generate(..., stream=True)",
@@ -189,7 +191,8 @@ class Session:
             return self._stream(new.requests[0], new.text, options)
         outs = self._generate_requests(new.requests, options)
         if new.text:
-            outs = [self.tokenizer.decode(o) for o in outs]
+            outs = [r.stop_strings.text if r.stop_strings else self.tokenizer.decode(o)
+                    for r, o in zip(new.requests, outs)]
         return outs[0] if new.single else outs
 
     def batcher(self, max_batch_size: int = 8, **decoder_options):
@@ -208,17 +211,27 @@ class Session:
         return self._engines.lease(batch_size)
 
     def new_requests(self, prompt, max_new_tokens: int = 32, stop_tokens=None, min_new_tokens: int = 0,
-                     sampling: SamplingParams = GREEDY) -> NewRequests:
+                     sampling: SamplingParams = GREEDY, stop=None, logprobs: int | None = None,
+                     seed_index: int = 0) -> NewRequests:
         """Checked requests, in rows 0..n-1, for any prompt form generate takes (text is encoded
-        with the model's tokenizer), stopping at the model's eos ids unless stop_tokens is given;
-        request i draws from random stream i of sampling.seed. Every argument is checked
+        with the model's tokenizer), stopping at the model's eos ids unless stop_tokens is given,
+        and at the stop strings of stop; request i draws from random stream seed_index + i of
+        sampling.seed; logprobs: see Batcher.add_request. Every argument is checked
         (ortspec.validation) before any work starts; sampling already was (validation.sampling)."""
         max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=min_new_tokens)
         stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
+        stop, logprobs = validation.stop_strings(stop), validation.logprobs(logprobs)
+        seed_index = validation.seed_index(seed_index)
+        if stop and self.manifest.tokenizer_path is None:
+            raise InputError(f"{self.manifest.dir} has no tokenizer.json, so stop strings cannot be matched on text; "
+                             "pass stop_tokens (token ids) instead.")
+        tokenizer = self.tokenizer if stop else None
         prompts, single, text = self._token_prompts(prompt)
         validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length, self.exact.k if self.exact else 0)
         requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops, sampling=sampling,
-                            random=random_stream(sampling, i)) for i, p in enumerate(prompts)]
+                            random=random_stream(sampling, seed_index + i), logprobs=logprobs,
+                            stop_strings=StopStrings(tokenizer, stop) if stop else None)
+                    for i, p in enumerate(prompts)]
         return NewRequests(requests, single, text)
 
     @property
@@ -247,17 +260,23 @@ class Session:
         return [r.output() for r in requests]
 
     def _stream(self, req: Request, text: bool, decoder_options):
-        """Yields the request's tokens (text pieces for a text prompt) as each step commits them."""
-        detokenizer = IncrementalDetokenizer(self.tokenizer) if text else None
+        """Yields the request's tokens (text pieces for a text prompt) as each step commits them;
+        text that could be the start of a stop string waits until it is known not to be."""
+        pieces = (req.stop_strings or StopStrings(self.tokenizer)) if text else None  # the request's reads its tokens
         sent = 0
         for _ in self._decode([req], decoder_options, per_step=True) if req.max_new_tokens else ():
             new, sent = req.output(sent), req.output_length
-            if detokenizer is None:
+            if pieces is None:
                 yield from new
-            elif new and (piece := detokenizer.add(new)):
+                continue
+            if new and pieces is not req.stop_strings:
+                pieces.add(new)
+            if piece := pieces.take():
                 yield piece
-        if detokenizer is not None and (rest := detokenizer.finish()):
-            yield rest
+        if pieces is not None:
+            pieces.finish()
+            if rest := pieces.take():
+                yield rest
 
     def _decode(self, requests: list[Request], decoder_options, per_step: bool = False):
         """Leases an engine for the requests (padded with placeholders to ``_engine_rows``),

@@ -345,7 +345,7 @@ def prompts_fit(prompts: list[list[int]], max_new: int, max_length: int, reserve
 
 def stop_tokens(value, vocab_size: int, default) -> frozenset[int]:
     """None: the model's eos ids. Else one token id, or a list / tuple / set / 1-D array of them
-    ([] stops at max_new_tokens only). Text is refused: stop strings are not supported."""
+    ([] stops at max_new_tokens only). Text is refused: stop strings go to stop=."""
     if value is None:
         return frozenset(default)
     if is_integer(value):
@@ -358,7 +358,7 @@ def stop_tokens(value, vocab_size: int, default) -> frozenset[int]:
     elif isinstance(value, (list, tuple, set, frozenset, range, np.ndarray)):
         values = np.atleast_1d(value).tolist() if isinstance(value, np.ndarray) else list(value)
     else:
-        hint = " (stop strings are not supported: pass session.tokenizer.encode(text).ids)" if isinstance(
+        hint = " (stop strings go to stop=, which matches them on the generated text)" if isinstance(
             value, (str, bytes)) else ""
         raise InputError(f"stop_tokens={_short(value)} must be a token id or a list of token ids{hint}.")
     for t in values:
@@ -366,6 +366,36 @@ def stop_tokens(value, vocab_size: int, default) -> frozenset[int]:
             raise InputError(f"stop_tokens={_short(value)} holds {_short(t)} ({type(t).__name__}); each stop token "
                              f"must be an integer token id in [0, {vocab_size}).")
     return frozenset(int(t) for t in values)
+
+
+def stop_strings(value) -> tuple[str, ...]:
+    """None (or [] or ""): no stop strings; else one string or a list of non-empty strings, matched
+    on the generated text."""
+    if value is None or (isinstance(value, (list, tuple)) and not value) or (isinstance(value, str) and not value):
+        return ()
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple)) or not all(isinstance(s, str) and s for s in values):
+        raise InputError(f"stop={_short(value)} must be a string or a list of non-empty strings (text that ends "
+                         "the completion; stop_tokens takes token ids).")
+    return tuple(unicode_text("stop", s) for s in values)
+
+
+MAX_LOGPROBS = 20  # the most alternatives a token's log-probabilities may list (OpenAI's top_logprobs bound)
+
+
+def logprobs(value) -> int | None:
+    """None: none; else the number of most probable alternatives to list with each token's log-probability."""
+    if value is None:
+        return None
+    if not is_integer(value) or not 0 <= value <= MAX_LOGPROBS:
+        raise InputError(f"logprobs={_short(value)} must be None or an integer in [0, {MAX_LOGPROBS}]: the "
+                         "alternatives to list beside each token's log-probability.")
+    return int(value)
+
+
+def seed_index(value) -> int:
+    return integer("seed_index", value, InputError, 0, " (which of the seed's random streams: generate's prompt i "
+                   "draws stream i)")
 
 
 def is_real(value) -> bool:

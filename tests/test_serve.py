@@ -104,8 +104,13 @@ def test_sampled_completions_follow_the_seed(server, session):
     ({"prompt": "a", "max_tokens": 0}, 400, r"max_tokens=0 must be an integer >= 1"),
     ({"prompt": "a", "temperature": "hot"}, 400, r"temperature='hot' must be a finite number"),
     ({"prompt": "a", "top_p": 2}, 400, r"top_p=2 must be a number in \(0, 1\]"),
-    ({"prompt": "a", "stop": ["\n"]}, 400, r"stop=\[\"\\n\"\] is not supported"),
-    ({"prompt": "a", "n": 2}, 400, r"n=2 is not supported by ortspec serve; leave it out or send 1"),
+    ({"prompt": "a", "stop": list("abcde")}, 400, r"must hold at most 4 strings"),
+    ({"prompt": "a", "stop": ["\n", ""]}, 400, r"list of non-empty strings"),
+    ({"prompt": "a", "n": 5}, 400, r"n=5 must be an integer in \[1, 4\]: each choice takes a row"),
+    ({"prompt": "a", "logprobs": 6}, 400, r"logprobs=6 must be an integer in \[0, 5\]"),
+    ({"prompt": "a", "echo": True, "logprobs": 1}, 400, r"echo with logprobs .* is not supported"),
+    ({"prompt": "a", "logit_bias": {"5": 10}}, 400, r"logit_bias=.* is not supported by ortspec serve"),
+    ({"prompt": "a", "best_of": 2}, 400, r"best_of=2 is not supported by ortspec serve; leave it out or send 1"),
     ({"prompt": "a", "timeout": 0}, 400, r"timeout=0 must be a number of seconds"),
     ({"prompt": [3, 99999]}, 400, r"token id 99999 outside the vocabulary"),
     ({"prompt": "a " * 60, "max_tokens": 8}, 400, r"> max_length=48"),
@@ -243,3 +248,15 @@ def test_an_exact_mode_server_answers_as_exact_generate(tokenized_model):
             want = exact.generate(prompt, max_new_tokens=n)
             assert complete(server.url, {"prompt": prompt, "max_tokens": n}).text == want
             assert complete(server.url, {"prompt": prompt, "max_tokens": n, "stream": True}).text == want
+
+
+def test_the_choices_of_a_request_are_queued_all_or_none(session):
+    from ortspec.serve.engine import Job, QueueFull
+    from ortspec.speculative.sampling import GREEDY
+
+    engine = Engine(session, max_batch_size=2, max_queue=3)  # not started: jobs stay queued
+    jobs = [Job([1, 2], 4, GREEDY, time.monotonic() + 60, deliver=lambda event: None) for _ in range(4)]
+    engine.submit(*jobs[:2])
+    with pytest.raises(QueueFull, match=r"1 of 3 queue slots are free, for 2 choices"):
+        engine.submit(*jobs[2:])
+    assert engine.queue_depth == 2

@@ -9,10 +9,11 @@
 
 A handler reads the body within the limits (limits.py: 413 over max_body_bytes, 408 past
 body_timeout), then checks and tokenizes the request in a worker thread, never on the event
-loop (400 on anything wrong, 413 for a text over max_prompt_chars, before it is tokenized),
-submits a Job (429 when the queue is full) and reads the job's events from an asyncio queue
-that the engine thread posts into. A client that disconnects cancels its job, which frees its
-row at the engine's next turn: a waiting request's handler watches for the disconnect
+loop (400 on anything wrong, 404 for a model not served, 413 for a text over
+max_prompt_chars, before it is tokenized), submits a Job per choice (429 when the queue is
+full) and reads the jobs' events from an asyncio queue that the engine thread posts into,
+into an ``Answer`` (answer.py: text cut at stop strings, logprobs, the bodies). A client that disconnects cancels its jobs, which frees their
+rows at the engine's next turn: a waiting request's handler watches for the disconnect
 (``_disconnected``), a stream's is cancelled by Starlette. A disconnect is one log line (INFO);
 anything unexpected is a 500 naming the request's id, its traceback logged (ERROR) under it.
 """
@@ -30,30 +31,38 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..detokenizer import IncrementalDetokenizer
 from ..errors import InputError
 from . import openapi, protocol
+from .answer import Answer
 from .chat import ChatTemplate, TemplateError
-from .engine import Engine, Failed, Finished, Job, QueueFull, Tokens, internal_error
+from .engine import Engine, Failed, Job, QueueFull, Tokens, internal_error
 from .limits import Limits
+from .logprobs import TokenTexts
 from .metrics import prometheus_text
 
 log = logging.getLogger("ortspec.serve")
 
 
-def error(status: int, message: str, close: bool = False) -> JSONResponse:
+def error(status: int, message: str, close: bool = False, code: str | None = None,
+          param: str | None = None) -> JSONResponse:
     """An OpenAI-style error body; close: end the connection after it (a body left unread)."""
-    return JSONResponse(protocol.error_body(message, status), status_code=status,
+    return JSONResponse(protocol.error_body(message, status, code, param), status_code=status,
                         headers={"Connection": "close"} if close else None)
 
 
 class Routes:
+    """model_name: the name /v1/models lists; a body's model may also be the directory's name."""
+
     def __init__(self, session, engine: Engine, model_name: str, limits: Limits,
                  chat_template: ChatTemplate | None) -> None:
         self.session, self.engine, self.model = session, engine, model_name
+        self.names = tuple(dict.fromkeys([model_name, session.manifest.dir.name]))
+        self.max_n = min(engine.max_batch_size, engine.max_queue)  # a request's choices are rows, queued together
         self.limits, self.chat_template = limits, chat_template
         self.has_tokenizer = session.manifest.tokenizer_path is not None
         self._mailbox_of: Mailbox | None = None
+        self._texts: TokenTexts | None = None
+        self.created = int(time.time())
 
     async def health(self, request: Request) -> Response:
         if self.engine.error:
@@ -65,10 +74,11 @@ class Routes:
                                  media_type="text/plain; version=0.0.4")
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "ortspec"}]})
+        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
+                                                         "owned_by": "ortspec"}]})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi.description(self.model, self.chat_template is not None))
+        return JSONResponse(openapi.description(self.names, self.chat_template is not None, self.max_n))
 
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, chat=False)
@@ -84,24 +94,42 @@ class Routes:
         try:
             raw = await self._body(request)
             req, prompt = await asyncio.to_thread(self._check, raw, chat, request_id)
-        except protocol.HTTPError as exc:
-            return error(exc.status, str(exc), close=exc.status in (408, 413))  # the rest of a body is not read
+        except protocol.HTTPError as exc:  # the rest of a body is not read past 408 and 413
+            return error(exc.status, str(exc), close=exc.status in (408, 413), code=exc.code, param=exc.param)
         except ClientDisconnect:
             log.info("request %s: the client disconnected before its body arrived", request_id)
             return Response(status_code=499)  # nobody reads it
         except Exception:  # noqa: BLE001
             log.exception("request %s failed while it was checked", request_id)
             return error(500, internal_error(request_id))
-        events: asyncio.Queue = asyncio.Queue()
-        job = Job(prompt, req.max_tokens, req.sampling, time.monotonic() + req.timeout,
-                  deliver=self._mailbox().poster(events), id=request_id)
+        events: asyncio.Queue = asyncio.Queue()  # (choice index, event)
+        mailbox, deadline = self._mailbox(), time.monotonic() + req.timeout
+        jobs = [Job(prompt, req.max_tokens, req.sampling, deadline, deliver=mailbox.poster(events, i), id=request_id,
+                    stop=req.stop, logprobs=req.logprobs, seed_index=i) for i in range(req.n)]
         try:
-            self.engine.submit(job)
+            self.engine.submit(*jobs)
         except QueueFull as exc:
             return error(429 if not self.engine.error else 503, str(exc))
+        answer = Answer(req, self.model, len(prompt), self.session.tokenizer if self.has_tokenizer else None,
+                        self._token_texts(), self._echo(req, prompt))
         if req.stream:
-            return StreamingResponse(self._events(req, job, events), media_type="text/event-stream")
-        return await self._whole(request, req, job, events)
+            return StreamingResponse(self._events(answer, jobs, events), media_type="text/event-stream")
+        return await self._whole(request, answer, jobs, events)
+
+    def _token_texts(self) -> TokenTexts:
+        if self._texts is None:
+            self._texts = TokenTexts(self.session.tokenizer if self.has_tokenizer else None)
+        return self._texts
+
+    def _echo(self, req, prompt: list[int]) -> str:
+        """The prompt's text, where the request echoes it."""
+        if not req.echo or not self.has_tokenizer:
+            return ""
+        return req.prompt if isinstance(req.prompt, str) else self.session.tokenizer.decode(prompt)
+
+    def _cancel(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.engine.cancel(job)
 
     def _mailbox(self) -> Mailbox:
         """The mailbox of the running event loop (one per loop: uvicorn runs one)."""
@@ -135,15 +163,16 @@ class Routes:
     def _check(self, raw: bytes, chat: bool, request_id: str) -> tuple[protocol.Completion, list[int]]:
         """(in a worker thread) The checked request and its prompt's token ids: parsing, the chat
         template and the tokenizer take time in proportion to the body, which the loop must not."""
-        req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id)
+        req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id, self.names,
+                                  self.max_n)
         if chat:
             self._check_length(sum(len(m["content"]) for m in req.messages), "the messages' contents")
         elif isinstance(req.prompt, str):
             self._check_length(len(req.prompt), "the prompt")
         try:
             prompt = self.chat_template.render(req.messages) if chat else req.prompt
-            [checked] = self.session.new_requests(prompt, req.max_tokens, min_new_tokens=1,
-                                                  sampling=req.sampling).requests
+            [checked] = self.session.new_requests(prompt, req.max_tokens, min_new_tokens=1, sampling=req.sampling,
+                                                  stop=req.stop, logprobs=req.logprobs).requests
         except (TemplateError, InputError) as exc:
             raise protocol.BadRequest(str(exc)) from None
         return req, checked.prompt
@@ -156,60 +185,53 @@ class Routes:
                 f"so long a text cannot fit the model's max_length={self.session.manifest.max_length} tokens. "
                 "Shorten it.")
 
-    def _detokenizer(self) -> IncrementalDetokenizer | None:
-        return IncrementalDetokenizer(self.session.tokenizer) if self.has_tokenizer else None
-
-    async def _whole(self, request: Request, req, job: Job, events: asyncio.Queue) -> Response:
-        """Waits for the whole completion; a client gone meanwhile cancels it."""
+    async def _whole(self, request: Request, answer: Answer, jobs: list[Job], events: asyncio.Queue) -> Response:
+        """Waits for every choice; a client gone meanwhile cancels them, a failed one the others."""
         watcher = asyncio.ensure_future(_disconnected(request, events))
-        ids = []
         try:
-            while True:
-                event = await events.get()
+            while not answer.finished:
+                index, event = await events.get()
                 if event is DISCONNECTED:
-                    self.engine.cancel(job)
-                    log.info("request %s: the client disconnected; its request is cancelled", job.id)
+                    self._cancel(jobs)
+                    log.info("request %s: the client disconnected; its request is cancelled", jobs[0].id)
                     return Response(status_code=499)  # nobody reads it
-                if isinstance(event, Tokens):
-                    ids += event.ids
-                elif isinstance(event, Failed):
+                if isinstance(event, Failed):
+                    self._cancel(jobs)
                     return error(event.status, event.message)
-                else:
-                    text = self.session.tokenizer.decode(ids) if self.has_tokenizer else ""
-                    return JSONResponse(protocol.response(req, self.model, text, ids, event.reason, len(job.prompt)))
+                answer.take(index, event)
+            return JSONResponse(answer.whole())
         finally:
             watcher.cancel()
 
-    async def _events(self, req, job: Job, events: asyncio.Queue):
+    async def _events(self, answer: Answer, jobs: list[Job], events: asyncio.Queue):
         """Server-sent events as tokens commit; Starlette cancels this when the client goes away,
-        and the job with it."""
-        detokenizer, done, count = self._detokenizer(), False, 0
+        and the jobs with it."""
+        done = False
         try:
-            while not done:
-                event = _coalesced(await events.get(), events)
-                if isinstance(event, Tokens) and event.ids:  # text "" while a character is unfinished
-                    count += len(event.ids)
-                    yield protocol.chunk(req, self.model, detokenizer.add(event.ids) if detokenizer else "", event.ids)
-                elif isinstance(event, Finished):
+            for echoed in answer.echo_chunks():
+                yield echoed
+            while not answer.finished:
+                index, event = _coalesced(await events.get(), events)
+                if isinstance(event, Failed):
                     done = True
-                    yield protocol.chunk(req, self.model, detokenizer.finish() if detokenizer else "", [],
-                                         finish_reason=event.reason)
-                    if req.include_usage:
-                        yield protocol.chunk(req, self.model, "", [], usage_counts=protocol.usage(len(job.prompt),
-                                                                                                   count))
-                    yield protocol.DONE
-                elif isinstance(event, Failed):
-                    done = True
+                    self._cancel(jobs)
                     yield _error_event(event.status, event.message)
+                    return
+                piece = answer.chunk(index, event)
+                done = answer.finished  # every job has ended: none to cancel
+                yield piece
+            if answer.req.include_usage:
+                yield answer.usage_chunk()
+            yield protocol.DONE
         except Exception:  # noqa: BLE001  (the headers are out: the error goes as the last event)
             done = True
-            self.engine.cancel(job)
-            log.exception("request %s failed while it streamed", job.id)
-            yield _error_event(500, internal_error(job.id))
+            self._cancel(jobs)
+            log.exception("request %s failed while it streamed", jobs[0].id)
+            yield _error_event(500, internal_error(jobs[0].id))
         finally:
             if not done:
-                self.engine.cancel(job)
-                log.info("request %s: the client disconnected; its stream is cancelled", job.id)
+                self._cancel(jobs)
+                log.info("request %s: the client disconnected; its stream is cancelled", jobs[0].id)
 
 
 DISCONNECTED = object()  # posted into a waiting request's events when its client goes away
@@ -219,7 +241,7 @@ async def _disconnected(request: Request, events: asyncio.Queue) -> None:
     """Posts DISCONNECTED once the client has gone (the body is read: receive() answers nothing else)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    events.put_nowait(DISCONNECTED)
+    events.put_nowait((None, DISCONNECTED))
 
 
 def _error_event(status: int, message: str) -> str:
@@ -236,12 +258,12 @@ class Mailbox:
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue, object]] = []
 
-    def poster(self, events: asyncio.Queue):
-        """deliver(event) for the engine thread: the event into this handler's queue, on the loop."""
+    def poster(self, events: asyncio.Queue, index: int = 0):
+        """deliver(event) for the engine thread: (index, event) into this handler's queue, on the loop."""
 
         def deliver(event) -> None:
             with self._lock:
-                self._pending.append((events, event))
+                self._pending.append((events, (index, event)))
                 if len(self._pending) > 1:
                     return  # a flush is already scheduled
             try:
@@ -258,15 +280,23 @@ class Mailbox:
             events.put_nowait(event)
 
 
-def _coalesced(event, events: asyncio.Queue):
-    """A Tokens event with the Tokens queued behind it (a stream that fell behind sends one chunk
-    for several steps); the first event that is not Tokens stays queued."""
+def _coalesced(item: tuple, events: asyncio.Queue) -> tuple:
+    """A choice's Tokens event with its Tokens queued right behind it (a stream that fell behind
+    sends one chunk for several steps); the first other event stays queued."""
+    index, event = item
     if not isinstance(event, Tokens):
-        return event
-    ids = list(event.ids)
-    while not events.empty() and isinstance(events._queue[0], Tokens):  # noqa: SLF001  (peek, no await)
-        ids += events.get_nowait().ids
-    return Tokens(ids)
+        return item
+    ids, logprobs = list(event.ids), None if event.logprobs is None else list(event.logprobs)
+    while not events.empty() and _is_tokens_of(events._queue[0], index):  # noqa: SLF001  (peek, no await)
+        more = events.get_nowait()[1]
+        ids += more.ids
+        if logprobs is not None:
+            logprobs += more.logprobs
+    return index, Tokens(ids, logprobs)
+
+
+def _is_tokens_of(item: tuple, index: int) -> bool:
+    return item[0] == index and isinstance(item[1], Tokens)
 
 
 def create_app(session, engine: Engine, model_name: str, limits: Limits | None = None,

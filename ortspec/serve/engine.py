@@ -19,10 +19,12 @@ running requests with 500, and the thread closes its batcher and opens a new one
 committed states are never stepped again), then goes on. Only a batcher that cannot be opened
 stops the thread: every waiting job then fails, and /health answers 503.
 
-The queue is bounded: ``submit`` raises ``QueueFull`` (HTTP 429) when max_queue jobs wait.
-Events reach a job through ``job.deliver`` (the handler posts them into its event loop):
-``Tokens(ids)``, ``Finished(reason)`` ("stop", "length", "timeout"; the last event) or
-``Failed(status, message)`` (the last event).
+The queue is bounded: ``submit`` raises ``QueueFull`` (HTTP 429) when max_queue jobs wait
+(a request of n choices submits n jobs, all or none). Events reach a job through
+``job.deliver`` (the handler posts them into its event loop): ``Tokens(ids, logprobs)``,
+``Finished(reason)`` ("stop", "length", "timeout"; the last event) or ``Failed(status,
+message)`` (the last event). A job's stop strings end its request in the loop, at the token
+that completes one (``Request.extend``), which frees its row there and then.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class QueueFull(Exception):
 @dataclasses.dataclass
 class Tokens:
     ids: list[int]
+    logprobs: list | None = None  # their TokenLogprob entries, for a job that asks
 
 
 @dataclasses.dataclass
@@ -77,6 +80,9 @@ class Job:
     deadline: float  # time.monotonic() after which it is stopped
     deliver: Callable[[object], None]  # called on the engine thread with each event
     id: str = "-"  # the response's id, in log lines and 500 messages
+    stop: tuple[str, ...] = ()  # stop strings
+    logprobs: int | None = None  # alternatives per token's log-probability (None: none)
+    seed_index: int = 0  # the random stream of the seed it draws from (choice i: i)
     request_id: int | None = None  # the batcher's id once admitted
     sent: int = 0  # tokens delivered
     cancelled: bool = False  # the client went away (set by Engine.cancel, any thread)
@@ -120,15 +126,17 @@ class Engine:
         self._thread.start()
         self._started.wait()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, *jobs: Job) -> None:
+        """Queues the jobs (a request's choices), all of them or none."""
         with self._wake:
             if self._stopping or self.error:
                 raise QueueFull("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
-            if len(self._queue) >= self.max_queue:
-                running = self.running
-                raise QueueFull(f"all {self.max_queue} queue slots are taken ({running} request"
-                                f"{'s' if running != 1 else ''} running); retry later.")
-            self._queue.append(job)
+            if len(self._queue) + len(jobs) > self.max_queue:
+                running, free = self.running, self.max_queue - len(self._queue)
+                taken = (f"all {self.max_queue} queue slots are taken" if not free else
+                         f"{free} of {self.max_queue} queue slots are free, for {len(jobs)} choices")
+                raise QueueFull(f"{taken} ({running} request{'s' if running != 1 else ''} running); retry later.")
+            self._queue.extend(jobs)
             self._wake.notify()
 
     def cancel(self, job: Job) -> None:
@@ -194,7 +202,7 @@ class Engine:
                 self.batcher.cancel(rid)
                 self.metrics.finished["cancelled"] += 1
             elif now > job.deadline:
-                job.deliver(Tokens(self.batcher.result(rid)[job.sent:]))
+                self._send(rid, job, self.batcher.result(rid)[job.sent:])
                 self.batcher.cancel(rid)
                 self._finish(rid, "timeout")
         with self._wake:
@@ -221,7 +229,8 @@ class Engine:
             self.metrics.finished["cancelled"] += 1
             return
         try:
-            job.request_id = self.batcher.add_request(job.prompt, max_new_tokens=job.max_tokens,
+            job.request_id = self.batcher.add_request(job.prompt, max_new_tokens=job.max_tokens, stop=job.stop,
+                                                      logprobs=job.logprobs, seed_index=job.seed_index,
                                                       **dataclasses.asdict(job.sampling))
         except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
             self._fail(job, 400, str(exc))
@@ -258,12 +267,17 @@ class Engine:
         job = self._running.get(rid)
         if job is None:
             return
-        if tokens:
-            job.sent += len(tokens)
-            job.deliver(Tokens(tokens))
+        self._send(rid, job, tokens)
         reason = self.batcher.finish_reason(rid)
         if reason is not None:
             self._finish(rid, reason)
+
+    def _send(self, rid: int, job: Job, tokens: list[int]) -> None:
+        """The job's next tokens, with their log-probabilities where it asks."""
+        if tokens:
+            logprobs = self.batcher.logprobs(rid, job.sent)[: len(tokens)] if job.logprobs is not None else None
+            job.sent += len(tokens)
+            job.deliver(Tokens(tokens, logprobs))
 
     def _finish(self, rid: int, reason: str) -> None:
         job = self._running.pop(rid)

@@ -1,22 +1,26 @@
 """The OpenAPI 3.1 description of ortspec serve's routes, served at GET /openapi.json.
 
 Written by hand from protocol.py's checks (the fields, their types and ranges), so that a
-client generator or a schema fuzzer (tests/test_fuzz_server.py) sees what the server accepts;
-fields the server refuses (stop strings, n > 1, logprobs, ...) are left out, and a field sent
-as null means its default. Some limits no schema can say (a prompt's length in tokens, token
-ids within the vocabulary, temperature 0 or >= 1e-4) are refused with 400 as well. Every error
-answer has the OpenAI error body (ErrorBody).
+client generator or a schema fuzzer (tests/test_fuzz_openapi.py) sees what the server accepts;
+fields the server refuses (penalties, logit_bias, best_of > 1, ...) are left out, and a field
+sent as null means its default. Some limits no schema can say (a prompt's length in tokens,
+token ids within the vocabulary, temperature 0 or >= 1e-4, top_logprobs without logprobs,
+echo with logprobs) are refused with 400 as well. Every error answer has the OpenAI error
+body (ErrorBody).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .protocol import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOPS
+
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # validation.sampling: finite as a float32
 FLOAT32_TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest top_p that is not 0 in float32
 
 ERRORS = {
     "400": "a field or the body is wrong (the message names it)",
+    "404": "the body's model is not served here (code model_not_found)",
     "408": "the body did not arrive within --body-timeout",
     "413": "the body is over --max-body-bytes, or a text over --max-prompt-chars",
     "429": "every queue slot is taken (--max-queue)",
@@ -33,48 +37,71 @@ FIELDS = {
     "top_p": {"type": "number", "minimum": FLOAT32_TINY, "maximum": 1, "default": 1},
     "top_k": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "default": 0,
               "description": "0, or the vocabulary size or more, keeps every token"},
-    "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
+    "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1,
+             "description": "choice i draws random stream i of the seed"},
     "stream": {"type": "boolean", "default": False},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds, at most --request-timeout"},
-    "n": {"const": 1},
-    "model": {"type": "string", "description": "any: the server serves one model"},
+    "stop": {"anyOf": [{"type": "string", "maxLength": MAX_STOP_CHARS},
+                       {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+                        "maxItems": MAX_STOPS}],
+             "description": "text that ends a choice (left out of its text), matched across tokens"},
 }
-SAMPLING = {name: {"anyOf": [schema, {"type": "null"}]} for name, schema in FIELDS.items()}  # null: the default
+COMPLETION_FIELDS = {
+    "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS[False],
+                 "description": "each token's log-probability and this many alternatives"},
+    "echo": {"type": "boolean", "default": False, "description": "the prompt's text before the completion's"},
+}
+CHAT_FIELDS = {
+    "logprobs": {"type": "boolean", "default": False},
+    "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS[True],
+                     "description": "alternatives per token; needs logprobs: true"},
+    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+}
+TEXT_PART = {"type": "object", "required": ["type", "text"],
+             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
 
-COMPLETION_REQUEST = {
-    "type": "object",
-    "required": ["prompt"],
-    "properties": {
-        "prompt": {"oneOf": [{"type": "string", "minLength": 1}, TOKEN_IDS,
-                             {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
-                             {"type": "array", "items": TOKEN_IDS, "minItems": 1, "maxItems": 1}]},
-        **SAMPLING,
-    },
-}
 
-CHAT_REQUEST = {
-    "type": "object",
-    "required": ["messages"],
-    "properties": {
-        "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role", "content"],
-            "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
-        **SAMPLING,
-    },
-}
+def _nullable(fields: dict) -> dict:
+    return {name: {"anyOf": [schema, {"type": "null"}]} for name, schema in fields.items()}  # null: the default
+
+
+def _fields(models: tuple, max_n: int, route: dict) -> dict:
+    served = {"model": {"enum": list(models), "description": "the served model's name or an alias"},
+              "n": {"type": "integer", "minimum": 1, "maximum": max_n, "default": 1,
+                    "description": "choices, each a row of the batch (--max-batch-size)"}}
+    return _nullable({**FIELDS, **route, **served})
+
+
+def completion_request(models: tuple, max_n: int) -> dict:
+    prompt = {"oneOf": [{"type": "string", "minLength": 1}, TOKEN_IDS,
+                        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+                        {"type": "array", "items": TOKEN_IDS, "minItems": 1, "maxItems": 1}]}
+    return {"type": "object", "required": ["prompt"],
+            "properties": {"prompt": prompt, **_fields(models, max_n, COMPLETION_FIELDS)}}
+
+
+def chat_request(models: tuple, max_n: int) -> dict:
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}
+    messages = {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"], "properties": {"role": {"type": "string"},
+                                                                         "content": content}}}
+    return {"type": "object", "required": ["messages"],
+            "properties": {"messages": messages, **_fields(models, max_n, CHAT_FIELDS)}}
+
 
 ERROR_BODY = {
     "type": "object",
     "required": ["error"],
     "properties": {"error": {"type": "object", "required": ["message", "type", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "null"},
-        "code": {"type": "integer"}}}},
+        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+        "code": {"type": ["integer", "string"], "description": "the status, or OpenAI's code (model_not_found)"}}}},
 }
 
 CHOICE = {"type": "object", "required": ["index", "token_ids", "finish_reason"], "properties": {
     "index": {"type": "integer"}, "text": {"type": "string"}, "token_ids": {"type": "array", "items": {"type": "integer"}},
-    "message": {"type": "object"}, "finish_reason": {"enum": ["stop", "length", "timeout"]}}}
+    "message": {"type": "object"}, "logprobs": {"type": ["object", "null"]},
+    "finish_reason": {"enum": ["stop", "length", "timeout"]}}}
 
 COMPLETION = {
     "type": "object",
@@ -107,8 +134,9 @@ def _get(summary: str, media: str = "application/json") -> dict:
         media: {"schema": {"type": "string"} if media != "application/json" else {"type": "object"}}}}}}}
 
 
-def description(model: str, chat: bool) -> dict:
-    """The OpenAPI document for a server of `model` (/v1/chat/completions only with a chat template)."""
+def description(models: tuple, chat: bool, max_n: int) -> dict:
+    """The OpenAPI document for a server of models[0] (its aliases after it; /v1/chat/completions
+    only with a chat template) whose requests may ask up to max_n choices."""
     paths = {
         "/health": _get("ok, or 503 once the engine failed"),
         "/metrics": _get("Prometheus text", "text/plain"),
@@ -118,6 +146,8 @@ def description(model: str, chat: bool) -> dict:
     }
     if chat:
         paths["/v1/chat/completions"] = _post("messages -> completion", "ChatCompletionRequest")
-    return {"openapi": "3.1.0", "info": {"title": f"ortspec serve: {model}", "version": "1"}, "paths": paths,
-            "components": {"schemas": {"CompletionRequest": COMPLETION_REQUEST, "ChatCompletionRequest": CHAT_REQUEST,
-                                       "Completion": COMPLETION, "ErrorBody": ERROR_BODY, "Event": EVENT}}}
+    schemas = {"CompletionRequest": completion_request(models, max_n),
+               "ChatCompletionRequest": chat_request(models, max_n),
+               "Completion": COMPLETION, "ErrorBody": ERROR_BODY, "Event": EVENT}
+    return {"openapi": "3.1.0", "info": {"title": f"ortspec serve: {models[0]}", "version": "1"}, "paths": paths,
+            "components": {"schemas": schemas}}

@@ -1,15 +1,19 @@
 """The OpenAI wire format: request bodies checked into ``Completion``, and response bodies built.
 
 Fields of /v1/completions and /v1/chat/completions that ortspec serves: prompt (a str, token
-ids, or a list of one of those) or messages, max_tokens (default 16, as OpenAI), temperature
-(default 0 = greedy: ortspec's default, where OpenAI's is 1), top_p, top_k (an extension, as
-vLLM has it), seed, stream, stream_options.include_usage, n = 1, and the extension ``timeout``
-(seconds; at most the server's --request-timeout). Fields that would change what is generated
-and that ortspec cannot honour (stop strings, n > 1, logprobs, echo, penalties, best_of) are
-refused with a 400 naming them, rather than ignored; other unknown fields are ignored, and a
-field sent as null means its default. A body nested deeper than MAX_JSON_DEPTH is refused.
-Each choice carries ``token_ids`` (an extension): the generated ids, also for models without a
-tokenizer (whose ``text`` is then empty).
+ids, or a list of one of those) or messages (content a string or a list of text parts),
+model (the served name or an alias; another is 404 model_not_found), max_tokens (chat also
+max_completion_tokens; default 16, as OpenAI), temperature (default 0 = greedy: ortspec's
+default, where OpenAI's is 1), top_p, top_k (an extension, as vLLM has it), seed, n (choices,
+each a row of the batch; with a seed choice i draws random stream i), stop (up to 4 strings),
+logprobs (completions: N alternatives; chat: a flag, with top_logprobs N), echo (completions),
+stream, stream_options.include_usage, and the extension ``timeout`` (seconds; at most the
+server's --request-timeout). Fields that would change what is generated and that ortspec
+cannot honour (UNSUPPORTED: penalties, logit_bias, best_of > 1, ...) are refused with a 400
+naming them, rather than ignored; other unknown fields are ignored, and a field sent as null
+means its default. A body nested deeper than MAX_JSON_DEPTH is refused. Each choice carries
+``token_ids`` (an extension): the generated ids, also for models without a tokenizer (whose
+``text`` is then empty); at a stop string they run to the token that completed it.
 """
 
 from __future__ import annotations
@@ -23,16 +27,18 @@ from .. import validation
 from ..errors import InputError
 from ..speculative.sampling import SamplingParams
 
-UNSUPPORTED = {"stop": None, "n": 1, "logprobs": None, "top_logprobs": None, "echo": False, "best_of": 1,
-               "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "suffix": None,
-               "tools": None, "response_format": None}  # field -> the only value accepted
-MAX_JSON_DEPTH = 32  # nested objects and arrays a body may hold (a chat body needs 3)
+UNSUPPORTED = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
+               "logit_bias": None, "suffix": None, "tools": None, "response_format": None, "min_p": 0,
+               "min_tokens": 0}  # field -> the only value accepted
+MAX_JSON_DEPTH = 32  # nested objects and arrays a body may hold (a chat body with text parts needs 5)
+MAX_STOPS, MAX_STOP_CHARS = 4, 1000  # stop strings a request may send (OpenAI's 4), characters in each
+MAX_LOGPROBS = {False: 5, True: validation.MAX_LOGPROBS}  # chat -> the most alternatives per token (OpenAI's)
 
 
 class HTTPError(Exception):
-    """A request the server answers with ``status`` and this message."""
+    """A request the server answers with ``status`` and this message (code, param: OpenAI's error fields)."""
 
-    status = 400
+    status, code, param = 400, None, None
 
 
 class BadRequest(HTTPError):
@@ -51,6 +57,12 @@ class BodyTimeout(HTTPError):
     status = 408
 
 
+class ModelNotFound(HTTPError):
+    """404: the body names a model this server does not serve."""
+
+    status, code, param = 404, "model_not_found", "model"
+
+
 def new_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:24]}"
 
@@ -60,13 +72,17 @@ class Completion:
     """One checked request: what to generate and how to answer."""
 
     prompt: str | list[int] | None  # None for chat (messages instead)
-    messages: list[dict] | None
+    messages: list[dict] | None  # contents as strings
     max_tokens: int
     sampling: SamplingParams
     stream: bool
     include_usage: bool
     timeout: float
     chat: bool
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # the alternatives to list with each token's log-probability; None: no logprobs
+    echo: bool = False
     id: str = dataclasses.field(default_factory=new_id)
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -84,7 +100,7 @@ def parse_json(raw: bytes) -> dict:
         raise BadRequest(f"the body is a JSON {type(body).__name__}; send a JSON object.")
     if _depth(body) > MAX_JSON_DEPTH:
         raise BadRequest(f"the body nests objects or arrays more than {MAX_JSON_DEPTH} levels deep; a request needs "
-                         "at most 3.")
+                         "at most 5.")
     return body
 
 
@@ -100,31 +116,92 @@ def _depth(value) -> int:
     return deepest
 
 
-def completion(body: dict, chat: bool, max_timeout: float, request_id: str | None = None) -> Completion:
-    """Checks a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the field."""
+def completion(body: dict, chat: bool, max_timeout: float, request_id: str | None = None, models: tuple = (),
+               max_n: int = 1) -> Completion:
+    """Checks a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the
+    field. models: the names served (empty: any); max_n: the most choices (the batch's rows)."""
     body = {name: value for name, value in body.items() if value is not None}  # null: the default
     for name, accepted in UNSUPPORTED.items():
         if name in body and body[name] != accepted and not (accepted is None and body[name] in ([], "")):
             raise BadRequest(f"{name}={_short(body[name])} is not supported by ortspec serve; leave it out"
                              f"{'' if accepted is None else f' or send {accepted!r}'}.")
-    if not isinstance(body.get("model", ""), str):
-        raise BadRequest(f"model={_short(body['model'])} must be a string (the server serves one model, whatever the "
-                         "name).")
+    _model(body, models)
     options = body.get("stream_options", {})
     if not isinstance(options, dict):
         raise BadRequest(f"stream_options={_short(options)} must be an object such as {{\"include_usage\": true}}.")
     try:
         sampling = validation.sampling(body.get("temperature", 0.0), body.get("top_k", 0), body.get("top_p", 1.0),
                                        body.get("seed"))
-        max_tokens = validation.max_new_tokens(body.get("max_tokens", 16), minimum=1)
+        max_tokens = validation.max_new_tokens(_max_tokens(body, chat), minimum=1)
         stream = validation.flag("stream", body.get("stream", False))
         include_usage = validation.flag("stream_options.include_usage", options.get("include_usage", False))
+        echo = validation.flag("echo", body.get("echo", False))
+        stop = validation.stop_strings(body.get("stop"))
     except InputError as exc:
         raise BadRequest(str(exc).replace("max_new_tokens", "max_tokens")) from None
+    logprobs = _logprobs(body, chat)
+    _check_choices(chat, echo, logprobs, stop)
     return Completion(prompt=None if chat else _prompt(body), messages=_messages(body) if chat else None,
                       max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
                       timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat,
-                      id=request_id or new_id())
+                      id=request_id or new_id(), n=_n(body.get("n", 1), max_n), stop=stop, logprobs=logprobs,
+                      echo=echo)
+
+
+def _model(body: dict, models: tuple) -> None:
+    if "model" not in body:
+        return
+    if not isinstance(body["model"], str):
+        raise BadRequest(f"model={_short(body['model'])} must be a string: the served model's name.")
+    if models and body["model"] not in models:
+        raise ModelNotFound(f"the model {_short(body['model'])} does not exist here; this server serves "
+                            f"{' or '.join(map(json.dumps, models))} (GET /v1/models).")
+
+
+def _max_tokens(body: dict, chat: bool):
+    if chat and "max_completion_tokens" in body and "max_tokens" not in body:  # chat's newer name for it
+        return body["max_completion_tokens"]
+    return body.get("max_tokens", 16)
+
+
+def _n(value, max_n: int) -> int:
+    if not validation.is_integer(value) or not 1 <= value <= max_n:
+        raise BadRequest(f"n={_short(value)} must be an integer in [1, {max_n}]: each choice takes a row of this "
+                         "server's batch (at most --max-batch-size, and --max-queue, choices).")
+    return int(value)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives to list with each token's log-probability, or None (no logprobs)."""
+    limit = MAX_LOGPROBS[chat]
+    if not chat:
+        if "top_logprobs" in body:
+            raise BadRequest("top_logprobs is a /v1/chat/completions field; /v1/completions takes logprobs=N "
+                             f"(N alternatives, 0..{limit}).")
+        value, name = body.get("logprobs"), "logprobs"
+    else:
+        asked = body.get("logprobs", False)
+        if not isinstance(asked, bool):
+            raise BadRequest(f"logprobs={_short(asked)} must be true or false (top_logprobs=N lists N alternatives).")
+        if not asked:
+            if "top_logprobs" in body:
+                raise BadRequest("top_logprobs needs logprobs: true.")
+            return None
+        value, name = body.get("top_logprobs", 0), "top_logprobs"
+    if value is not None and not (validation.is_integer(value) and 0 <= value <= limit):
+        raise BadRequest(f"{name}={_short(value)} must be an integer in [0, {limit}]: the most probable tokens to "
+                         "list beside each token's log-probability.")
+    return None if value is None else int(value)
+
+
+def _check_choices(chat: bool, echo: bool, logprobs: int | None, stop: tuple[str, ...]) -> None:
+    if echo and chat:
+        raise BadRequest("echo is a /v1/completions field; leave it out of a chat completion.")
+    if echo and logprobs is not None:
+        raise BadRequest("echo with logprobs (the prompt's log-probabilities) is not supported; send one of them.")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise BadRequest(f"stop={_short(list(stop))} must hold at most {MAX_STOPS} strings of at most "
+                         f"{MAX_STOP_CHARS} characters each.")
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -143,14 +220,28 @@ def _prompt(body: dict) -> str | list[int]:
 
 
 def _messages(body: dict) -> list[dict]:
+    """The messages with each content as one string (text parts joined by newlines, as vLLM does)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects.")
     for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise BadRequest(f"messages[{i}]={_short(m)} must be an object with a string 'role' and a string "
-                             "'content'.")
-    return messages
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
+            raise BadRequest(f"messages[{i}]={_short(m)} must be an object with a string 'role' and a 'content': a "
+                             "string or a list of text parts.")
+    return [{**m, "content": _content(m["content"], i)} for i, m in enumerate(messages)]
+
+
+def _content(content: str | list, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise BadRequest(f"messages[{i}].content[{j}] has type {_short(kind)}; ortspec serve takes text parts "
+                             "only: {\"type\": \"text\", \"text\": ...}.")
+        if not isinstance(part.get("text"), str):
+            raise BadRequest(f"messages[{i}].content[{j}].text={_short(part.get('text'))} must be a string.")
+    return "\n".join(part["text"] for part in content)
 
 
 def _timeout(value, limit: float) -> float:
@@ -166,10 +257,12 @@ def _short(value, limit: int = 60) -> str:
 
 
 # -- responses ----------------------------------------------------------------------------------
-def error_body(message: str, status: int) -> dict:
+def error_body(message: str, status: int, code: str | None = None, param: str | None = None) -> dict:
     kind = {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
             413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    if code == ModelNotFound.code:
+        kind = "invalid_request_error"  # as OpenAI answers an unknown model
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -177,26 +270,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _choice(req: Completion, text: str, token_ids: list[int], finish_reason: str | None, stream: bool) -> dict:
+def choice(req: Completion, index: int, text: str, token_ids: list[int], finish_reason: str | None,
+           logprobs: dict | None = None, stream: bool = False) -> dict:
+    """One choice (stream: of a chunk, its text a piece); logprobs in the route's shape (logprobs.py)."""
     if not req.chat:
-        return {"index": 0, "text": text, "token_ids": token_ids, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "token_ids": token_ids, "logprobs": logprobs,
+                "finish_reason": finish_reason}
     message = {"role": "assistant", "content": text}
-    return {"index": 0, "delta" if stream else "message": message, "token_ids": token_ids, "logprobs": None,
+    return {"index": index, "delta" if stream else "message": message, "token_ids": token_ids, "logprobs": logprobs,
             "finish_reason": finish_reason}
 
 
-def response(req: Completion, model: str, text: str, token_ids: list[int], finish_reason: str,
-             prompt_tokens: int) -> dict:
+def response(req: Completion, model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
     return {"id": req.id, "object": "chat.completion" if req.chat else "text_completion", "created": req.created,
-            "model": model, "choices": [_choice(req, text, token_ids, finish_reason, stream=False)],
-            "usage": usage(prompt_tokens, len(token_ids))}
+            "model": model, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def chunk(req: Completion, model: str, text: str, token_ids: list[int], finish_reason: str | None = None,
-          usage_counts: dict | None = None) -> str:
-    """One server-sent event: a piece of the completion (usage_counts: the final usage-only chunk)."""
+def chunk(req: Completion, model: str, choices: list[dict], usage_counts: dict | None = None) -> str:
+    """One server-sent event: pieces of the choices (usage_counts: the final usage-only chunk)."""
     body = {"id": req.id, "object": "chat.completion.chunk" if req.chat else "text_completion", "created": req.created,
-            "model": model, "choices": [] if usage_counts else [_choice(req, text, token_ids, finish_reason, True)]}
+            "model": model, "choices": choices}
     if usage_counts:
         body["usage"] = usage_counts
     return f"data: {json.dumps(body)}\n\n"

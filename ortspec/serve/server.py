@@ -73,6 +73,25 @@ def _log_to_stderr(level: str) -> None:
         log.addHandler(handler)
 
 
+class Service:
+    """The engine thread (not started) and the ASGI app over a Session, every option checked:
+    what a Server serves on its socket, and what each Ray Serve replica serves (ray.py)."""
+
+    def __init__(self, session, max_batch_size: int = 8, max_queue: int = 64, model_name: str | None = None,
+                 log_level: str = "warning", **limits) -> None:
+        require_dependencies()
+        from .app import create_app
+        from .chat import ChatTemplate
+        from .engine import Engine
+
+        self.limits = check_options(max_batch_size, max_queue, log_level, **limits).with_model(session)
+        _log_to_stderr(log_level)
+        self.engine = Engine(session, int(max_batch_size), int(max_queue))
+        self.model_name = model_name or session.manifest.dir.name
+        self.app = create_app(session, self.engine, self.model_name, self.limits,
+                              ChatTemplate.from_model_dir(session.manifest.dir))
+
+
 class Server:
     def __init__(self, session, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 8,
                  max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
@@ -82,23 +101,15 @@ class Server:
         require_dependencies()
         import uvicorn
 
-        from .app import create_app
-        from .chat import ChatTemplate
-        from .engine import Engine
         from .limits import header_timeout_protocol
 
-        limits = check_options(max_batch_size, max_queue, log_level, request_timeout=request_timeout,
-                               max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
-                               body_timeout=body_timeout, header_timeout=header_timeout)
-        self.limits = limits.with_model(session)
-        _log_to_stderr(log_level)
-        self.engine = Engine(session, int(max_batch_size), int(max_queue))
-        self.model_name = model_name or session.manifest.dir.name
-        app = create_app(session, self.engine, self.model_name, self.limits,
-                         ChatTemplate.from_model_dir(session.manifest.dir))
+        service = Service(session, max_batch_size, max_queue, model_name, log_level, request_timeout=request_timeout,
+                          max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
+                          body_timeout=body_timeout, header_timeout=header_timeout)
+        self.limits, self.engine, self.model_name, app = service.limits, service.engine, service.model_name, service.app
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off",
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", loop="asyncio",
                                                      http=header_timeout_protocol(self.limits.header_timeout),
                                                      timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None

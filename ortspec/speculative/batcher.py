@@ -38,6 +38,7 @@ import weakref
 from .. import validation
 from ..errors import ClosedError, ConcurrentUseError, InputError
 from .decoder import Decoder
+from .logprobs import TokenLogprob
 from .requests import Request
 from .stats import Stats
 
@@ -136,18 +137,23 @@ class Batcher:
         return self.requests[rid].output_length > self._reported[rid]
 
     def add_request(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
-                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> int:
+                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop=None,
+                    logprobs: int | None = None, seed_index: int = 0) -> int:
         """Validates and prefills one prompt into a free row; returns the request id.
 
         prompt: token ids (as for Session.generate), or a str, encoded with the model's
         tokenizer; step() and result() return token ids either way (session.tokenizer.decode
-        turns them into text). max_new_tokens >= 1; stop_tokens and the sampling arguments
-        (temperature, top_k, top_p, seed) as for generate: with the same seed a request gets the
-        tokens generate(prompt, seed=seed) gets."""
+        turns them into text). max_new_tokens >= 1; stop_tokens, stop (strings) and the sampling
+        arguments (temperature, top_k, top_p, seed) as for generate: with the same seed a request
+        gets the tokens generate(prompt, seed=seed) gets, and with seed_index i those that prompt
+        i of generate([...], seed=seed) gets. logprobs N (0..20): each token's log-probability
+        under the model (the log-softmax of the target's logits) and the N most probable
+        alternatives, read with logprobs(id); such a request's steps keep the logits on the host."""
         with self._call():
             params = validation.sampling(temperature, top_k, top_p, seed)
             validation.sampling_graphs(self.session.manifest, self.session.k, params, self.session.auto_k)
-            new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params)
+            new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params,
+                                            stop=stop, logprobs=logprobs, seed_index=seed_index)
             validation.single_prompt([r.prompt for r in new.requests], new.single)
             [req] = new.requests
             row = next((i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done),
@@ -189,12 +195,21 @@ class Batcher:
             self._reported[request_id] = req.output_length
 
     def finish_reason(self, request_id: int) -> str | None:
-        """None while the request runs; then "stop" (a stop token), "length" (max_new_tokens) or "cancelled"."""
+        """None while the request runs; then "stop" (a stop token or string), "length" (max_new_tokens)
+        or "cancelled"."""
         return self._request(request_id).finish_reason
 
     def result(self, request_id: int) -> list[int]:
         """The request's tokens so far (all of them once it is done)."""
         return self._request(request_id).output()
+
+    def logprobs(self, request_id: int, start: int = 0) -> list[TokenLogprob]:
+        """The log-probabilities of result(request_id)[start:], for a request added with logprobs."""
+        req = self._request(request_id)
+        if req.logprobs is None:
+            raise InputError(f"request {request_id} was added without logprobs; add_request(..., logprobs=N) keeps "
+                             "them.")
+        return req.output_logprobs(validation.integer("start", start, InputError, 0))
 
     def _request(self, request_id: int) -> Request:
         request_id = validation.request_id(request_id)

@@ -35,7 +35,7 @@ from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
 from ..runtime.graphs import GraphSet
 from ..runtime.model import MTPHead
 from ..runtime.states import Rows
-from . import sampler
+from . import logprobs, sampler
 from .auto_k import KChooser, Tail
 from .commits import COMMITS
 from .drafts import DraftSource, MTPDrafts
@@ -197,8 +197,9 @@ class Decoder:
         return Flight(run, run.n, plan, ahead)
 
     def _record(self, flight: Flight, result: StepResult) -> None:
-        """What a read step did: emit each live row's tokens, check positions, count, keep the
-        head's entries, tell the policy; the hook where nothing is in flight."""
+        """What a read step did: emit each live row's tokens (with their log-probabilities where it
+        asks), check positions, count, keep the head's entries, tell the policy; the hook where
+        nothing is in flight."""
         plan, requests = flight.plan, flight.run.requests
         live = np.array([not r.done for r in requests])
         if not live.any():
@@ -211,7 +212,9 @@ class Decoder:
             if live[j]:
                 self._check_positions(req, int(result.first[j]))
                 req.last_first_position, req.last_accepted = int(result.first[j]), int(result.accepted[j])
-                self._emit(req, result.tokens[j, : result.accepted[j] + 1])
+                row_logprobs = result.logprobs.get(j) if result.logprobs else None
+                self._emit(req, result.tokens[j, : result.accepted[j] + 1],
+                           row_logprobs and row_logprobs[: result.accepted[j] + 1])
         if result.hidden is not None:  # a decode: its head entries wait
             self.head.defer_step(requests, flight.run.rows, result.hidden, result.hidden_dtype, result.tokens[:, 0],
                                  result.first)
@@ -283,12 +286,14 @@ class Decoder:
             out = target.prefill(rows, ids, positions)
             for req in requests:
                 req.tokens = list(req.prompt)
-            first = sampler.pick(requests, out, np.full(len(requests), n - 1, np.int64))  # [B]
+            last = np.full(len(requests), n - 1, np.int64)
+            first = sampler.pick(requests, out, last)  # [B]
+            first_logprobs = logprobs.of_forward(requests, out, first[:, None], last) or {}
             if self.head is not None:
                 next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [B, n]
                 self.head.defer_prompts(requests, rows, out["hidden"], next_ids)
-        for req, token in zip(requests, first):
-            req.extend([token])
+        for j, (req, token) in enumerate(zip(requests, first)):
+            req.extend([token], first_logprobs.get(j))
             if not req.placeholder:
                 self.stats.requests += 1
                 self.stats.prompt_tokens += n
@@ -359,9 +364,9 @@ class Decoder:
                                       req.processed - req.last_first_position - 1 != req.last_accepted):
             self.stats.position_mismatches += 1
 
-    def _emit(self, req: Request, tokens) -> None:
+    def _emit(self, req: Request, tokens, token_logprobs=None) -> None:
         before = req.output_length
-        req.extend(tokens)
+        req.extend(tokens, token_logprobs)
         self.stats.generated_tokens += req.output_length - before
 
     def take_stats(self) -> Stats:

@@ -6,7 +6,10 @@ import dataclasses
 
 import numpy as np
 
+from ..errors import InternalError
 from ..runtime.states import Rows
+from ..stop_strings import StopStrings
+from .logprobs import TokenLogprob
 from .sampling import GREEDY, SamplingParams
 
 
@@ -18,6 +21,9 @@ class Request:
     (``processed`` = T), and the last is the pending token the next step feeds first.
     ``sampling`` says how its tokens are chosen (greedy by default) and ``random`` is its own
     random stream (None when greedy), so its draws never depend on the rows beside it.
+    ``stop_strings`` (when it has any) reads its text as tokens arrive and ends it at the token
+    that completes one; ``logprobs`` (an int N) asks for each token's log-probability and the N
+    most probable alternatives, kept beside the tokens (``token_logprobs``).
     """
 
     row: int
@@ -29,12 +35,15 @@ class Request:
     draft_probs: np.ndarray | None = None  # [k, V] what a sampled request's next_drafts were drawn from
     sampling: SamplingParams = GREEDY
     random: np.random.Generator | None = None
-    finish_reason: str | None = None  # "stop" (a stop token), "length" (max_new_tokens), "cancelled"
+    stop_strings: StopStrings | None = None
+    logprobs: int | None = None
+    token_logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # by generated token
+    finish_reason: str | None = None  # "stop" (a stop token or string), "length" (max_new_tokens), "cancelled"
     last_first_position: int | None = None  # first verify position of the previous step
     last_accepted: int = 0
     done: bool = False
     placeholder: bool = False  # fills a row that must run (CUDA batch buckets); never reported
-    _output_length: int | None = None  # set when a stop token ends the request
+    _output_length: int | None = None  # set when a stop token or string ends the request
 
     @classmethod
     def filler(cls, row: int) -> "Request":
@@ -52,23 +61,45 @@ class Request:
     def pending(self) -> int:
         return self.tokens[-1]
 
-    def extend(self, new_tokens: list[int]) -> None:
-        """Appends committed tokens; marks the request done at max_new_tokens or a stop token
-        (only the new tokens are scanned: a step costs the same at any length)."""
-        before = len(self.tokens) - len(self.prompt)
+    def extend(self, new_tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
+        """Appends committed tokens (and, where the request asks, their log-probabilities); marks
+        the request done at max_new_tokens, a stop token or a stop string (only the new tokens
+        are scanned: a step costs the same at any length)."""
+        before, first = len(self.tokens) - len(self.prompt), len(self.prompt)
         self.tokens.extend(int(t) for t in new_tokens)
-        generated = len(self.tokens) - len(self.prompt)
-        for i in range(before, min(generated, self.max_new_tokens)):
-            if self.tokens[len(self.prompt) + i] in self.stop_tokens:
-                self.done, self._output_length, self.finish_reason = True, i + 1, "stop"
-                return
-        self.done = generated >= self.max_new_tokens
-        self.finish_reason = "length" if self.done else None
+        if self.logprobs is not None:
+            self._keep_logprobs(len(new_tokens), logprobs)
+        generated = len(self.tokens) - first
+        end = next((i + 1 for i in range(before, min(generated, self.max_new_tokens))
+                    if self.tokens[first + i] in self.stop_tokens), None)  # just past a stop token
+        if self.stop_strings is not None:
+            taken = self.stop_strings.add(self.tokens[first + before: first + (end or self.max_new_tokens)])
+            end = before + taken if taken is not None else end
+        if end is not None:
+            self.done, self._output_length, self.finish_reason = True, end, "stop"
+        else:
+            self.done = generated >= self.max_new_tokens
+            self.finish_reason = "length" if self.done else None
+        if self.done:
+            self._finish_text()
+
+    def _keep_logprobs(self, count: int, logprobs: list[TokenLogprob] | None) -> None:
+        if logprobs is None or len(logprobs) != count:
+            raise InternalError(f"a step emitted {count} tokens for a request that asks for log-probabilities, "
+                                f"with {'none' if logprobs is None else len(logprobs)}: the step ran as a kind that "
+                                "keeps the logits on the device (step_kinds.StepKinds.choose).")
+        self.token_logprobs.extend(logprobs)
+
+    def _finish_text(self) -> None:
+        """The request ended: the text's held-back tail joins it, and may hold a stop string."""
+        if self.stop_strings is not None and self.stop_strings.finish():
+            self.finish_reason = "stop"
 
     def cancel(self) -> None:
         """Ends the request where it is (its row is free for another); output() keeps its tokens."""
         if not self.done:
             self._output_length, self.done, self.finish_reason = self.output_length, True, "cancelled"
+            self._finish_text()
 
     @property
     def output_length(self) -> int:
@@ -79,9 +110,13 @@ class Request:
 
     def output(self, start: int = 0) -> list[int]:
         """Exactly max_new_tokens tokens (surplus accepted drafts dropped), or up to a stop
-        token; from output position `start` on."""
+        token, or up to the token that completed a stop string; from output position `start` on."""
         first = len(self.prompt)
         return self.tokens[first + start: first + self.output_length]
+
+    def output_logprobs(self, start: int = 0) -> list[TokenLogprob]:
+        """The log-probabilities of output(start) (the request asks for them)."""
+        return self.token_logprobs[start: self.output_length]
 
 
 class Batch:

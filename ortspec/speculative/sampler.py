@@ -1,8 +1,8 @@
 """Chooses the requests' tokens from a forward (the decoder calls these three functions):
 the argmax for greedy requests, a draw from the transformed distribution for sampled ones.
 
-Logits leave the device only when a live request of the batch samples, so greedy batches cost
-what they did before sampling existed. A request that is done (a finished row that keeps
+Logits leave the device only when a live request of the batch samples or asks for
+log-probabilities (``needs_logits``), so greedy batches cost what they did before sampling existed. A request that is done (a finished row that keeps
 running on CUDA) draws nothing. Each sampled request draws from its own random stream, a
 fixed count per event, so a seed reproduces its tokens whatever rows run beside it:
 
@@ -25,9 +25,10 @@ def _sampled(requests: list[Request]) -> list[int]:
     return [j for j, r in enumerate(requests) if r.samples and not r.done]
 
 
-def all_greedy(requests: list[Request]) -> bool:
-    """No live request samples: every token is an argmax (finished rows draw nothing)."""
-    return not _sampled(requests)
+def needs_logits(requests: list[Request]) -> bool:
+    """A live request samples or asks for log-probabilities: its tokens need the logits on the host
+    (finished rows draw nothing)."""
+    return any((r.samples or r.logprobs is not None) and not r.done for r in requests)
 
 
 def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,6 +16,9 @@ Every kind answers the same verbs over the rows of one engine:
                     catch-up in a Run of its own: sampled rows, readvance, exact mode, pipeline
                     stages, scripted drafts, and a step whose next k differs from its own
 
+The host kinds also run every step with a row that asks for log-probabilities, and hand them
+on in the StepResult (``logprobs``: from the logits of each emitted token's row).
+
 The first two run ahead (``ahead``): the loop may enqueue step n+1 before it reads step n.
 """
 
@@ -31,10 +34,11 @@ from ..runtime.decode_run import DecodeRun
 from ..runtime.engines import Engine
 from ..runtime.fused_run import FusedRun
 from ..runtime.kv_window import RunBound
-from . import sampler
+from . import logprobs, sampler
 from .commits import SelectCommit
 from .drafts import MTPDrafts
 from .head import Head
+from .logprobs import TokenLogprob
 from .requests import Batch
 from .sampling import accept_lengths
 from .stats import Stats
@@ -50,6 +54,7 @@ class StepResult:
     next_drafts: np.ndarray | None = None  # int64 [B, k]: the head's drafts (None: set on the requests already)
     hidden: np.ndarray | None = None  # [B, H] host: a decode's hidden rows, the head's deferred entries
     hidden_dtype: object = None  # their dtype on the device
+    logprobs: dict[int, list[TokenLogprob]] | None = None  # row j -> its tokens' log-probabilities (rows that ask)
 
 
 class DecodeSteps:
@@ -147,10 +152,12 @@ class HostDecodeSteps:
     def enqueue(self, n: int, batch: Batch) -> None:
         with self.engine.step(), self.stats.timed("decode"):
             out = self.forwards.advance(batch.rows, batch.pending[:, None], batch.processed[:, None])
-            tokens = sampler.pick(batch.requests, out, np.zeros(len(batch), np.int64))  # [B]
+            at = np.zeros(len(batch), np.int64)
+            tokens = sampler.pick(batch.requests, out, at)  # [B]
+            token_logprobs = logprobs.of_forward(batch.requests, out, tokens[:, None], at)
             hidden = self.engine.arrays.download(out["hidden"])[:, 0] if self.defer_head else None  # [B, H]
         self._result = StepResult(batch.processed, tokens[:, None], np.zeros(len(batch), np.int64),
-                                  hidden=hidden, hidden_dtype=out["hidden"].dtype)
+                                  hidden=hidden, hidden_dtype=out["hidden"].dtype, logprobs=token_logprobs)
 
     def read(self, n: int) -> StepResult:
         return self._result
@@ -187,6 +194,7 @@ class TwoRunSteps:
             accepted, bonus = sampler.accept(batch.requests, drafts, verified.out)  # [B], [B]
             emitted = np.concatenate([drafts, bonus[:, None]], axis=1)  # [B, k+1]
             emitted[np.arange(len(batch)), accepted] = bonus
+            token_logprobs = logprobs.of_forward(batch.requests, verified.out, emitted)  # e_i from verify row i
             # 4. commit every state to T + a + 1 tokens, as if decoded one by one: the MTP head
             #    first (it reads the verify's hiddens, which readvance's re-runs may overwrite)
             with self.stats.timed("commit"):
@@ -194,7 +202,7 @@ class TwoRunSteps:
                 self.head.catch_up(batch.rows, out["hidden"], emitted, out.positions, accepted, batch.requests,
                                    max(self.drafts, 1))
                 self.commit.commit(batch, verified, accepted, self.stats)
-        self._result = StepResult(T, emitted, accepted)
+        self._result = StepResult(T, emitted, accepted, logprobs=token_logprobs)
 
     def read(self, n: int) -> StepResult:
         return self._result
@@ -215,7 +223,8 @@ def fusable_ks(manifest: Manifest, commit: str, exact: bool, stages: int) -> fro
 
 class StepKinds:
     """What the steps of one Decoder can run as, fixed when it is built; ``choose`` picks a step's
-    kind from its k, the drafts its head makes for the next step and its requests.
+    kind from its k, the drafts its head makes for the next step and its requests (a live row
+    that samples or asks for log-probabilities needs the logits on the host: a host kind).
 
     device: the steps whose control can stay on the device may run so (one pipeline stage, not
     exact mode; on CUDA the stream shared with ONNX Runtime). fused_ks: the k with a fused graph
@@ -227,10 +236,10 @@ class StepKinds:
         self.head, self.stats, self.device, self.fused_ks = head, stats, device, fused_ks
 
     def choose(self, requests, k: int, drafts: int) -> type:
-        greedy = sampler.all_greedy(requests)
+        on_device = self.device and not sampler.needs_logits(requests)
         if k == 0:
-            return DecodeSteps if self.device and greedy else HostDecodeSteps
-        return FusedSteps if self.device and greedy and k == drafts and k in self.fused_ks else TwoRunSteps
+            return DecodeSteps if on_device else HostDecodeSteps
+        return FusedSteps if on_device and k == drafts and k in self.fused_ks else TwoRunSteps
 
     def open(self, kind: type, batch: Batch, k: int, drafts: int):
         defer = self.head is not None
