@@ -19,8 +19,8 @@ from ..manifest import (MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, 
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader
-from .fused_graph import make_verify_mtp_graph
-from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
+from .fused_graph import make_verify_mtp_graph, make_verify_mtp_sample_graph
+from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph, sampled_tokens
 from .kv_windows import has_window_variants, narrow_to_window, window_buckets
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
@@ -136,7 +136,7 @@ def _targets(options: ConvertOptions) -> tuple[str, ...]:
 def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,
                     boundaries: list[int], target: str = PORTABLE) -> dict:
     """Graph name -> a function building it for ``target`` (graphs are built one at a time, then written)."""
-    shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
+    shapes = {"prefill": dict(rows=None), "decode": dict(rows=1), "decode_sample": dict(rows=1, choose=sampled_tokens(spec))}
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
         shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True)
@@ -157,6 +157,8 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
                                                                                       sample=True, target=target)
             builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k,
                                                                                        target=target)
+            builders[graph_name("verify_mtp_sample", k)] = lambda k=k: make_verify_mtp_sample_graph(
+                spec, store, max_length, k, target=target)
     return builders
 
 
