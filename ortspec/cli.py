@@ -116,6 +116,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--mtp-quant", choices=["auto", "int4", "none"], default="auto",
                    help="the MTP draft head's weights: int4 (cheaper drafts; the output is the target's), none (the "
                         "model's dtype), or auto (default: int4 for a float32 model, none for float16/bfloat16)")
+    c.add_argument("--no-sampling-graphs", dest="sampling_graphs", action="store_false",
+                   help="leave out decode_sample and verify_mtp_sample_k* (sampling on the device; a quicker "
+                        "conversion of a model that only decodes greedily)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -220,7 +223,8 @@ def _convert(args) -> None:
 
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
-                  mtp_quant=args.mtp_quant, activations=args.activations, overwrite=args.overwrite)
+                  mtp_quant=args.mtp_quant, activations=args.activations, sampling_graphs=args.sampling_graphs,
+                  overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 

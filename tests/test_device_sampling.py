@@ -356,3 +356,17 @@ def test_device_speculative_sampling_keeps_the_joint_distribution(spread):
     for k in (1, 3):
         assert sample_dist.homogeneity_p_value(plain, sample_dist.continuations(model, k, 4000, config, 100 + k)) > alpha
     assert sample_dist.homogeneity_p_value(plain, sample_dist.continuations(planted, 3, 4000, config, 200)) < alpha
+
+
+def test_a_conversion_may_leave_the_sampling_graphs_out(models, tmp_path):
+    """sampling_graphs=False writes neither decode_sample nor verify_mtp_sample_k{k} (nor their
+    variants); anything but a bool is refused before any work."""
+    from tests.small_models import convert_small
+
+    out = convert_small(models.checkpoint("base"), tmp_path / "out", sampling_graphs=False)
+    names = set(ortspec.Session(out).manifest.graphs)
+    assert "decode" in names and "verify_mtp_k1" in names and "mtp_sample_k1" in names
+    assert not any(n == "decode_sample" or n.startswith("verify_mtp_sample") for n in names)
+    with pytest.raises(ortspec.ConvertOptionError, match=r"sampling_graphs='no' must be True or False"):
+        convert_small(models.checkpoint("base"), tmp_path / "bad", sampling_graphs="no")
+    assert not (tmp_path / "bad").exists()

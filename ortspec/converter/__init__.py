@@ -32,7 +32,7 @@ from .weights import WeightPreparer, cast_matrices
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
             quant: str | None = None, mtp_quant: str | None = "auto", activations: str = "auto",
-            overwrite: bool = False, progress: bool = True) -> Path:
+            sampling_graphs: bool = True, overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -48,6 +48,10 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     step on a GPU. A float32 model's "model" is float32 (the same graphs). Not with int4
     weights (quant or mtp_quant: MatMulNBits takes float32 here). Recorded in the manifest.
     bfloat16 graphs need the CUDA provider (the CPU has no bfloat16 MatMul).
+    sampling_graphs (default True) writes the graphs that sample on the device: decode_sample and,
+    with a head, verify_mtp_sample_k{k} for k = 1..K (converter/sampling_graph.py); False leaves
+    them out (a quarter less conversion time for the tests' tiny models; greedy decoding and the
+    host's sampling need none of them).
     pipeline_stages > 1 also writes every target graph split into that many stages
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
@@ -68,7 +72,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     """
     options = ConvertOptions(num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_length=max_length,
                              pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
-                             mtp_quant=mtp_quant, activations=activations, overwrite=overwrite, progress=progress)
+                             mtp_quant=mtp_quant, activations=activations, sampling_graphs=sampling_graphs,
+                             overwrite=overwrite, progress=progress)
     checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     check_output_dir(out_dir, checkpoint_dir, options.overwrite)
     hf_config = read_hf_config(checkpoint_dir)
@@ -90,6 +95,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                     for name, build in _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries,
                                                        target).items()}
         builders.update(_window_builders(spec, store, options.max_length, K, with_mtp))
+        if not options.sampling_graphs:
+            builders = {key: build for key, build in builders.items() if not is_sampling_graph(key[0])}
         graphs = {}
         for (name, target), build in tqdm(builders.items(), desc="ortspec convert", unit="graph",
                                           disable=not options.progress):
@@ -160,6 +167,12 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             builders[graph_name("verify_mtp_sample", k)] = lambda k=k: make_verify_mtp_sample_graph(
                 spec, store, max_length, k, target=target)
     return builders
+
+
+def is_sampling_graph(name: str) -> bool:
+    """decode_sample, verify_mtp_sample_k{k} and their variants: what sampling_graphs=False leaves out."""
+    base = split_window_name(name)[0].split(".stage")[0]
+    return base == "decode_sample" or base.startswith("verify_mtp_sample")
 
 
 def _window_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool) -> dict:

@@ -36,6 +36,7 @@ class ConvertOptions:
     quant: str | None = None
     mtp_quant: str | None = "auto"
     activations: str = "auto"
+    sampling_graphs: bool = True
     overwrite: bool = False
     progress: bool = True
 
@@ -47,7 +48,7 @@ class ConvertOptions:
                 raise ConvertOptionError(f"stage_layers={self.stage_layers!r} must be a list of layer indices such "
                                          "as [0, 2, 4], or None for an even split.")
             object.__setattr__(self, "stage_layers", tuple(_integer("stage_layers", b) for b in self.stage_layers))
-        for name in ("overwrite", "progress"):
+        for name in ("sampling_graphs", "overwrite", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ConvertOptionError(f"{name}={getattr(self, name)!r} must be True or False.")
         self._check_ranges()
