@@ -370,3 +370,18 @@ def test_a_conversion_may_leave_the_sampling_graphs_out(models, tmp_path):
     with pytest.raises(ortspec.ConvertOptionError, match=r"sampling_graphs='no' must be True or False"):
         convert_small(models.checkpoint("base"), tmp_path / "bad", sampling_graphs="no")
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_gpu_hosts_subcommand_runs_on_the_cpu(monkeypatch, tmp_path):
+    """tools/gpu.py sample_dist end to end with 1,000 samples and one sampling configuration: every
+    check passes (the planted rules' p-values are far below the threshold) and the JSON holds them."""
+    import json
+
+    from tools import gpu
+
+    monkeypatch.setattr(sample_dist, "CONFIGS", sample_dist.CONFIGS[:1])
+    status = gpu.main(["sample_dist", "--samples", "1000", "--provider", "cpu", "--out", str(tmp_path / "work"),
+                       "--json", str(tmp_path / "result.json")])
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 3 + 1
+    assert result["checks"]["planted model"] < result["alpha_per_test"]
