@@ -7,6 +7,8 @@ GPU host's version of these tests, with small counts here)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -107,6 +109,30 @@ def test_the_kept_set_is_the_references(monkeypatch, method, case):
     np.testing.assert_array_equal(probs > 0, want > 0)
     np.testing.assert_allclose(probs, want, atol=2e-6)
     np.testing.assert_array_equal(tokens, sampling.draw(want.reshape(6, 300), feeds["u"].reshape(-1)).reshape(3, 2))
+
+
+def test_the_cpu_graphs_widen_the_candidates_only_where_a_row_needs_it(monkeypatch, tmp_path):
+    """Kernels a batch runs (ONNX Runtime's profile): rows that keep every token run no TopK beside
+    a row that fits the first tier (one TopK, of that tier's width); a batch with a row past every
+    tier sorts all V; a batch that keeps every token runs no TopK at all."""
+    import json
+
+    monkeypatch.setattr(sampling_graph, "CANDIDATE_TIERS", (16, 64))
+    model = transform_graph(300, 2, CANDIDATES).build({}).SerializeToString()
+
+    def topk_count(rows) -> int:
+        options = ort.SessionOptions()
+        options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "profile")
+        session = ort.InferenceSession(model, options)
+        top_k, p_rank, m_rank = zip(*rows)
+        feeds = robust_feeds(np.random.default_rng(0), 3, 2, 300, top_k, p_rank, m_rank)
+        session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+        return len([e for e in json.loads(Path(session.end_profiling()).read_text())
+                    if e.get("cat") == "Node" and e["name"].startswith("TopK") and e["name"].endswith("kernel_time")])
+
+    assert topk_count([(0, None, None), (0, 2, None), (0, None, None)]) == 1
+    assert topk_count([(0, None, None), (0, 150, None), (3, None, None)]) == 3  # 16, 64, then all V
+    assert topk_count([(0, None, None), (0, None, 4), (0, None, None)]) == 0
 
 
 def test_greedy_rows_take_the_argmax(monkeypatch):

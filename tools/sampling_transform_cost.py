@@ -64,15 +64,15 @@ def feeds_for(batch: int, vocab: int, scale: float, config: dict, rng) -> dict:
             "uniforms": rng.random((batch, 1), dtype=np.float32)}
 
 
-def measure(variants: dict, feeds: dict, repeats: int) -> dict[str, float]:
+def measure(variants: dict, feeds: dict, repeats: int, clock=time.perf_counter) -> dict[str, float]:
     """Median ms per call of each variant, interleaved call by call (one warm-up call each)."""
     times = {name: [] for name in variants}
     for r in range(repeats + 1):
         for name, call in variants.items():
-            start = time.perf_counter()
+            start = clock()
             call(feeds)
             if r:
-                times[name].append(1e3 * (time.perf_counter() - start))
+                times[name].append(1e3 * (clock() - start))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -81,6 +81,9 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=248_320, help="vocabulary size V")
     parser.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall: elapsed time; cpu: the process's CPU time (every thread's), which other "
+                             "processes sharing the cores do not inflate")
     parser.add_argument("--scale", type=float, default=3.0, help="standard deviation of the random logits")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per variant")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
@@ -92,11 +95,13 @@ def main(argv=None) -> int:
                 for name, s in sessions.items()}
     variants["numpy"] = numpy_choice
     rng = np.random.default_rng(0)
-    print(f"V={args.vocab} threads={args.threads} logits scale={args.scale}; ms per call (median of {args.repeats})")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(f"V={args.vocab} threads={args.threads} logits scale={args.scale}; ms per call (median of {args.repeats}, "
+          f"{args.clock} time)")
     print(f"{'config':20s} {'batch':>5s} " + " ".join(f"{n:>10s}" for n in variants))
     for name in args.configs.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
-            ms = measure(variants, feeds_for(batch, args.vocab, args.scale, CONFIGS[name], rng), args.repeats)
+            ms = measure(variants, feeds_for(batch, args.vocab, args.scale, CONFIGS[name], rng), args.repeats, clock)
             print(f"{name:20s} {batch:5d} " + " ".join(f"{ms[n]:10.3f}" for n in variants), flush=True)
     return 0
 

@@ -8,15 +8,15 @@ their draws are replaced by the argmax):
     z = logits / T                                                        [B, N, V]
     threshold: top-k, then top-p (kept while the mass before < top_p), ties with the last kept
                value kept; then min-p (z >= max z + ln min_p)                [B, N, 1]
-    probs = Softmax(z where z >= threshold, else -inf)                      [B, N, V]
+    probs = Softmax(z) on the tokens with z >= threshold, renormalised      [B, N, V]
     token = inverse CDF at u, two levels (blocks of the vocabulary, then one block)
 
-The top-k / top-p threshold is one of the sorted values. Sorting all V (TopK(V)) costs tens of
-milliseconds on the CPU at V = 248,320, so the CPU graphs find it among the largest few hundred
-candidates (TopK(C)), which hold it unless the kept set is larger; an ``If`` widens the
-candidates only for a batch where a row needs it, and sorts all V only past the last tier; a
-batch with no top-k / top-p / min-p skips all of it. A captured CUDA graph cannot branch, so
-the portable graphs sort (``SORT``). Both find the same threshold: the reference's.
+The top-k / top-p threshold is one of the sorted values. Sorting all V (TopK(V)) is the costliest
+op of a CPU step at Qwen3.5's vocabulary (tools/sampling_transform_cost.py), so the CPU graphs
+find it among the largest C values (TopK(C), CANDIDATE_TIERS), which hold it unless the kept set
+is wider; an ``If`` widens the candidates only for a batch where a row needs it, and sorts all V
+only past the last tier; a batch with no top-k / top-p / min-p skips all of it. A captured CUDA
+graph cannot branch, so the portable graphs sort (``SORT``). Both find the reference's threshold.
 
 Exact speculative sampling (speculative.sampling's docstring) over a verify's k+1 rows: accept
 d_{i+1} while u_i q_{i+1}(d_{i+1}) < p_i(d_{i+1}); at the first rejection a draw from
@@ -146,27 +146,29 @@ def _candidate_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams,
     tiers = [c for c in CANDIDATE_TIERS if c < vocab]
 
     def search(sub: GraphBuilder) -> list[str]:
-        threshold = _tiered_threshold(sub, z, probs, params, kept_by_k, vocab, tiers)
+        threshold = _tiered_threshold(sub, z, probs, params, kept_by_k, keeps_all, vocab, tiers)
         return [sub.op("Where", [keeps_all, minus_inf, threshold])]
 
     return g.if_else(_any(g, g.op("Not", [keeps_all])), search, lambda sub: [minus_inf], [F32])
 
 
-def _tiered_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, kept_by_k: str, vocab: int,
-                      tiers: list[int]) -> str:
+def _tiered_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, kept_by_k: str, keeps_all: str,
+                      vocab: int, tiers: list[int]) -> str:
     """The threshold among the largest tiers[0] values where that holds it for every row of the
-    batch, else among the next tier's (an If per tier), else over all V sorted. Among C candidates
-    a row's threshold is exact when its top-k set lies within them (k <= C: the mass is theirs),
-    or when top-k is off and top-p stops inside them (the mass over all V is probs')."""
+    batch that needs one (not keeps_all), else among the next tier's (an If per tier), else over
+    all V sorted. Among C candidates a row's threshold is exact when its top-k set lies within them
+    (k <= C: the mass is theirs), or when top-k is off and top-p stops inside them (the mass over
+    all V is probs'). Ties past the candidates are kept all the same: the mask reads all V."""
     if not tiers:
         return _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, g.const(True, bool))[0]
     width = tiers[0]
     k_inside = g.op("LessOrEqual", [kept_by_k, g.const(width)])  # [B, 1, 1]
     threshold, count = _sorted_threshold(g, z, probs, width, kept_by_k, params.top_p, k_inside)
-    past = g.op("And", [g.op("Not", [k_inside]), g.op("Or", [
+    past = g.op("And", [g.op("Not", [g.op("Or", [k_inside, keeps_all])]), g.op("Or", [
         g.op("Less", [kept_by_k, g.const(vocab)]),  # a top-k set wider than C: its mass is not known here
         g.op("GreaterOrEqual", [count, g.const(width)])])])  # top-p kept every candidate: it may go on
-    return g.if_else(_any(g, past), lambda sub: [_tiered_threshold(sub, z, probs, params, kept_by_k, vocab, tiers[1:])],
+    return g.if_else(_any(g, past), lambda sub: [_tiered_threshold(sub, z, probs, params, kept_by_k, keeps_all, vocab,
+                                                                   tiers[1:])],
                      lambda sub: [threshold], [F32])
 
 
