@@ -194,8 +194,10 @@ class Engine:
                     return
                 job = self._queue.popleft()
             try:
+                sampling = job.sampling  # min_p is not a request argument (yet): validation leaves it 0
                 job.request_id = batcher.add_request(job.prompt, max_new_tokens=job.max_tokens,
-                                                     **dataclasses.asdict(job.sampling))
+                                                     temperature=sampling.temperature, top_k=sampling.top_k,
+                                                     top_p=sampling.top_p, seed=sampling.seed)
             except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
                 job.deliver(Failed(400, str(exc)))
                 self.metrics.finished[400] += 1
