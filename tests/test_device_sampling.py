@@ -371,6 +371,11 @@ def spread(tmp_path_factory):
     return model, planted
 
 
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_greedy_rows_beside_sampled_ones_decode_as_the_greedy_graphs(spread, k):
+    assert sample_dist.greedy_rows_match(spread[0], k)
+
+
 def test_device_speculative_sampling_keeps_the_joint_distribution(spread):
     """4,000 continuations of one prompt (forked) through decode_sample (k = 0) and
     verify_mtp_sample_k{k} (k = 1, 3): the first 5 tokens' joint distribution agrees with k = 0's
@@ -409,5 +414,5 @@ def test_the_gpu_hosts_subcommand_runs_on_the_cpu(monkeypatch, tmp_path):
     status = gpu.main(["sample_dist", "--samples", "1000", "--provider", "cpu", "--out", str(tmp_path / "work"),
                        "--json", str(tmp_path / "result.json")])
     result = json.loads((tmp_path / "result.json").read_text())
-    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 3 + 1
+    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 4 + 3 + 1
     assert result["checks"]["planted model"] < result["alpha_per_test"]

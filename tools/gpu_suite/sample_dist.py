@@ -10,7 +10,9 @@ false alarms over the whole run are at most 1e-3 (Bonferroni):
     fixed p_0..p_k and q_1..q_k, k = 1..3: the emitted e_i, given a >= i, follows p_i for every i;
     and two planted wrong rules (accept with min(1, q/p); emit from p instead of the residual)
     are rejected;
-(2) model: per sampling configuration (temperature / top-k / top-p / min-p), --samples
+(2) greedy rows: in a batch where every other row samples, the greedy rows' tokens are the greedy
+    graphs' (decode, verify_mtp_k{k}), k = 0..3;
+(3) model: per sampling configuration (temperature / top-k / top-p / min-p), --samples
     continuations of one prompt (prefilled once, forked into every row: StateSet.fork) at k = 0
     (decode_sample) and k = 1..3 (verify_mtp_sample_k{k}): the joint distribution of their first
     5 tokens agrees with k = 0's (two-sample test); a model converted with the planted rule
@@ -58,7 +60,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     checks, results = Checks(), {}
     out = Path(args.out)
-    comparisons = 3 * len(CONFIGS) + 2 + 3 + 4  # (2): k = 1..3 per config; (1): e_0..e_k for k = 1, 2, 3
+    comparisons = 3 * len(CONFIGS) + 2 + 3 + 4  # (3): k = 1..3 per config; (1): e_0..e_k for k = 1, 2, 3
     alpha = ALPHA / comparisons
     for k in (1, 2, 3):
         values = acceptance_p_values(args.samples, k, seed=k, provider=args.provider)
@@ -71,6 +73,10 @@ def run(args) -> int:
         print(f"planted {name}: p-value of e_0 {value:.3g} (must be < {alpha:.2g})", flush=True)
         checks.record(f"planted {name}", value < alpha, value)
     model = distribution_model(out / "model")
+    for k in (0, 1, 2, 3):
+        same = greedy_rows_match(model, k, provider=args.provider)
+        print(f"greedy rows beside sampled ones, k={k}: the greedy graphs' tokens: {same}", flush=True)
+        checks.record(f"greedy rows k={k}", same)
     for config in CONFIGS:
         plain = continuations(model, 0, args.samples, config, seed=100, provider=args.provider)
         for k in (1, 2, 3):
@@ -170,12 +176,14 @@ def distribution_model(out: Path) -> Path:
 
 
 def continuations(model: Path, k: int, samples: int, config: dict, seed: int, provider: str = "cpu",
-                  prompt=PROMPT, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+                  prompt=PROMPT, new_tokens: int = NEW_TOKENS, sampled: bool = True) -> list[list[int]]:
     """``samples`` sampled continuations of one prompt, new_tokens each: the prompt prefilled once
     in row 0 and forked into every row; the first token drawn on the host from the prefill's
     logits (speculative.sampling), every later one by decode_sample (k = 0) or
     verify_mtp_sample_k{k}, committed as the fused greedy step commits. A row done keeps
-    stepping (parked at the last position k + 1 tokens fit), its tokens dropped."""
+    stepping (parked at the last position k + 1 tokens fit), its tokens dropped. config's values
+    are one per configuration or one per row (temperature 0: a greedy row). sampled=False: the
+    greedy graphs (decode, verify_mtp_k{k}) instead, every row greedy."""
     graphs = GraphSet(Manifest.load(model), provider=provider)
     target, rows = TargetModel(graphs, samples), Rows(range(samples))
     head = MTPHead(graphs, samples, k) if k else None
@@ -194,13 +202,15 @@ def continuations(model: Path, k: int, samples: int, config: dict, seed: int, pr
         live = np.array([len(t) < new_tokens for t in tokens])
         T = np.where(live, T, np.minimum(T, last_start))
         if head is None:
-            out = target.decode_sampled(rows, pending[:, None], T[:, None], _inputs(config, samples, 1, rng))
+            out = (target.decode_sampled(rows, pending[:, None], T[:, None], _inputs(config, samples, 1, rng))
+                   if sampled else target.decode(rows, pending[:, None], T[:, None]))
             emitted, accepted = out.tokens, np.zeros(samples, np.int64)  # [B, 1], [B]
         else:
             positions = T[:, None] + np.arange(k + 1)
-            out, accepted, drafts = target.verify_with_head_sampled(
-                rows, np.concatenate([pending[:, None], drafts], axis=1), positions, head,
-                _inputs(config, samples, 2 * k + 1, rng))
+            ids = np.concatenate([pending[:, None], drafts], axis=1)
+            out, accepted, drafts = (
+                target.verify_with_head_sampled(rows, ids, positions, head, _inputs(config, samples, 2 * k + 1, rng))
+                if sampled else target.verify_with_head(rows, ids, positions, head))
             target.select(out, rows, positions, accepted)
             head.write_entries(out, rows, positions, accepted)
             emitted = out.tokens  # [B, k+1]: e_0..e_k, e_i for i <= a emitted
@@ -208,6 +218,15 @@ def continuations(model: Path, k: int, samples: int, config: dict, seed: int, pr
             tokens[j].extend(int(t) for t in emitted[j, : accepted[j] + 1])
         T, pending = T + accepted + 1, emitted[np.arange(samples), accepted]
     return [t[:new_tokens] for t in tokens]
+
+
+def greedy_rows_match(model: Path, k: int, rows: int = 16, provider: str = "cpu") -> bool:
+    """Rows 0, 2, 4, ... greedy and the others sampling: the greedy rows' continuations are the
+    greedy graphs' continuation of the same prompt, token for token."""
+    config = dict(CONFIGS[0], temperature=np.where(np.arange(rows) % 2, CONFIGS[0]["temperature"], 0.0))
+    mixed = continuations(model, k, rows, config, seed=1, provider=provider, new_tokens=12)
+    greedy = continuations(model, k, 1, {"temperature": 0.0}, seed=1, provider=provider, new_tokens=12, sampled=False)
+    return all(tokens == greedy[0] for tokens in mixed[::2])
 
 
 def _prefill_and_fork(target: TargetModel, rows: Rows, prompt, config: dict, rng):
@@ -218,17 +237,20 @@ def _prefill_and_fork(target: TargetModel, rows: Rows, prompt, config: dict, rng
     target.reset(rows)
     out = target.prefill(Rows([0]), np.array([prompt], np.int64), np.arange(n, dtype=np.int64)[None])
     target.fork(0, Rows(range(1, samples)))
-    temperature, top_k, top_p, min_p = _params(config, 1)
-    probs = sampling.transform(out.logits(np.array([n - 1])), temperature.astype(np.float64), top_k,
-                               top_p.astype(np.float64), min_p.astype(np.float64))  # [1, V]
-    first = sampling.draw(np.broadcast_to(probs, (samples, probs.shape[1])), rng.random(samples))
+    logits = out.logits(np.array([n - 1]))  # [1, V]
+    temperature, top_k, top_p, min_p = _params(config, samples)
+    greedy = temperature == 0
+    probs = sampling.transform(np.repeat(logits, samples, axis=0), np.where(greedy, 1.0, temperature), top_k,
+                               top_p.astype(np.float64), min_p.astype(np.float64))  # [B, V]
+    first = np.where(greedy, logits.argmax(axis=1), sampling.draw(probs, rng.random(samples)))
     return first, target.graphs.arrays.download(out["hidden"])
 
 
 def _params(config: dict, rows: int) -> tuple:
-    """(temperature, top_k, top_p, min_p) [rows] of one configuration."""
-    return (np.full(rows, config.get("temperature", 1.0), np.float32), np.full(rows, config.get("top_k", 0), np.int64),
-            np.full(rows, config.get("top_p", 1.0), np.float32), np.full(rows, config.get("min_p", 0.0), np.float32))
+    """(temperature, top_k, top_p, min_p) [rows] of one configuration (a value, or one per row)."""
+    return tuple(np.broadcast_to(np.asarray(config.get(name, default), dtype), (rows,)).copy() for name, default, dtype in
+                 (("temperature", 1.0, np.float32), ("top_k", 0, np.int64), ("top_p", 1.0, np.float32),
+                  ("min_p", 0.0, np.float32)))
 
 
 def _inputs(config: dict, rows: int, draws: int, rng) -> SamplingInputs:
