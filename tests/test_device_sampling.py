@@ -416,3 +416,18 @@ def test_the_gpu_hosts_subcommand_runs_on_the_cpu(monkeypatch, tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 4 + 3 + 1
     assert result["checks"]["planted model"] < result["alpha_per_test"]
+
+
+def test_the_cost_tools_run_on_the_cpu(models, graphs, capsys):
+    """tools/device_sampling_cost.py (and its Steps, which tools/gpu.py sample_cost times on CUDA):
+    one line per k and batch, both kinds of step timed."""
+    from tools import device_sampling_cost
+    from tools.gpu_suite import sample_cost
+
+    device_sampling_cost.main([str(models.converted("base")), "-k", "0,2", "--batch", "1,2", "--steps", "2",
+                               "--rounds", "1", "--clock", "cpu", "--top-p", "0.9"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 4 and all(len(line.split()) == 5 for line in lines[2:])
+    timer = device_sampling_cost.Steps(graphs, 2, 2, sample_cost.CONFIGS["temperature 0.8, top-p 0.95"],
+                                       np.random.default_rng(0))
+    assert all(ms > 0 for ms in sample_cost.step_ms(timer, 2, 1))

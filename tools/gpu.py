@@ -15,8 +15,9 @@ speculative loop against the plain one, k = 1..4: tokens, states, speed) and aut
 stretches of k = 0 and runs of one k >= 1 in the pipelined loops: tokens, states, tokens/s against
 greedy), kernels (GPU time per token by kernel name and class over a generate call, against the
 floor) and kv_windows (the KV window variants against the portable graphs: tokens, states, graph
-counters, tokens/s) and sample_dist (exact speculative sampling on the device: chi-square tests of
-its distributions, planted acceptance rules caught). Every
+counters, tokens/s), sample_dist (exact speculative sampling on the device: chi-square tests of
+its distributions, planted acceptance rules caught) and sample_cost (sampling on the device
+against greedy per step: decode_sample, verify_mtp_sample_k{k}). Every
 subcommand takes --json FILE for its results and --activations auto|float32|model for the models it
 converts (convert --activations); a failed identity check makes the exit status 1.
 """
@@ -38,7 +39,7 @@ SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scal
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
                "soak": "soak", "exact": "exact", "agree": "agree", "stream_probe": "stream_probe",
                "greedy_loop": "greedy_loop", "spec_loop": "spec_loop", "auto_loop": "auto_loop", "kernels": "kernels",
-               "kv_windows": "kv_windows", "sample_dist": "sample_dist"}
+               "kv_windows": "kv_windows", "sample_dist": "sample_dist", "sample_cost": "sample_cost"}
 
 
 def subcommand_module(name: str):

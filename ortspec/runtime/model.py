@@ -109,15 +109,16 @@ class TargetModel:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False,
-             head_feeds: dict | None = None, download: str = "tokens", reach: int = 1,
+             extra_feeds: dict | None = None, download: str = "tokens", reach: int = 1,
              kv_window: bool = True) -> Forward:
         """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them.
-        head_feeds: the MTP head's cache inputs, for a graph that runs the head too (``verify_with_head``).
+        extra_feeds: inputs besides ids, positions and the target's states: the MTP head's cache for a graph
+        that runs the head too (``verify_with_head``), a sampling graph's (``SamplingInputs``).
         reach: the slots past the last position the graph touches (1; k where the MTP head drafts k
         in it), for the KV window variant CUDA runs (``kv_window``); kv_window=False: the portable
         graph over all max_length slots whatever the positions (exact mode)."""
         feeds = {"input_ids": ids, "positions": positions,
-                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(head_feeds or {})}
+                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(extra_feeds or {})}
         merged, keep_alive = {}, []
         windows = self.graphs.kv_windows
         for stage, graph in enumerate(self.graph_names(name)):
@@ -152,7 +153,7 @@ class TargetModel:
         """decode whose tokens are drawn on the device for rows with temperature > 0 (the argmax,
         bit for bit decode's, for the others): ``decode_sample``, sampling's uniforms [B, 1]. The
         logits stay on the device; tokens [B, 1] is the one download."""
-        out = self._run("decode_sample", rows, ids, positions, graphed=True, head_feeds=sampling.feeds())
+        out = self._run("decode_sample", rows, ids, positions, graphed=True, extra_feeds=sampling.feeds())
         self.states.advance(out, rows, positions)
         return out
 
@@ -176,7 +177,7 @@ class TargetModel:
         (the forward, accepted [B], drafts [B, k]), all three from one download."""
         k = ids.shape[1] - 1
         out = self._run(graph_name("verify_mtp", k), rows, ids, positions, graphed=True,
-                        head_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids", reach=k)
+                        extra_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids", reach=k)
         step_ids = out.downloaded  # [B, 2k+2]: tokens g_0..g_k | accepted | drafts
         return out, step_ids[:, k + 1], step_ids[:, k + 2:]
 
@@ -192,7 +193,7 @@ class TargetModel:
         buffer = head.draft_probs(k) if draft_probs is None else draft_probs
         feeds = {**sampling.feeds(), "draft_probs": rows.take(self.graphs.arrays, buffer),
                  **head.cache_feeds(rows, positions, drafts=k)}
-        out = self._run(graph_name("verify_mtp_sample", k), rows, ids, positions, graphed=True, head_feeds=feeds,
+        out = self._run(graph_name("verify_mtp_sample", k), rows, ids, positions, graphed=True, extra_feeds=feeds,
                         download="step_ids", reach=k)
         rows.put(self.graphs.arrays, buffer, out["draft_probs_out"])
         step_ids = out.downloaded  # [B, 2k+2]: emitted e_0..e_k | accepted | drafts
@@ -229,7 +230,9 @@ class MTPHead:
     draft from the previous one and the head's own output. Only the catch-up's entries are
     written to the cache; the draft passes' entries live inside the graph.
     ``catch_up_sampled`` runs the same catch-up in ``mtp_sample_k{k}``, whose drafts are drawn
-    (for rows with temperature > 0) from the head's transformed distributions, also returned.
+    (for rows with temperature > 0) from the head's transformed distributions, also returned, or
+    kept on the device in ``draft_probs(k)``, where ``TargetModel.verify_with_head_sampled`` reads
+    them and leaves the next drafts' in their place.
     """
 
     def __init__(self, graphs: GraphSet, batch: int, k: int, engine: int | None = None) -> None:
