@@ -135,6 +135,24 @@ def test_the_cpu_graphs_widen_the_candidates_only_where_a_row_needs_it(monkeypat
     assert topk_count([(0, None, None), (0, None, 4), (0, None, None)]) == 0
 
 
+def test_wide_logits_give_no_subnormal_probabilities():
+    """Logits spread over hundreds (a random model's): every probability is 0 or a normal float
+    (subnormal arithmetic made the CPU's Softmax several times slower), and every token within
+    e^64 of the largest has the plain Softmax's bits."""
+    logits = (np.random.default_rng(3).normal(0, 60, (2, 1, 4096))).astype(np.float32)
+    feeds = {"logits": logits, "temperature": np.array([1.0, 0.5], np.float32), "top_k": np.zeros(2, np.int64),
+             "top_p": np.ones(2, np.float32), "min_p": np.zeros(2, np.float32), "u": np.zeros((2, 1), np.float32)}
+    for method in (SORT, CANDIDATES):
+        probs, _ = run_graph(transform_graph(4096, 1, method), feeds)
+        assert not ((probs > 0) & (probs < np.finfo(np.float32).tiny)).any()
+        z = logits * (1 / feeds["temperature"])[:, None, None]
+        near = z - z.max(axis=2, keepdims=True) > sampling_graph.EXP_FLOOR
+        g = GraphBuilder("softmax", WeightStore())
+        g.output(g.op("Softmax", [g.input("z", F32, [2, 1, 4096])], axis=-1), "p", F32, None)
+        (want,) = run_graph(g, {"z": z.astype(np.float32)})
+        np.testing.assert_array_equal(probs[near], want[near])
+
+
 def test_greedy_rows_take_the_argmax(monkeypatch):
     monkeypatch.setattr(sampling_graph, "CANDIDATE_TIERS", (16, 64))
     feeds = robust_feeds(np.random.default_rng(9), 3, 2, 300, (0, 5, 0), (None, None, 3), (None,) * 3)

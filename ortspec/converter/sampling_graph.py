@@ -35,6 +35,7 @@ from .builder import CPU, GraphBuilder
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
+EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
     z = make_scaled_logits(g, logits, params)
 
     def masked(sub: GraphBuilder) -> list[str]:
-        probs = sub.op("Softmax", [z], axis=-1)  # [B, N, V]: every token
+        probs = _softmax(sub, z)  # [B, N, V]: every token
         threshold = make_threshold(sub, z, probs, params, vocab, method)
         weights = sub.op("Mul", [probs, sub.op("Cast", [sub.op("GreaterOrEqual", [z, threshold])], to=F32)])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
@@ -89,7 +90,17 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
         return masked(g)[0]
     masks = g.op("Not", [_keeps_all(g, params, vocab, with_min_p=True)])  # [B, 1, 1]
     # each branch makes its own Softmax: a branch output that is a value from outside is copied
-    return g.if_else(_any(g, masks), masked, lambda sub: [sub.op("Softmax", [z], axis=-1)], [F32])
+    return g.if_else(_any(g, masks), masked, lambda sub: [_softmax(sub, z)], [F32])
+
+
+def _softmax(g: GraphBuilder, z: str) -> str:
+    """Softmax(max(z, max z + EXP_FLOOR)) [B, N, V]: no exponent of a token is subnormal. Wide logits
+    (a random model's: most tokens 100+ below the largest) made the CPU's Softmax several times
+    slower in subnormal arithmetic; a floored token's probability, at least e^-64 times the
+    largest's, is below float32 rounding of every other's (V e^-64 << 2^-24), so the others keep
+    their bits, and the mask still reads z itself."""
+    floor = g.op("Add", [g.op("ReduceMax", [z, g.const([-1])]), g.const(EXP_FLOOR, "float32")])  # [B, N, 1]
+    return g.op("Softmax", [g.op("Max", [z, floor])], axis=-1)
 
 
 def _keeps_all(g: GraphBuilder, params: RowParams, vocab: int, with_min_p: bool) -> str:
