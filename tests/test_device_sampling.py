@@ -111,6 +111,22 @@ def test_the_kept_set_is_the_references(monkeypatch, method, case):
     np.testing.assert_array_equal(tokens, sampling.draw(want.reshape(6, 300), feeds["u"].reshape(-1)).reshape(3, 2))
 
 
+@pytest.mark.parametrize("method", [SORT, CANDIDATES])
+def test_ties_past_the_candidates_are_kept(monkeypatch, method):
+    """30 tokens tie for the largest logit: top-k 5 and 16 keep all 30 (ties with the k-th value are
+    kept), though the first tier (16 candidates, where both top-k sets lie) holds only 16 of them;
+    top-k 40 keeps the 30 and 10 more (or more ties)."""
+    monkeypatch.setattr(sampling_graph, "CANDIDATE_TIERS", (16, 64))
+    for top_k in ((5, 16), (5, 40)):
+        feeds = robust_feeds(np.random.default_rng(5), 2, 1, 300, top_k, (None, None), (None, None))
+        feeds["logits"][:, 0, 100:130] = feeds["logits"].max() + 1.0
+        probs, _ = run_graph(transform_graph(300, 1, method), feeds)
+        want = reference(feeds)
+        assert (want[0] > 0).sum() == 30 and (want[1] > 0).sum() >= (30 if top_k[1] == 16 else 40)
+        np.testing.assert_array_equal(probs > 0, want > 0)
+        np.testing.assert_allclose(probs, want, atol=2e-6)
+
+
 def test_the_cpu_graphs_widen_the_candidates_only_where_a_row_needs_it(monkeypatch, tmp_path):
     """Kernels a batch runs (ONNX Runtime's profile): rows that keep every token run no TopK beside
     a row that fits the first tier (one TopK, of that tier's width); a batch with a row past every

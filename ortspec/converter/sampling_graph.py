@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from .builder import CPU, GraphBuilder
 
@@ -88,9 +88,44 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
 
     if method == SORT:
         return masked(g)[0]
+
+    def thresholded(sub: GraphBuilder) -> list[str]:
+        width = min(CANDIDATE_TIERS[0], vocab)
+        inside = _all(sub, sub.op("LessOrEqual", [_kept_by_k(sub, params, vocab), sub.const(width)]))
+        return [sub.if_else(inside, lambda s: [_candidate_probs(s, z, params, vocab, width, masked)], masked, [F32])]
+
     masks = g.op("Not", [_keeps_all(g, params, vocab, with_min_p=True)])  # [B, 1, 1]
     # each branch makes its own Softmax: a branch output that is a value from outside is copied
-    return g.if_else(_any(g, masks), masked, lambda sub: [_softmax(sub, z)], [F32])
+    return g.if_else(_any(g, masks), thresholded, lambda sub: [_softmax(sub, z)], [F32])
+
+
+def _candidate_probs(g: GraphBuilder, z: str, params: RowParams, vocab: int, width: int, masked) -> str:
+    """(CPU, a batch whose rows' top-k sets all lie within the largest ``width`` values) The
+    distributions from those candidates alone, scattered into zeros: no op over all V but the
+    TopK and the scatter. Where a row's kept value ties past the candidates (the last candidate
+    is kept), masked(g) instead: the masks over all V."""
+    ordered, index = g.op("TopK", [z, g.const([width])], num_outputs=2, axis=-1, largest=1, sorted=1)  # [B, N, C]
+    top = g.op("Slice", [ordered, g.const([0]), g.const([1]), g.const([-1])])  # [B, N, 1]: max z
+    e = g.op("Exp", [g.op("Max", [g.op("Sub", [ordered, top]), g.const(EXP_FLOOR, "float32")])])  # as _softmax's
+    in_k = _in_top_k(g, width, _kept_by_k(g, params, vocab))  # [B, 1, C]
+    mass = g.op("Mul", [e, g.op("Cast", [in_k], to=F32)])
+    mass = g.op("Div", [mass, g.op("ReduceSum", [mass, g.const([-1])])])  # [B, N, C]: over the top-k set
+    threshold, _ = _kept_in_sorted(g, ordered, mass, in_k, params.top_p)
+    threshold = g.op("Max", [threshold, g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])])  # min-p
+    kept = g.op("Mul", [e, g.op("Cast", [g.op("GreaterOrEqual", [ordered, threshold])], to=F32)])  # [B, N, C]
+    last = g.op("Slice", [ordered, g.const([width - 1]), g.const([width]), g.const([-1])])  # [B, N, 1]
+    spills = _any(g, g.op("GreaterOrEqual", [last, threshold])) if width < vocab else g.const(False, bool)
+
+    def scattered(sub: GraphBuilder) -> list[str]:
+        probs = sub.op("Div", [kept, sub.op("ReduceSum", [kept, sub.const([-1])])])  # [B, N, C]
+        zeros = sub.op("ConstantOfShape", [sub.op("Shape", [z])], value=_float_zero())  # [B, N, V]
+        return [sub.op("ScatterElements", [zeros, index, probs], axis=-1, hint="probs")]
+
+    return g.if_else(spills, masked, scattered, [F32])
+
+
+def _float_zero():
+    return helper.make_tensor("zero", F32, [1], [0.0])
 
 
 def _softmax(g: GraphBuilder, z: str) -> str:
@@ -138,10 +173,21 @@ def _sorted_threshold(g: GraphBuilder, z: str, probs: str, width: int, kept_by_k
     k_inside [B, 1, 1] (or a scalar): rows whose top-k set lies within them, whose mass is
     renormalised over it; the others' (top-k off) is the mass over all V, as probs has it."""
     ordered, index = g.op("TopK", [z, g.const([width])], num_outputs=2, axis=-1, largest=1, sorted=1)  # [B, N, W]
-    in_k = g.op("Less", [g.const(range(width), hint="rank"), kept_by_k])  # [B, 1, W]
+    in_k = _in_top_k(g, width, kept_by_k)
     mass = g.op("Mul", [g.op("GatherElements", [probs, index], axis=-1), g.op("Cast", [in_k], to=F32)])
     total = g.op("Where", [k_inside, g.op("ReduceSum", [mass, g.const([-1])]), g.const(1.0, "float32")])  # [B, N, 1]
-    mass = g.op("Div", [mass, total])  # [B, N, W]
+    return _kept_in_sorted(g, ordered, g.op("Div", [mass, total]), in_k, top_p)
+
+
+def _in_top_k(g: GraphBuilder, width: int, kept_by_k: str) -> str:
+    """bool [B, 1, W]: the ranks 0..W-1 inside the top-k set."""
+    return g.op("Less", [g.const(range(width), hint="rank"), kept_by_k])
+
+
+def _kept_in_sorted(g: GraphBuilder, ordered: str, mass: str, in_k: str, top_p: str) -> tuple[str, str]:
+    """(the smallest kept value [B, N, 1], the count of ranks kept [B, N, 1]) of sorted values
+    ordered [B, N, W] with their mass [B, N, W], in_k the ranks inside the top-k set: top-k, then
+    top-p (kept while the mass before a rank is < top_p)."""
     before = g.op("Sub", [g.op("CumSum", [mass, g.const(-1)]), mass])  # mass ahead of each rank
     p = per_row(g, top_p)
     within_p = g.op("Or", [g.op("Less", [before, p]), g.op("GreaterOrEqual", [p, g.const(1.0, "float32")])])
@@ -186,6 +232,11 @@ def _tiered_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, ke
 def _any(g: GraphBuilder, flags: str) -> str:
     """A bool scalar: any of flags (bool, any shape)."""
     return g.op("Cast", [g.op("ReduceMax", [g.op("Cast", [flags], to=I64)], keepdims=0)], to=BOOL)
+
+
+def _all(g: GraphBuilder, flags: str) -> str:
+    """A bool scalar: all of flags (bool, any shape)."""
+    return g.op("Cast", [g.op("ReduceMin", [g.op("Cast", [flags], to=I64)], keepdims=0)], to=BOOL)
 
 
 def make_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
