@@ -51,7 +51,8 @@ def run(args) -> int:
                 for name, params in CONFIGS.items():
                     timer.params = params
                     greedy, sampled = step_ms(timer, args.steps, args.rounds)
-                    results.append(dict(model=label, k=k, batch=batch, config=name, greedy_ms=greedy, sampled_ms=sampled))
+                    results.append(dict(model=label, k=k, batch=batch, config=name, greedy_ms=greedy,
+                                        sampled_ms=sampled))
                     rows.append([label, k, batch, name, f"{greedy:.3f}", f"{sampled:.3f}", f"{greedy / sampled:.2f}"])
                     print(rows[-1], flush=True)
         graphs.close()

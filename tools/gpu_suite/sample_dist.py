@@ -141,7 +141,8 @@ def acceptance_rows(samples: int, k: int, seed: int, vocab: int = 6) -> dict:
     every row), drafts drawn from q, fresh uniforms per row."""
     rng = np.random.default_rng(seed)
     p, q = rng.dirichlet(np.ones(vocab), k + 1), rng.dirichlet(np.ones(vocab), k)
-    drafts = np.stack([sampling.draw(np.broadcast_to(q[i], (samples, vocab)), rng.random(samples)) for i in range(k)], 1)
+    drafts = np.stack([sampling.draw(np.broadcast_to(q[i], (samples, vocab)), rng.random(samples))
+                       for i in range(k)], axis=1)  # [B, k]
     return {"p": np.broadcast_to(p, (samples, k + 1, vocab)).astype(np.float32),
             "q": np.broadcast_to(q, (samples, k, vocab)).astype(np.float32), "drafts": drafts,
             "u": rng.random((samples, k + 1), dtype=np.float32)}
@@ -248,9 +249,10 @@ def _prefill_and_fork(target: TargetModel, rows: Rows, prompt, config: dict, rng
 
 def _params(config: dict, rows: int) -> tuple:
     """(temperature, top_k, top_p, min_p) [rows] of one configuration (a value, or one per row)."""
-    return tuple(np.broadcast_to(np.asarray(config.get(name, default), dtype), (rows,)).copy() for name, default, dtype in
-                 (("temperature", 1.0, np.float32), ("top_k", 0, np.int64), ("top_p", 1.0, np.float32),
-                  ("min_p", 0.0, np.float32)))
+    fields = (("temperature", 1.0, np.float32), ("top_k", 0, np.int64), ("top_p", 1.0, np.float32),
+              ("min_p", 0.0, np.float32))
+    return tuple(np.broadcast_to(np.asarray(config.get(name, default), dtype), (rows,)).copy()
+                 for name, default, dtype in fields)
 
 
 def _inputs(config: dict, rows: int, draws: int, rng) -> SamplingInputs:
