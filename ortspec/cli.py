@@ -146,11 +146,12 @@ def _add_convert(sub) -> None:
     c.add_argument("--mtp-quant", choices=["auto", "int4", "none"], default="auto",
                    help="the MTP draft head's weights: int4 (cheaper drafts; the output is the target's), none (the "
                         "model's dtype), or auto (default: int4 for a float32 model, none for float16/bfloat16)")
-    c.add_argument("--gdn-verify", choices=["per_row", "state_window", "transition"], default="per_row",
-                   help="how the CUDA select verifies emit the GDN states for the commit: per_row (default: the "
-                        "recurrence once per row), state_window (the fused ops' own state windows; CUDA only, "
-                        "k <= 7) or transition (the rows' transition record, replayed onto the state by one native "
-                        "kernel); the CPU variants run per row whatever it is")
+    c.add_argument("--gdn-verify", choices=["auto", "per_row", "state_window", "transition"], default="auto",
+                   help="how the CUDA select verifies emit the GDN states for the commit: auto (default: "
+                        "transition for float16/bfloat16, per_row for float32), per_row (the recurrence once per "
+                        "row), state_window (the fused ops' own state windows; CUDA only, k <= 7) or transition "
+                        "(the rows' transition record, replayed onto the state by one native kernel: the fastest "
+                        "on the H200); the CPU variants run per row whatever it is")
     c.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto", metavar="N",
                    help="the MTP head drafts from the N most frequent tokens only (its lm_head cut to N columns; "
                         "the output stays the target's): auto (default: 32768 for a vocabulary from 65536 up, "
@@ -158,6 +159,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--draft-corpus", metavar="FILE", default=None,
                    help="a text file whose token frequencies rank the draft vocabulary (needs tokenizer.json; "
                         "default: token ids rank it, a BPE vocabulary's merge order)")
+    c.add_argument("--no-sampling-graphs", dest="sampling_graphs", action="store_false",
+                   help="leave out decode_sample and verify_mtp_sample_k* (sampling on the device; a quicker "
+                        "conversion of a model that only decodes greedily)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an existing converted model in OUT whole (never a directory of other files)")
     c.set_defaults(func=_convert)
@@ -287,7 +291,8 @@ def _convert(args) -> None:
     out = convert(args.checkpoint, args.out, num_speculative_tokens=args.k, dtype=args.dtype,
                   max_length=args.max_length, pipeline_stages=args.pipeline_stages, quant=args.quant,
                   mtp_quant=args.mtp_quant, activations=args.activations, gdn_verify=args.gdn_verify,
-                  draft_vocab=args.draft_vocab, draft_corpus=args.draft_corpus, overwrite=args.overwrite)
+                  draft_vocab=args.draft_vocab, draft_corpus=args.draft_corpus, sampling_graphs=args.sampling_graphs,
+                  overwrite=args.overwrite)
     print(f"converted {args.checkpoint} -> {out}")
 
 

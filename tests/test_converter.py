@@ -153,9 +153,10 @@ def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")
     assert m.num_speculative_tokens == 2 and m.max_length == 64
-    assert set(m.graphs) == {"prefill", "decode", "verify_k1", "verify_k2", "verify_select_k1", "verify_select_k2", "mtp",
-                             "mtp_propose_k1", "mtp_propose_k2", "mtp_sample_k1", "mtp_sample_k2", "verify_mtp_k1",
-                             "verify_mtp_k2"}
+    assert set(m.graphs) == {"prefill", "decode", "decode_sample", "verify_k1", "verify_k2", "verify_select_k1",
+                             "verify_select_k2", "mtp", "mtp_propose_k1", "mtp_propose_k2", "mtp_sample_k1",
+                             "mtp_sample_k2", "verify_mtp_k1", "verify_mtp_k2", "verify_mtp_sample_k1",
+                             "verify_mtp_sample_k2"}
     kinds = {e["kind"] for e in m.states.values()}
     assert kinds == {"kv_key", "kv_value", "conv", "recurrent", "mtp_kv_key", "mtp_kv_value"}
     assert all(e["dtype"] == "float32" for e in m.states.values())
@@ -168,9 +169,11 @@ def test_manifest_describes_graphs_and_states(plain):
     assert doc["weights"]["file"] == "weights.bin"
 
 
-SAMPLING_FEEDS = {"temperature": lambda k: np.array([1.0, 0.0], np.float32), "top_k": lambda k: np.array([5, 0]),
-                  "top_p": lambda k: np.array([0.9, 1.0], np.float32),
-                  "uniforms": lambda k: np.full((2, k), 0.5, np.float32)}
+SAMPLING_FEEDS = {"temperature": lambda shape: np.array([1.0, 0.0], np.float32),
+                  "top_k": lambda shape: np.array([5, 0]), "top_p": lambda shape: np.array([0.9, 1.0], np.float32),
+                  "min_p": lambda shape: np.array([0.01, 0.0], np.float32),
+                  "uniforms": lambda shape: np.full((2, shape[1]), 0.5, np.float32),
+                  "draft_probs": lambda shape: np.full((2, *shape[1:]), 1 / shape[2], np.float32)}
 
 
 def test_every_graph_loads_and_runs_on_cpu(plain):
@@ -181,7 +184,8 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
     for name in m.graphs:
         runner = graphs[name]
         session = runner.session
-        rows = 3 if name in ("prefill", "mtp") or name.startswith("mtp_") else 1 if name == "decode" else int(name[-1]) + 1
+        rows = (3 if name in ("prefill", "mtp") or name.startswith("mtp_") else 1 if name.startswith("decode")
+                else int(name[-1]) + 1)
         feeds = {}
         for i in session.get_inputs():
             if i.name == "input_ids":
@@ -192,8 +196,8 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 feeds[i.name] = rng.standard_normal((2, rows, m.spec.hidden_size)).astype(np.float32)
             elif i.name == "last":
                 feeds[i.name] = np.array([rows - 1, 0])
-            elif i.name in SAMPLING_FEEDS:  # mtp_sample: row 0 samples, row 1 is greedy
-                feeds[i.name] = SAMPLING_FEEDS[i.name](int(name[-1]))
+            elif i.name in SAMPLING_FEEDS:  # the sampling graphs: row 0 samples, row 1 is greedy
+                feeds[i.name] = SAMPLING_FEEDS[i.name](i.shape)
             else:  # a state: the runtime's buffer (the graph's KV inputs take any window W of it)
                 feeds[i.name] = np.zeros([2] + list(m.states[i.name]["shape"][1:]), np.float32)
         out = runner.run(feeds)

@@ -23,7 +23,8 @@ from ortspec.manifest import Manifest, split_window_name, window_graph_name
 from tests.conftest import WINDOWED_K as K
 from tests.conftest import WINDOWED_MAX_LENGTH as MAX_LENGTH
 
-WINDOWED = ("decode", "verify_k3", "verify_select_k3", "verify_mtp_k3", "mtp_propose_k3", "mtp_sample_k3")
+WINDOWED = ("decode", "decode_sample", "verify_k3", "verify_select_k3", "verify_mtp_k3", "verify_mtp_sample_k3",
+            "mtp_propose_k3", "mtp_sample_k3")
 
 
 def test_buckets_double_from_256_below_max_length():
@@ -40,7 +41,8 @@ def test_the_conversion_records_one_variant_per_captured_graph(windowed_model, m
     manifest = Manifest.load(windowed_model)
     with_windows = {name for name, entry in manifest.graphs.items() if "windows" in entry}
     assert with_windows == {name for name in manifest.graphs if has_window_variants(name)}
-    assert {"decode", "verify_mtp_k1", "mtp_sample_k3"} <= with_windows and "prefill" not in with_windows
+    assert {"decode", "decode_sample", "verify_mtp_k1", "verify_mtp_sample_k3", "mtp_sample_k3"} <= with_windows
+    assert "prefill" not in with_windows
     for name in with_windows:
         entry = manifest.graph_entry(window_graph_name(name, 256), "cuda")
         assert entry == manifest.graphs[name]["windows"]["256"] and entry["file"] == f"{name}.w256.onnx"
@@ -81,11 +83,13 @@ def random_feeds(session: ort.InferenceSession, first: list[int], seed: int = 0)
             feeds[value.name] = rng.integers(0, 300, shape)
         elif value.name == "last":
             feeds[value.name] = np.arange(batch) % rows  # row a of the catch-up: where the drafts start
-        elif value.name in ("temperature", "top_k"):
-            feeds[value.name] = np.zeros(shape, np.float32 if value.name == "temperature" else np.int64)
+        elif value.name in ("temperature", "top_k", "min_p"):
+            feeds[value.name] = np.zeros(shape, np.int64 if value.name == "top_k" else np.float32)
         elif value.name == "top_p":
             feeds[value.name] = np.ones(shape, np.float32)
-        else:  # caches, GDN states, hiddens, uniforms
+        elif value.name in ("uniforms", "draft_probs"):  # in [0, 1): uniforms, and the drafts' distributions
+            feeds[value.name] = rng.random(shape, dtype=np.float32)
+        else:  # caches, GDN states, hiddens
             feeds[value.name] = rng.standard_normal(shape).astype(np.float32) * 0.5
     return feeds
 

@@ -16,7 +16,7 @@ from onnx import TensorProto
 
 import ortspec
 from ortspec.converter.builder import GraphBuilder, WeightStore
-from ortspec.converter.sampling_graph import make_draw, make_sampling_probs
+from ortspec.converter.sampling_graph import RowParams, make_draw, make_sampling_probs
 from ortspec.runtime.states import Rows
 from ortspec.speculative import sampling
 from ortspec.speculative.decoder import Decoder
@@ -58,8 +58,7 @@ def sampling_graph(vocab):
     """make_sampling_probs + make_draw alone, as an ONNX Runtime session."""
     g = GraphBuilder("sampling", WeightStore())
     logits = g.input("logits", F32, ["B", 1, vocab])
-    t, k, p = g.input("temperature", F32, ["B"]), g.input("top_k", I64, ["B"]), g.input("top_p", F32, ["B"])
-    probs = make_sampling_probs(g, logits, t, k, p, vocab)
+    probs = make_sampling_probs(g, logits, RowParams.inputs(g), vocab)
     g.output(make_draw(g, probs, g.input("u", F32, ["B", 1]), vocab), "token", I64, ["B", 1])
     g.output(probs, "probs", F32, ["B", 1, vocab])
     return ort.InferenceSession(g.build({}).SerializeToString())
@@ -73,7 +72,7 @@ def test_onnx_transform_and_draw_equal_the_numpy_ones():
     u = rng.random((5, 1), dtype=np.float32)
     token, probs = sampling_graph(40).run(None, {
         "logits": logits, "temperature": PARAMS["temperature"].astype(np.float32), "top_k": PARAMS["top_k"],
-        "top_p": PARAMS["top_p"].astype(np.float32), "u": u})
+        "top_p": PARAMS["top_p"].astype(np.float32), "min_p": np.zeros(5, np.float32), "u": u})
     want = sampling.transform(logits[:, 0], **PARAMS)
     np.testing.assert_allclose(probs[:, 0], want, atol=1e-6)
     np.testing.assert_array_equal(probs[:, 0] > 0, want > 0)

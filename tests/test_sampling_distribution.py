@@ -16,15 +16,14 @@ a GPU (the head's draws then come from the CUDA graph of mtp_sample_k{k}).
 
 from __future__ import annotations
 
-import collections
 import os
 
 import numpy as np
 import pytest
-import torch
 
 import ortspec
 from ortspec.speculative import sampling
+from tools.gpu_suite.sample_dist import homogeneity_p_value
 from tools.make_tiny_checkpoint import make_checkpoint
 
 SAMPLES = 20_000
@@ -32,7 +31,6 @@ NEW_TOKENS = 5
 ALPHA = 1e-3 / 3  # three comparisons against k = 0: a false alarm in this file has probability <= 1e-3
 PROMPT = [3, 5]
 SAMPLING = dict(temperature=4.0, top_k=8, top_p=0.95)
-MIN_CELL = 10  # cells with fewer samples in both runs together are pooled (each expected count >= 5)
 PROVIDER = os.environ.get("ORTSPEC_TEST_PROVIDER", "cpu")
 
 
@@ -57,22 +55,6 @@ def first_tokens(model, k: int, seed: int) -> tuple[list[list[int]], dict]:
 def plain(model):
     """The reference: plain sampling, one token per forward (k = 0)."""
     return first_tokens(model, 0, seed=100)[0]
-
-
-def homogeneity_p_value(a: list[list[int]], b: list[list[int]]) -> float:
-    """Two-sample chi-square test that two samples of token sequences share one distribution:
-    cells are the distinct sequences, those under MIN_CELL in both together pooled into one."""
-    count_a, count_b = collections.Counter(map(tuple, a)), collections.Counter(map(tuple, b))
-    cells = set(count_a) | set(count_b)
-    rare = [c for c in cells if count_a[c] + count_b[c] < MIN_CELL]
-    table = np.array([[count_a[c], count_b[c]] for c in cells - set(rare)]
-                     + [[sum(count_a[c] for c in rare), sum(count_b[c] for c in rare)]], float)
-    table = table[table.sum(axis=1) > 0]  # [cells, 2]
-    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
-    statistic = float(((table - expected) ** 2 / expected).sum())
-    dof = len(table) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))  # chi2 survival
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

@@ -15,8 +15,11 @@ speculative loop against the plain one, k = 1..4: tokens, states, speed) and aut
 stretches of k = 0 and runs of one k >= 1 in the pipelined loops: tokens, states, tokens/s against
 greedy), kernels (GPU time per token by kernel name and class over a generate call, against the
 floor), kv_windows (the KV window variants against the portable graphs: tokens, states, graph
-counters, tokens/s) and gdn_verify (the CUDA verify's GDN forms, convert --gdn-verify: the native
-transition kernels, state and token checks per form, and verify/decode per form at 1B). Every
+counters, tokens/s), gdn_verify (the CUDA verify's GDN forms, convert --gdn-verify: the native
+transition kernels, state and token checks per form, and verify/decode per form at 1B),
+sample_dist (exact speculative sampling on the device: chi-square tests of its distributions,
+planted acceptance rules caught) and sample_cost (sampling on the device against greedy per
+step: decode_sample, verify_mtp_sample_k{k}). Every
 subcommand takes --json FILE for its results and --activations auto|float32|model for the models it
 converts (convert --activations); a failed identity check makes the exit status 1.
 """
@@ -38,7 +41,8 @@ SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scal
                "profile": "host_profile", "ab": "ab", "int4": "int4", "trained": "trained", "threads": "threads",
                "soak": "soak", "exact": "exact", "agree": "agree", "stream_probe": "stream_probe",
                "greedy_loop": "greedy_loop", "spec_loop": "spec_loop", "auto_loop": "auto_loop", "kernels": "kernels",
-               "kv_windows": "kv_windows", "gdn_verify": "gdn_verify"}
+               "kv_windows": "kv_windows", "gdn_verify": "gdn_verify", "sample_dist": "sample_dist",
+               "sample_cost": "sample_cost"}
 
 
 def subcommand_module(name: str):

@@ -20,8 +20,8 @@ from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader, check_tokenizer
 from .draft_vocab import DraftVocab, add_draft_head, build_draft_vocab, draft_vocab_size
-from .fused_graph import make_verify_mtp_graph
-from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph
+from .fused_graph import make_verify_mtp_graph, make_verify_mtp_sample_graph
+from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph, sampled_tokens
 from .kv_windows import has_window_variants, narrow_to_window, window_buckets
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
@@ -33,8 +33,8 @@ from .weights import WeightPreparer, cast_matrices
 def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: str = "float32",
             max_length: int = 1024, pipeline_stages: int = 1, stage_layers: list[int] | None = None,
             quant: str | None = None, mtp_quant: str | None = "auto", activations: str = "auto",
-            gdn_verify: str = "per_row", draft_vocab: int | str | None = "auto", draft_corpus=None,
-            overwrite: bool = False, progress: bool = True) -> Path:
+            gdn_verify: str = "auto", draft_vocab: int | str | None = "auto", draft_corpus=None,
+            sampling_graphs: bool = True, overwrite: bool = False, progress: bool = True) -> Path:
     """Converts a checkpoint; returns the output directory (ready for ``ortspec.Session``).
 
     num_speculative_tokens (K) is the largest k a Session may use; graphs for every
@@ -51,11 +51,16 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     weights (quant or mtp_quant: MatMulNBits takes float32 here). Recorded in the manifest.
     bfloat16 graphs need the CUDA provider (the CPU has no bfloat16 MatMul).
     gdn_verify: how the portable (CUDA) select verifies emit their GDN layers' states for the
-    commit (manifest.GDN_VERIFY_FORMS): "per_row" (default: the recurrence once per row, the state
-    after each row stacked), "state_window" (the fused ops once, with their state_window; CUDA
-    only, k <= 7) or "transition" (the ops once and the rows' transition record, which the commit
-    replays onto the live state in one native kernel). The CPU variants run per row whatever it
-    is. Recorded in the manifest.
+    commit (manifest.GDN_VERIFY_FORMS): "auto" (default: "transition" for float16/bfloat16, the GPU's
+    dtypes, where it measured fastest; "per_row" for float32), "per_row" (the recurrence once per
+    row, the state after each row stacked), "state_window" (the fused ops once, with their
+    state_window; CUDA only, k <= 7) or "transition" (the ops once and the rows' transition record,
+    which the commit replays onto the live state in one native kernel). The CPU variants run per
+    row whatever it is. Recorded in the manifest.
+    sampling_graphs (default True) writes the graphs that sample on the device: decode_sample and,
+    with a head, verify_mtp_sample_k{k} for k = 1..K (converter/sampling_graph.py); False leaves
+    them out (a quarter less conversion time for the tests' tiny models; greedy decoding and the
+    host's sampling need none of them).
     pipeline_stages > 1 also writes every target graph split into that many stages
     ({graph}.stage{s}.onnx); stage_layers gives the boundaries (default: even split), e.g.
     [0, 2, 4] for layers 0-1 and 2-3. quant="int4" stores the projection matrices, the
@@ -84,6 +89,7 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                              pipeline_stages=pipeline_stages, stage_layers=stage_layers, quant=quant,
                              mtp_quant=mtp_quant, activations=activations, gdn_verify=gdn_verify,
                              draft_vocab=draft_vocab, draft_corpus=None if draft_corpus is None else str(draft_corpus),
+                             sampling_graphs=sampling_graphs,
                              overwrite=overwrite, progress=progress)
     checkpoint_dir, out_dir = _path("checkpoint_dir", checkpoint_dir), _path("out_dir", out_dir)
     check_output_dir(out_dir, checkpoint_dir, options.overwrite)
@@ -110,6 +116,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                     for name, build in _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries,
                                                        target, options.gdn_verify).items()}
         builders.update(_window_builders(spec, store, options.max_length, K, with_mtp, options.gdn_verify))
+        if not options.sampling_graphs:
+            builders = {key: build for key, build in builders.items() if not is_sampling_graph(key[0])}
         graphs = {}
         for (name, target), build in tqdm(builders.items(), desc="ortspec convert", unit="graph",
                                           disable=not options.progress):
@@ -162,7 +170,8 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
                     boundaries: list[int], target: str = PORTABLE, gdn_verify: str = "per_row") -> dict:
     """Graph name -> a function building it for ``target`` (graphs are built one at a time, then
     written); the select verifies' GDN layers in the form gdn_verify (a CPU graph: per row)."""
-    shapes = {"prefill": dict(rows=None), "decode": dict(rows=1)}
+    shapes = {"prefill": dict(rows=None), "decode": dict(rows=1),
+              "decode_sample": dict(rows=1, choose=sampled_tokens(spec))}
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
         shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True, gdn_verify=gdn_verify)
@@ -184,7 +193,15 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             builders[graph_name("verify_mtp", k)] = lambda k=k: make_verify_mtp_graph(spec, store, max_length, k,
                                                                                        target=target,
                                                                                        gdn_verify=gdn_verify)
+            builders[graph_name("verify_mtp_sample", k)] = lambda k=k: make_verify_mtp_sample_graph(
+                spec, store, max_length, k, target=target, gdn_verify=gdn_verify)
     return builders
+
+
+def is_sampling_graph(name: str) -> bool:
+    """decode_sample, verify_mtp_sample_k{k} and their variants: what sampling_graphs=False leaves out."""
+    base = split_window_name(name)[0].split(".stage")[0]
+    return base == "decode_sample" or base.startswith("verify_mtp_sample")
 
 
 def _window_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,

@@ -89,6 +89,16 @@ class WeightStore:
         return t
 
 
+def _rename(nodes, value: str, name: str) -> None:
+    """Every use of value in nodes, and in the subgraphs of their If branches (outer-scope reads), named name."""
+    for node in nodes:
+        node.output[:] = [name if o == value else o for o in node.output]
+        node.input[:] = [name if i == value else i for i in node.input]
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _rename(attribute.g.node, value, name)
+
+
 class GraphBuilder:
     """Accumulates nodes; ``op`` returns output names so graphs read like straight-line code.
 
@@ -126,9 +136,7 @@ class GraphBuilder:
         producers = [n for n in self.nodes if value in n.output]
         taken = {o.name for o in self.outputs} | {i.name for i in self.inputs}
         if value != name and producers and value not in taken:
-            for node in self.nodes:
-                node.output[:] = [name if o == value else o for o in node.output]
-                node.input[:] = [name if i == value else i for i in node.input]
+            _rename(self.nodes, value, name)
             self._renamed[value] = name
         elif value != name:
             self.op("Identity", [value], outputs=[name])
@@ -200,6 +208,23 @@ class GraphBuilder:
 
     def ms(self, op_type: str, inputs: list[str], **kwargs):
         return self.op(op_type, inputs, domain=MS_DOMAIN, **kwargs)
+
+    def if_else(self, cond: str, then_branch, else_branch, elem_types: list[int]):
+        """An ``If`` node: cond a bool of one element; each branch(builder) builds its subgraph in a
+        builder of its own and returns its values (as many as elem_types, of those types). The
+        branches read any value of this graph (ONNX outer scope) and put their constants and
+        weights among this graph's initializers. Returns the If's output(s). Only where nothing is
+        captured (the CPU graphs): the condition is read on the host."""
+        graphs = []
+        for label, build in (("then", then_branch), ("else", else_branch)):
+            sub = GraphBuilder(f"{self.name}.{label}.{next(self._ids)}", self.weights, self.target)
+            sub.constants, sub.used_weights, sub._ids = self.constants, self.used_weights, self._ids
+            outputs = []
+            for value, elem_type in zip(build(sub), elem_types, strict=True):
+                name = sub.op("Identity", [value], hint=f"{label}_out")  # a branch output must be its own
+                outputs.append(helper.make_tensor_value_info(name, elem_type, None))
+            graphs.append(helper.make_graph(sub.nodes, sub.name, [], outputs))
+        return self.op("If", [cond], num_outputs=len(elem_types), then_branch=graphs[0], else_branch=graphs[1])
 
     # -- model -----------------------------------------------------------------------------
     def build(self, weight_layout: dict[str, dict]) -> onnx.ModelProto:

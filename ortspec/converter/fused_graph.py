@@ -19,8 +19,22 @@ bonus is g_a), and a itself follows from the tokens. So the graph computes a and
        [B, 2k+2]; new_key.mtp, new_value.mtp (the runtime writes rows 0..a, as after mtp_propose)
 
 Both halves are built by the functions that build the two graphs it replaces, so each computes
-the same bits (tests/test_fused_verify.py compares them). Sampled rows need the host between the
-two halves (their acceptance draws from distributions): the runtime runs the two graphs then.
+the same bits (tests/test_fused_verify.py compares them).
+
+``verify_mtp_sample_k{k}`` is the same step for batches where rows sample: exact speculative
+sampling (converter/sampling_graph.py) decides a and the emitted token e_a of sampled rows,
+the greedy rule those of greedy rows, and the head catches up over the emitted tokens and draws
+its next drafts:
+
+    ids (x_T, d1..dk), draft_probs q [B, k, V] ─ verify ─ p_0..p_k ─ accept / residual ─ a, e [B, k+1]
+    (e, hidden, positions, a) ─ MTP catch-up + k-1 draft passes, drawn ─ d'1..d'k, draft_probs_out
+    step_ids [B, 2k+2] = e_0..e_k | a | d'1..d'k
+
+  in   verify_mtp_k{k}'s; temperature, top_k, top_p, min_p [B]; uniforms float [B, 2k+1]
+       (columns 0..k-1 the acceptances, k the emitted token, k+1..2k the drafts);
+       draft_probs float [B, k, V] (what d1..dk were drawn from)
+  out  verify_mtp_k{k}'s (step_ids as above: e_i = d_{i+1} for i < a, e_a emitted; a greedy row's
+       are its argmaxes, bit for bit); draft_probs_out [B, k, V] (what d'1..d'k were drawn from)
 """
 
 from __future__ import annotations
@@ -30,7 +44,8 @@ from onnx import TensorProto
 from ..manifest import graph_name
 from ..model_spec import ModelSpec
 from .builder import PORTABLE, GraphBuilder, WeightStore
-from .graphs import add_mtp_propose, draft_argmax, make_target_graph, mtp_state_shapes
+from .graphs import add_mtp_propose, draft_argmax, draft_vocab_size, make_target_graph, mtp_state_shapes
+from .sampling_graph import RowParams, draft_sampler, make_sampled_step_ids
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 MTP_WINDOW = "Wm"  # the head's cache slots: its own dimension, apart from the target caches' W
@@ -51,6 +66,32 @@ def make_verify_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, 
     g.output(accepted, "accepted", I64, ["B"])
     g.output(drafts, "drafts", I64, ["B", k])
     g.output(step_ids, "step_ids", I64, ["B", 2 * k + 2])
+    return g
+
+
+def make_verify_mtp_sample_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
+                                 target: str = PORTABLE, gdn_verify: str = "per_row") -> GraphBuilder:
+    """verify_mtp_k{k} with sampled rows (module docstring): their acceptance, emitted tokens and
+    drafts drawn in the graph, so a step's host still reads one int64 array. The head samples over
+    its draft vocabulary; q reaches the full vocabulary V inside add_mtp_propose."""
+    vocab = spec.vocab_size
+    g = make_target_graph(spec, store, max_length, graph_name("verify_mtp_sample", k), rows=k + 1, windows=True,
+                          target=target, gdn_verify=gdn_verify)
+    params = RowParams.inputs(g)
+    uniforms = g.input("uniforms", F32, ["B", 2 * k + 1])
+    q = g.input("draft_probs", F32, ["B", k, vocab])
+    greedy = make_greedy_acceptance(g, "input_ids", "tokens", k)  # [B]
+    emitted, accepted = make_sampled_step_ids(g, "input_ids", "tokens", "logits", params, q, uniforms, greedy, k,
+                                              vocab)  # [B, k+1], [B]
+    states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, window=MTP_WINDOW).items()}
+    drafts, draft_probs = add_mtp_propose(g, spec, max_length, k, emitted, "hidden", "positions", accepted, states,
+                                          draft_sampler(g, params, uniforms, k + 1,
+                                                        draft_vocab_size(g.weights, spec)))  # [B, k], [B, k, V]
+    step_ids = g.op("Concat", [emitted, g.op("Unsqueeze", [accepted, g.const([1])]), drafts], axis=1)
+    g.output(accepted, "accepted", I64, ["B"])
+    g.output(drafts, "drafts", I64, ["B", k])
+    g.output(step_ids, "step_ids", I64, ["B", 2 * k + 2])
+    g.output(draft_probs, "draft_probs_out", F32, ["B", k, vocab])
     return g
 
 

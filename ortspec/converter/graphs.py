@@ -43,7 +43,7 @@ from .layers import (
     make_rms_norm,
     make_step_inputs,
 )
-from .sampling_graph import make_draft_choice
+from .sampling_graph import RowParams, draft_sampler, make_token_choice
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -93,20 +93,25 @@ def _decoder_layer(g, spec, x, residual, prefix, mixer):
     return make_mlp(g, spec, h, prefix), residual
 
 
-def _head(g, spec, x, residual, norm_weight, hidden_name, rows):
+def _head(g, spec, x, residual, norm_weight, hidden_name, rows, choose):
     """Final norm, lm_head; the logits float32 whatever the activations (argmax ties and sampling
-    see the values the runtime reads), the hidden rows in the activations' dtype."""
+    see the values the runtime reads), the hidden rows in the activations' dtype. choose(logits)
+    -> the tokens [B, M] (None: the argmax)."""
     hidden, _ = make_add_rms_norm(g, x, residual, norm_weight, spec.rms_norm_eps)
     logits = g.linear(hidden, "lm_head", out_dtype=F32)
-    g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "tokens", I64, ["B", rows])
+    tokens = g.op("ArgMax", [logits], axis=-1, keepdims=0) if choose is None else choose(logits)
+    g.output(tokens, "tokens", I64, ["B", rows])
     g.output(logits, "logits", F32, ["B", rows, spec.vocab_size])
     g.output(hidden, hidden_name, g.activations, ["B", rows, spec.hidden_size])
 
 
 def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name: str,
                       rows: int | None, windows: bool = False, layers: range | None = None,
-                      stage: int = 0, target: str = PORTABLE, gdn_verify: str = "per_row") -> GraphBuilder:
+                      stage: int = 0, target: str = PORTABLE, gdn_verify: str = "per_row",
+                      choose=None) -> GraphBuilder:
     """rows=None: any M (prefill); rows=M: static M (decode M=1, verify M=k+1).
+    choose(g, logits [B, M, V]) -> tokens [B, M]: what the ``tokens`` output holds (None: the
+    argmax; ``decode_sample``: a draw).
     windows=True (needs static rows): GDN states after every row, for the select commit; the
     portable graph in the form gdn_verify (manifest.GDN_VERIFY_FORMS: per-row windows, the ops'
     state_window, or the transition record), a CPU graph always per row.
@@ -161,7 +166,8 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
                 return out
         x, residual = _decoder_layer(g, spec, x, residual, prefix, mixer)
     if last:
-        _head(g, spec, x, residual, "final_norm", "hidden", dim_m)
+        _head(g, spec, x, residual, "final_norm", "hidden", dim_m, None if choose is None else
+              (lambda logits: choose(g, logits)))
     else:
         g.output(x, "proxy.hidden", g.activations, ["B", dim_m, spec.hidden_size])
         if residual is not None:
@@ -169,6 +175,17 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     for value, out_name in state_outputs:
         g.output(value, out_name, F32, None)
     return g
+
+
+def sampled_tokens(spec: ModelSpec):
+    """``decode_sample``'s choice: (g, logits [B, 1, V]) -> tokens [B, 1], a draw for rows with
+    temperature > 0, the argmax for the others (converter/sampling_graph.py), with its inputs:
+    temperature, top_k, top_p, min_p [B] and uniforms float [B, 1]."""
+    def choose(g: GraphBuilder, logits: str) -> str:
+        params, uniforms = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
+        return make_token_choice(g, logits, params, uniforms, spec.vocab_size)[0]
+
+    return choose
 
 
 def mtp_lm_head(store: WeightStore) -> str:
@@ -267,7 +284,8 @@ def make_mtp_propose_graph(spec: ModelSpec, store: WeightStore, max_length: int,
 
     sample=True (``mtp_sample_k{k}``) draws each draft instead of taking the argmax, for the
     rows with temperature > 0 (converter/sampling_graph.py):
-      in   temperature float [B] (0: greedy row), top_k int64 [B], top_p float [B], uniforms [B, k]
+      in   temperature float [B] (0: greedy row), top_k int64 [B], top_p float [B], min_p float [B],
+           uniforms [B, k]
       out  draft_probs [B, k, V]: the distribution each draft was drawn from
     """
     g = GraphBuilder(graph_name("mtp_sample" if sample else "mtp_propose", k), store, target)
@@ -345,11 +363,5 @@ def draft_argmax(g: GraphBuilder):
 def _draft_sampler(g: GraphBuilder, spec: ModelSpec, k: int):
     """The sampling graph's inputs, and (logits [B, 1, N], pass j) -> (draft [B, 1], probs [B, 1, N]):
     N the draft vocabulary's tokens (V without one)."""
-    temperature, top_p = g.input("temperature", F32, ["B"]), g.input("top_p", F32, ["B"])
-    top_k, uniforms = g.input("top_k", I64, ["B"]), g.input("uniforms", F32, ["B", k])
-
-    def choose(logits, j):
-        u = g.op("Slice", [uniforms, g.const([j]), g.const([j + 1]), g.const([1])])  # [B, 1]
-        return make_draft_choice(g, logits, temperature, top_k, top_p, u, draft_vocab_size(g.weights, spec))
-
-    return choose
+    params = RowParams.inputs(g)
+    return draft_sampler(g, params, g.input("uniforms", F32, ["B", k]), 0, draft_vocab_size(g.weights, spec))

@@ -37,9 +37,10 @@ class ConvertOptions:
     quant: str | None = None
     mtp_quant: str | None = "auto"
     activations: str = "auto"
-    gdn_verify: str = "per_row"
+    gdn_verify: str = "auto"
     draft_vocab: int | str | None = "auto"
     draft_corpus: str | None = None
+    sampling_graphs: bool = True
     overwrite: bool = False
     progress: bool = True
 
@@ -51,7 +52,7 @@ class ConvertOptions:
                 raise ConvertOptionError(f"stage_layers={self.stage_layers!r} must be a list of layer indices such "
                                          "as [0, 2, 4], or None for an even split.")
             object.__setattr__(self, "stage_layers", tuple(_integer("stage_layers", b) for b in self.stage_layers))
-        for name in ("overwrite", "progress"):
+        for name in ("sampling_graphs", "overwrite", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ConvertOptionError(f"{name}={getattr(self, name)!r} must be True or False.")
         self._check_ranges()
@@ -77,6 +78,8 @@ class ConvertOptions:
         self._check_gdn_verify()
 
     def _check_gdn_verify(self) -> None:
+        if self.gdn_verify == "auto":  # the GPU's dtypes get the measured fastest form; float32 keeps the CPU's
+            object.__setattr__(self, "gdn_verify", "per_row" if self.dtype == "float32" else "transition")
         if not isinstance(self.gdn_verify, str) or self.gdn_verify not in GDN_VERIFY_FORMS:
             raise ConvertOptionError(f"gdn_verify={self.gdn_verify!r} is not supported; use one of "
                                      f"{', '.join(map(repr, GDN_VERIFY_FORMS))} (manifest.GDN_VERIFY_FORMS says how "

@@ -1,73 +1,370 @@
-"""The sampling transform and an inverse-CDF draw in ONNX, for the MTP head's sampled drafts.
+"""The sampling transform, draws and exact speculative acceptance in ONNX, so the host reads only
+token ids: ``decode_sample``, ``verify_mtp_sample_k{k}`` and the MTP head's sampled drafts.
 
-The draft passes are chained inside one graph (draft j+1 is the input of pass j+2), so a
-sampled draft must be drawn inside it. These are the steps of ``speculative.sampling.transform``
-and ``draw`` (the numpy versions the target's tokens use), op for op in float32:
+These are the steps of ``speculative.sampling`` (the numpy reference), in float32, over N rows
+of B requests, each request with its own parameters (greedy rows, temperature 0, run at T = 1;
+their draws are replaced by the argmax):
 
-    z = logits / T ─ TopK(V, sorted) ─ top-k mask ─ softmax ─ CumSum ─ top-p mask ─┐
-    threshold = the smallest kept sorted value  <──────────────────────────────────┘
-    probs = Softmax(z where z >= threshold, else -inf)
-    token = #{cdf <= u · total}, never past the last token of positive probability
+    z = logits / T                                                        [B, N, V]
+    threshold: top-k, then top-p (kept while the mass before < top_p), ties with the last kept
+               value kept; then min-p (z >= max z + ln min_p)                [B, N, 1]
+    probs = Softmax(z) on the tokens with z >= threshold, renormalised      [B, N, V]
+    token = inverse CDF at u, two levels (blocks of the vocabulary, then one block)
 
-Rows with T = 0 (greedy requests in a batch that samples) run the transform at T = 1; their
-draft is the argmax and their probabilities are not used.
+The top-k / top-p threshold is one of the sorted values. Sorting all V (TopK(V)) is the costliest
+op of a CPU step at Qwen3.5's vocabulary (tools/sampling_transform_cost.py), so the CPU graphs
+find it among the largest C values (TopK(C), CANDIDATE_TIERS), which hold it unless the kept set
+is wider; an ``If`` widens the candidates only for a batch where a row needs it, and sorts all V
+only past the last tier; a batch with no top-k / top-p / min-p skips all of it. A captured CUDA
+graph cannot branch, so the portable graphs sort (``SORT``). Both find the reference's threshold.
+
+Exact speculative sampling (speculative.sampling's docstring) over a verify's k+1 rows: accept
+d_{i+1} while u_i q_{i+1}(d_{i+1}) < p_i(d_{i+1}); at the first rejection a draw from
+norm(max(0, p_a - q_{a+1})) (from p_a where that is empty), after k accepts from p_k.
 """
 
 from __future__ import annotations
 
-from onnx import TensorProto
+import dataclasses
 
-from .builder import GraphBuilder
+import numpy as np
+from onnx import TensorProto, helper
 
-BOOL, I64 = TensorProto.BOOL, TensorProto.INT64
+from .builder import CPU, GraphBuilder
+
+BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
+SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
+CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
+EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowParams:
+    """The per-request sampling inputs of a graph, each [B]: temperature float (0: a greedy row),
+    top_k int64 (0: off), top_p float (1: off), min_p float (0: off)."""
+
+    temperature: str
+    top_k: str
+    top_p: str
+    min_p: str
+
+    @classmethod
+    def inputs(cls, g: GraphBuilder) -> "RowParams":
+        return cls(g.input("temperature", F32, ["B"]), g.input("top_k", I64, ["B"]),
+                   g.input("top_p", F32, ["B"]), g.input("min_p", F32, ["B"]))
+
+
+def method_for(g: GraphBuilder) -> str:
+    """The threshold search a graph of this target runs: candidates with branches on the CPU, the
+    full sort where graphs are captured (module docstring)."""
+    return CANDIDATES if g.target == CPU else SORT
 
 
 def per_row(g: GraphBuilder, value: str) -> str:
-    """[B] -> [B, 1, 1], to broadcast over [B, 1, V]."""
+    """[B] -> [B, 1, 1], to broadcast over [B, N, V]."""
     return g.op("Unsqueeze", [value, g.const([1, 2])])
 
 
-def make_sampling_probs(g: GraphBuilder, logits: str, temperature: str, top_k: str, top_p: str, vocab: int) -> str:
-    """logits [B, 1, V] and per-request temperature, top_k (0: off), top_p (1: off) [B] -> probs [B, 1, V]."""
-    t = per_row(g, temperature)
-    z = g.op("Div", [logits, g.op("Where", [g.op("Greater", [t, g.const(0.0, "float32")]), t,
-                                            g.const(1.0, "float32")])])  # [B, 1, V]
-    ordered, _ = g.op("TopK", [z, g.const([vocab])], num_outputs=2, axis=-1, largest=1, sorted=1)  # descending
-    k = per_row(g, top_k)
-    kept_by_k = g.op("Where", [g.op("Greater", [k, g.const(0)]), g.op("Min", [k, g.const(vocab)]), g.const(vocab)])
-    rank = g.const(range(vocab), hint="rank")  # [V]
-    in_k = g.op("Less", [rank, kept_by_k])  # [B, 1, V]
-    ordered_k = g.op("Where", [in_k, ordered, g.const(float("-inf"), "float32")])
-    mass = g.op("Softmax", [ordered_k], axis=-1)
+def make_scaled_logits(g: GraphBuilder, logits: str, params: RowParams) -> str:
+    """z = logits * (1 / T) [B, N, V] (T = 1 on greedy rows, whose draws are not used); a product,
+    not a quotient: ONNX Runtime's CPU Mul is the faster kernel."""
+    t = per_row(g, params.temperature)
+    t = g.op("Where", [g.op("Greater", [t, g.const(0.0, "float32")]), t, g.const(1.0, "float32")])  # [B, 1, 1]
+    return g.op("Mul", [logits, g.op("Reciprocal", [t])], hint="scaled")
+
+
+def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: int, method: str | None = None) -> str:
+    """logits [B, N, V] -> the transformed distributions [B, N, V] (float32, each row sums to 1):
+    Softmax(z) over the kept tokens, renormalised. The CPU graphs skip the masking (an If) for a
+    batch whose rows keep every token."""
+    method = method or method_for(g)
+    z = make_scaled_logits(g, logits, params)
+
+    def masked(sub: GraphBuilder) -> list[str]:
+        probs = _softmax(sub, z)  # [B, N, V]: every token
+        threshold = make_threshold(sub, z, probs, params, vocab, method)
+        weights = sub.op("Mul", [probs, sub.op("Cast", [sub.op("GreaterOrEqual", [z, threshold])], to=F32)])
+        return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
+
+    if method == SORT:
+        return masked(g)[0]
+
+    def thresholded(sub: GraphBuilder) -> list[str]:
+        width = min(CANDIDATE_TIERS[0], vocab)
+        inside = _all(sub, sub.op("LessOrEqual", [_kept_by_k(sub, params, vocab), sub.const(width)]))
+        return [sub.if_else(inside, lambda s: [_candidate_probs(s, z, params, vocab, width, masked)], masked, [F32])]
+
+    masks = g.op("Not", [_keeps_all(g, params, vocab, with_min_p=True)])  # [B, 1, 1]
+    # each branch makes its own Softmax: a branch output that is a value from outside is copied
+    return g.if_else(_any(g, masks), thresholded, lambda sub: [_softmax(sub, z)], [F32])
+
+
+def _candidate_probs(g: GraphBuilder, z: str, params: RowParams, vocab: int, width: int, masked) -> str:
+    """(CPU, a batch whose rows' top-k sets all lie within the largest ``width`` values) The
+    distributions from those candidates alone, scattered into zeros: no op over all V but the
+    TopK and the scatter. Where a row's kept value ties past the candidates (the last candidate
+    is kept), masked(g) instead: the masks over all V."""
+    ordered, index = g.op("TopK", [z, g.const([width])], num_outputs=2, axis=-1, largest=1, sorted=1)  # [B, N, C]
+    top = g.op("Slice", [ordered, g.const([0]), g.const([1]), g.const([-1])])  # [B, N, 1]: max z
+    e = g.op("Exp", [g.op("Max", [g.op("Sub", [ordered, top]), g.const(EXP_FLOOR, "float32")])])  # as _softmax's
+    in_k = _in_top_k(g, width, _kept_by_k(g, params, vocab))  # [B, 1, C]
+    mass = g.op("Mul", [e, g.op("Cast", [in_k], to=F32)])
+    mass = g.op("Div", [mass, g.op("ReduceSum", [mass, g.const([-1])])])  # [B, N, C]: over the top-k set
+    threshold, _ = _kept_in_sorted(g, ordered, mass, in_k, params.top_p)
+    threshold = g.op("Max", [threshold, g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])])  # min-p
+    kept = g.op("Mul", [e, g.op("Cast", [g.op("GreaterOrEqual", [ordered, threshold])], to=F32)])  # [B, N, C]
+    last = g.op("Slice", [ordered, g.const([width - 1]), g.const([width]), g.const([-1])])  # [B, N, 1]
+    spills = _any(g, g.op("GreaterOrEqual", [last, threshold])) if width < vocab else g.const(False, bool)
+
+    def scattered(sub: GraphBuilder) -> list[str]:
+        probs = sub.op("Div", [kept, sub.op("ReduceSum", [kept, sub.const([-1])])])  # [B, N, C]
+        zeros = sub.op("ConstantOfShape", [sub.op("Shape", [z])], value=_float_zero())  # [B, N, V]
+        return [sub.op("ScatterElements", [zeros, index, probs], axis=-1, hint="probs")]
+
+    return g.if_else(spills, masked, scattered, [F32])
+
+
+def _float_zero():
+    return helper.make_tensor("zero", F32, [1], [0.0])
+
+
+def _softmax(g: GraphBuilder, z: str) -> str:
+    """Softmax(max(z, max z + EXP_FLOOR)) [B, N, V]: no exponent of a token is subnormal. Wide logits
+    (a random model's: most tokens 100+ below the largest) made the CPU's Softmax several times
+    slower in subnormal arithmetic; a floored token's probability, at least e^-64 times the
+    largest's, is below float32 rounding of every other's (V e^-64 << 2^-24), so the others keep
+    their bits, and the mask still reads z itself."""
+    floor = g.op("Add", [g.op("ReduceMax", [z, g.const([-1])]), g.const(EXP_FLOOR, "float32")])  # [B, N, 1]
+    return g.op("Softmax", [g.op("Max", [z, floor])], axis=-1)
+
+
+def _keeps_all(g: GraphBuilder, params: RowParams, vocab: int, with_min_p: bool) -> str:
+    """bool [B, 1, 1]: rows whose top-k and top-p (and min-p) keep every token."""
+    k, p = per_row(g, params.top_k), per_row(g, params.top_p)
+    no_k = g.op("Or", [g.op("LessOrEqual", [k, g.const(0)]), g.op("GreaterOrEqual", [k, g.const(vocab)])])
+    keeps = g.op("And", [no_k, g.op("GreaterOrEqual", [p, g.const(1.0, "float32")])])
+    if with_min_p:
+        keeps = g.op("And", [keeps, g.op("LessOrEqual", [per_row(g, params.min_p), g.const(0.0, "float32")])])
+    return keeps
+
+
+def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab: int, method: str) -> str:
+    """threshold [B, N, 1]: the kept tokens are those with z >= threshold (module docstring);
+    probs [B, N, V]: Softmax(z), the mass of every token."""
+    kept_by_k = _kept_by_k(g, params, vocab)
+    if method == SORT:
+        top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, g.const(True, bool))
+    else:
+        top_kp = _candidate_threshold(g, z, probs, params, kept_by_k, vocab)
+    min_p = g.op("Add", [g.op("ReduceMax", [z, g.const([-1])]), g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
+    return g.op("Max", [top_kp, min_p], hint="threshold")
+
+
+def _kept_by_k(g: GraphBuilder, params: RowParams, vocab: int) -> str:
+    """[B, 1, 1] int64: how many of the sorted values top-k keeps (V when off)."""
+    k = per_row(g, params.top_k)
+    return g.op("Where", [g.op("Greater", [k, g.const(0)]), g.op("Min", [k, g.const(vocab)]), g.const(vocab)])
+
+
+def _sorted_threshold(g: GraphBuilder, z: str, probs: str, width: int, kept_by_k: str, top_p: str,
+                      k_inside: str) -> tuple[str, str]:
+    """The reference's top-k / top-p threshold among the largest ``width`` values of z: the
+    smallest kept one [B, N, 1], and the count of ranks kept [B, N, 1] (>= 1: rank 0 always is).
+    k_inside [B, 1, 1] (or a scalar): rows whose top-k set lies within them, whose mass is
+    renormalised over it; the others' (top-k off) is the mass over all V, as probs has it."""
+    ordered, index = g.op("TopK", [z, g.const([width])], num_outputs=2, axis=-1, largest=1, sorted=1)  # [B, N, W]
+    in_k = _in_top_k(g, width, kept_by_k)
+    mass = g.op("Mul", [g.op("GatherElements", [probs, index], axis=-1), g.op("Cast", [in_k], to=F32)])
+    total = g.op("Where", [k_inside, g.op("ReduceSum", [mass, g.const([-1])]), g.const(1.0, "float32")])  # [B, N, 1]
+    return _kept_in_sorted(g, ordered, g.op("Div", [mass, total]), in_k, top_p)
+
+
+def _in_top_k(g: GraphBuilder, width: int, kept_by_k: str) -> str:
+    """bool [B, 1, W]: the ranks 0..W-1 inside the top-k set."""
+    return g.op("Less", [g.const(range(width), hint="rank"), kept_by_k])
+
+
+def _kept_in_sorted(g: GraphBuilder, ordered: str, mass: str, in_k: str, top_p: str) -> tuple[str, str]:
+    """(the smallest kept value [B, N, 1], the count of ranks kept [B, N, 1]) of sorted values
+    ordered [B, N, W] with their mass [B, N, W], in_k the ranks inside the top-k set: top-k, then
+    top-p (kept while the mass before a rank is < top_p)."""
     before = g.op("Sub", [g.op("CumSum", [mass, g.const(-1)]), mass])  # mass ahead of each rank
     p = per_row(g, top_p)
     within_p = g.op("Or", [g.op("Less", [before, p]), g.op("GreaterOrEqual", [p, g.const(1.0, "float32")])])
-    kept = g.op("Cast", [g.op("And", [in_k, within_p])], to=I64)
-    count = g.op("ReduceSum", [kept, g.const([-1])], keepdims=1)  # [B, 1, 1]
-    threshold = g.op("GatherElements", [ordered, g.op("Sub", [count, g.const(1)])], axis=-1)  # [B, 1, 1]
-    masked = g.op("Where", [g.op("GreaterOrEqual", [z, threshold]), z, g.const(float("-inf"), "float32")])
-    return g.op("Softmax", [masked], axis=-1, hint="draft_probs")
+    count = g.op("ReduceSum", [g.op("Cast", [g.op("And", [in_k, within_p])], to=I64), g.const([-1])], keepdims=1)
+    return g.op("GatherElements", [ordered, g.op("Sub", [count, g.const(1)])], axis=-1), count
 
 
-def make_draw(g: GraphBuilder, probs: str, u: str, vocab: int) -> str:
-    """probs [B, 1, V], uniforms u [B, 1] in [0, 1) -> tokens int64 [B, 1] (inverse CDF)."""
-    cdf = g.op("CumSum", [probs, g.const(-1)])  # [B, 1, V]
-    total = g.op("Slice", [cdf, g.const([vocab - 1]), g.const([vocab]), g.const([-1])])  # [B, 1, 1]
-    target = g.op("Mul", [g.op("Unsqueeze", [u, g.const([2])]), total])
-    below = g.op("ReduceSum", [g.op("Cast", [g.op("LessOrEqual", [cdf, target])], to=I64), g.const([-1])],
-                 keepdims=0)  # [B, 1]
-    positive_rank = g.op("Where", [g.op("Greater", [probs, g.const(0.0, "float32")]), g.const(range(vocab)),
-                                   g.const(0)])
-    last_positive = g.op("ReduceMax", [positive_rank, g.const([-1])], keepdims=0)  # [B, 1]
-    return g.op("Min", [below, last_positive])
+def _candidate_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, kept_by_k: str, vocab: int) -> str:
+    """The top-k / top-p threshold from the largest C values (CANDIDATES: the module docstring), or
+    -inf for a batch whose rows keep every token (then nothing is sorted at all)."""
+    keeps_all = _keeps_all(g, params, vocab, with_min_p=False)  # [B, 1, 1]
+    minus_inf = g.const(np.full((1, 1, 1), -np.inf), "float32")
+    tiers = [c for c in CANDIDATE_TIERS if c < vocab]
+
+    def search(sub: GraphBuilder) -> list[str]:
+        threshold = _tiered_threshold(sub, z, probs, params, kept_by_k, keeps_all, vocab, tiers)
+        return [sub.op("Where", [keeps_all, minus_inf, threshold])]
+
+    return g.if_else(_any(g, g.op("Not", [keeps_all])), search, lambda sub: [minus_inf], [F32])
 
 
-def make_draft_choice(g: GraphBuilder, logits: str, temperature: str, top_k: str, top_p: str, u: str,
-                      vocab: int) -> tuple[str, str]:
-    """One draft per request from its head's logits [B, 1, V]: drawn where temperature > 0, else
-    the argmax. Returns (tokens int64 [B, 1], probs [B, 1, V] the draw came from)."""
-    probs = make_sampling_probs(g, logits, temperature, top_k, top_p, vocab)
-    sampled = make_draw(g, probs, u, vocab)
-    greedy = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B, 1]
-    samples = g.op("Unsqueeze", [g.op("Greater", [temperature, g.const(0.0, "float32")]), g.const([1])])  # [B, 1]
-    return g.op("Where", [samples, sampled, greedy]), probs
+def _tiered_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, kept_by_k: str, keeps_all: str,
+                      vocab: int, tiers: list[int]) -> str:
+    """The threshold among the largest tiers[0] values where that holds it for every row of the
+    batch that needs one (not keeps_all), else among the next tier's (an If per tier), else over
+    all V sorted. Among C candidates a row's threshold is exact when its top-k set lies within them
+    (k <= C: the mass is theirs), or when top-k is off and top-p stops inside them (the mass over
+    all V is probs'). Ties past the candidates are kept all the same: the mask reads all V."""
+    if not tiers:
+        return _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, g.const(True, bool))[0]
+    width = tiers[0]
+    k_inside = g.op("LessOrEqual", [kept_by_k, g.const(width)])  # [B, 1, 1]
+    threshold, count = _sorted_threshold(g, z, probs, width, kept_by_k, params.top_p, k_inside)
+    past = g.op("And", [g.op("Not", [g.op("Or", [k_inside, keeps_all])]), g.op("Or", [
+        g.op("Less", [kept_by_k, g.const(vocab)]),  # a top-k set wider than C: its mass is not known here
+        g.op("GreaterOrEqual", [count, g.const(width)])])])  # top-p kept every candidate: it may go on
+    return g.if_else(_any(g, past), lambda sub: [_tiered_threshold(sub, z, probs, params, kept_by_k, keeps_all, vocab,
+                                                                   tiers[1:])],
+                     lambda sub: [threshold], [F32])
+
+
+def _any(g: GraphBuilder, flags: str) -> str:
+    """A bool scalar: any of flags (bool, any shape)."""
+    return g.op("Cast", [g.op("ReduceMax", [g.op("Cast", [flags], to=I64)], keepdims=0)], to=BOOL)
+
+
+def _all(g: GraphBuilder, flags: str) -> str:
+    """A bool scalar: all of flags (bool, any shape)."""
+    return g.op("Cast", [g.op("ReduceMin", [g.op("Cast", [flags], to=I64)], keepdims=0)], to=BOOL)
+
+
+def make_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
+    """Inverse-CDF draws [B, N] int64 from non-negative weights [B, N, V] (need not sum to 1) with
+    uniforms u [B, N] in [0, 1): speculative.sampling.draw, in two levels so no op runs a
+    cumulative sum over all V (on the CPU one costs as much as the rest of a draw):
+
+        weights [B, N, nb, bs] ─ ReduceSum ─ CumSum ─ block j: #{cdf <= u total} ─┐
+        weights of block j [B, N, bs] ─ CumSum ─ #{cdf <= u total - before j} ─────┴─ j bs + i
+
+    Each level stops at its last positive entry, so a weight of 0 is never drawn."""
+    size, padded = block_size(vocab)
+    if padded > vocab:
+        weights = g.op("Pad", [weights, g.const([0, 0, 0, 0, 0, padded - vocab])])
+    blocks = g.op("Reshape", [weights, g.const([0, 0, padded // size, size])])  # [B, N, nb, bs]
+    sums = g.op("ReduceSum", [blocks, g.const([-1])], keepdims=0)  # [B, N, nb]
+    target = g.op("Mul", [g.op("Unsqueeze", [u, g.const([2])]), g.op("ReduceSum", [sums, g.const([-1])])])  # [B, N, 1]
+    block, before = _inverse_cdf(g, sums, target, padded // size)  # [B, N, 1] each
+    row = g.op("GatherND", [blocks, block], batch_dims=2)  # [B, N, bs]
+    within, _ = _inverse_cdf(g, row, g.op("Sub", [target, before]), size)
+    token = g.op("Add", [g.op("Mul", [block, g.const(size)]), within])  # [B, N, 1]
+    return g.op("Squeeze", [token, g.const([2])], hint="drawn")
+
+
+def _inverse_cdf(g: GraphBuilder, weights: str, target: str, width: int) -> tuple[str, str]:
+    """(index [B, N, 1]: #{cdf <= target}, at most the last positive weight; the cdf before it)."""
+    cdf = g.op("CumSum", [weights, g.const(-1)])  # [B, N, W]
+    below = g.op("ReduceSum", [g.op("Cast", [g.op("LessOrEqual", [cdf, target])], to=I64), g.const([-1])])
+    positive = g.op("Where", [g.op("Greater", [weights, g.const(0.0, "float32")]), g.const(range(width)), g.const(0)])
+    index = g.op("Min", [below, g.op("ReduceMax", [positive, g.const([-1])])])  # [B, N, 1]
+    before = g.op("GatherElements", [g.op("Sub", [cdf, weights]), index], axis=-1)  # exclusive cdf at index
+    return index, before
+
+
+def block_size(vocab: int) -> tuple[int, int]:
+    """(bs, V'): blocks of bs entries over V' >= V (V' - V zero weights padded): the divisor of V
+    nearest sqrt(V) where one lies within a factor 4 of it, else blocks of ceil(sqrt(V))."""
+    root = np.sqrt(vocab)
+    near = [d for d in range(max(1, int(root / 4)), int(root * 4) + 1) if vocab % d == 0]
+    if near:
+        return min(near, key=lambda d: abs(np.log(d / root))), vocab
+    size = int(np.ceil(root))
+    return size, -(-vocab // size) * size
+
+
+def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, vocab: int) -> tuple[str, str]:
+    """One token per row of logits [B, N, V]: drawn where temperature > 0, else the argmax.
+    u [B, N]. Returns (tokens int64 [B, N], probs [B, N, V] the draws came from). The CPU graphs
+    skip the argmax (an If) where no row is greedy."""
+    probs = make_sampling_probs(g, logits, params, vocab)
+    drawn = make_draw(g, probs, u, vocab)
+    greedy_rows = g.op("LessOrEqual", [params.temperature, g.const(0.0, "float32")])  # [B]
+
+    def argmax(sub: GraphBuilder) -> list[str]:
+        return [sub.op("ArgMax", [logits], axis=-1, keepdims=0)]  # [B, N]
+
+    greedy = (argmax(g)[0] if method_for(g) == SORT else
+              g.if_else(_any(g, greedy_rows), argmax, lambda sub: [drawn], [I64]))
+    return g.op("Where", [g.op("Unsqueeze", [greedy_rows, g.const([1])]), greedy, drawn]), probs
+
+
+# -- exact speculative sampling over a verify's rows -------------------------------------------
+
+def accept_drafts(g: GraphBuilder, u: str, p_draft: str, q_draft: str) -> str:
+    """bool [B, k]: d_{i+1} accepted, u < p_i(d)/q_{i+1}(d), i.e. with probability min(1, p/q)."""
+    return g.op("Less", [g.op("Mul", [u, q_draft]), p_draft])
+
+
+def residual_weights(g: GraphBuilder, p_row: str, q_row: str) -> str:
+    """[B, V]: max(0, p_a - q_{a+1}), what the token after a rejection is drawn from (q_row is 0
+    after k accepts: then p_k itself)."""
+    return g.op("Relu", [g.op("Sub", [p_row, q_row])])
+
+
+def make_speculative_acceptance(g: GraphBuilder, p: str, q: str, drafts: str, u: str, k: int,
+                                vocab: int) -> tuple[str, str]:
+    """p [B, k+1, V] the target's transformed distributions after verify rows 0..k, q [B, k, V]
+    the ones drafts [B, k] were drawn from, u [B, k+1] (k acceptances, then the emitted token's)
+    -> (a int64 [B], the token emitted after the a accepted drafts [B]):
+    speculative.sampling.speculative_accept."""
+    index = g.op("Unsqueeze", [drafts, g.const([2])])  # [B, k, 1]
+    p_rows = g.op("Slice", [p, g.const([0]), g.const([k]), g.const([1])])  # [B, k, V]: p_0..p_{k-1}
+    p_draft = g.op("Squeeze", [g.op("GatherElements", [p_rows, index], axis=2), g.const([2])])  # [B, k]
+    q_draft = g.op("Squeeze", [g.op("GatherElements", [q, index], axis=2), g.const([2])])  # [B, k]
+    u_accept = g.op("Slice", [u, g.const([0]), g.const([k]), g.const([1])])  # [B, k]
+    rejected = g.op("Cast", [g.op("Not", [accept_drafts(g, u_accept, p_draft, q_draft)])], to=I64)
+    before_first = g.op("Equal", [g.op("CumSum", [rejected, g.const(1)]), g.const(0)])  # [B, k]
+    accepted = g.op("ReduceSum", [g.op("Cast", [before_first], to=I64), g.const([1])], keepdims=0)  # [B]
+    at = g.op("Unsqueeze", [accepted, g.const([1])])  # [B, 1]
+    p_row = g.op("GatherND", [p, at], batch_dims=1)  # [B, V]: p_a
+    q_row = g.op("Mul", [g.op("GatherND", [q, g.op("Min", [at, g.const(k - 1)])], batch_dims=1),
+                         g.op("Cast", [g.op("Less", [at, g.const(k)])], to=F32)])  # [B, V]: q_{a+1}, 0 at a = k
+    residual = residual_weights(g, p_row, q_row)
+    empty = g.op("Cast", [g.op("LessOrEqual", [g.op("ReduceSum", [residual, g.const([1])]),
+                                               g.const(0.0, "float32")])], to=F32)  # [B, 1]: p_a == q_{a+1}
+    weights = g.op("Add", [residual, g.op("Mul", [p_row, empty])])  # [B, V]
+    u_emit = g.op("Slice", [u, g.const([k]), g.const([k + 1]), g.const([1])])  # [B, 1]
+    emitted = make_draw(g, g.op("Unsqueeze", [weights, g.const([1])]), u_emit, vocab)  # [B, 1]
+    return accepted, g.op("Squeeze", [emitted, g.const([1])])
+
+
+def make_sampled_step_ids(g: GraphBuilder, ids: str, tokens: str, logits: str, params: RowParams, q: str, u: str,
+                          greedy_accepted: str, k: int, vocab: int) -> tuple[str, str]:
+    """A verify's emitted tokens e [B, k+1] and accept lengths a [B]: sampled rows by exact
+    speculative sampling over ids [B, k+1] = (x_T, d_1..d_k), greedy rows by the greedy rule
+    (greedy_accepted) with e = the argmaxes tokens [B, k+1], bit for bit verify_mtp_k{k}'s.
+    e_i = d_{i+1} for i < a and e_a the emitted token, so e_a is the next pending token; for
+    greedy rows that is g_a, and for i <= a e_i = g_i (the accepted drafts equal the argmaxes)."""
+    drafts = g.op("Slice", [ids, g.const([1]), g.const([k + 1]), g.const([1])])  # [B, k]
+    p = make_sampling_probs(g, logits, params, vocab)  # [B, k+1, V]
+    sampled_a, sampled_token = make_speculative_acceptance(g, p, q, drafts, u, k, vocab)
+    samples = g.op("Greater", [params.temperature, g.const(0.0, "float32")])  # [B]
+    accepted = g.op("Where", [samples, sampled_a, greedy_accepted], hint="accepted")  # [B]
+    greedy_token = g.op("Squeeze", [g.op("GatherElements", [tokens, g.op("Unsqueeze", [greedy_accepted, g.const([1])])],
+                                         axis=1), g.const([1])])  # [B]: g_a
+    emitted = g.op("Unsqueeze", [g.op("Where", [samples, sampled_token, greedy_token]), g.const([1])])  # [B, 1]
+    shifted = g.op("Concat", [drafts, g.op("Slice", [tokens, g.const([k]), g.const([k + 1]), g.const([1])])],
+                   axis=1)  # [B, k+1]: d_1..d_k, then any token (column k is never < a)
+    column, at = g.const(range(k + 1), hint="column"), g.op("Unsqueeze", [accepted, g.const([1])])  # [k+1], [B, 1]
+    tail = g.op("Where", [g.op("Equal", [column, at]), emitted, tokens])  # [B, k+1]
+    return g.op("Where", [g.op("Less", [column, at]), shifted, tail], hint="emitted"), accepted
+
+
+def draft_sampler(g: GraphBuilder, params: RowParams, uniforms: str, first: int, vocab: int):
+    """(logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V]) drawn with uniforms[:, first + j]
+    (argmax on greedy rows): the MTP head's sampled drafts."""
+    def choose(logits, j):
+        u = g.op("Slice", [uniforms, g.const([first + j]), g.const([first + j + 1]), g.const([1])])  # [B, 1]
+        return make_token_choice(g, logits, params, u, vocab)
+
+    return choose

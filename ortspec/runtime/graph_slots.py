@@ -38,11 +38,11 @@ def batch_bucket(n: int) -> int:
 
 
 def is_captured_graph(name: str) -> bool:
-    """Graphs run as CUDA graphs at fixed shapes: decode (M=1), the verifies (M=k+1) and the MTP
-    head's (catch-up + drafts, argmax or sampled), and their KV window variants (decode.w256).
-    Prefill runs any length, so always eagerly."""
+    """Graphs run as CUDA graphs at fixed shapes: decode (M=1, argmax or sampled), the verifies
+    (M=k+1, the fused ones greedy or sampled) and the MTP head's (catch-up + drafts, argmax or
+    sampled), and their KV window variants (decode.w256). Prefill runs any length, so always eagerly."""
     base = split_window_name(name)[0].split(".stage")[0]
-    return base in ("decode", "mtp") or base.startswith(("verify", "mtp_propose", "mtp_sample"))
+    return base in ("decode", "decode_sample", "mtp") or base.startswith(("verify", "mtp_propose", "mtp_sample"))
 
 
 @dataclasses.dataclass(frozen=True)

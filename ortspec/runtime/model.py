@@ -14,6 +14,7 @@ from ..manifest import graph_name, stage_graph_name
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
 from .kv_window import attention_window
+from .sampling_inputs import SamplingInputs
 from .states import Rows, Snapshot, StateSet
 from .streams import StepReadbacks
 
@@ -127,15 +128,16 @@ class TargetModel:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False,
-             head_feeds: dict | None = None, download: str = "tokens", reach: int = 1,
+             extra_feeds: dict | None = None, download: str = "tokens", reach: int = 1,
              kv_window: bool = True) -> Forward:
         """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them.
-        head_feeds: the MTP head's cache inputs, for a graph that runs the head too (``verify_with_head``).
+        extra_feeds: inputs besides ids, positions and the target's states: the MTP head's cache for a graph
+        that runs the head too (``verify_with_head``), a sampling graph's (``SamplingInputs``).
         reach: the slots past the last position the graph touches (1; k where the MTP head drafts k
         in it), for the KV window variant CUDA runs (``kv_window``); kv_window=False: the portable
         graph over all max_length slots whatever the positions (exact mode)."""
         feeds = {"input_ids": ids, "positions": positions,
-                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(head_feeds or {})}
+                 **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(extra_feeds or {})}
         merged, keep_alive = {}, []
         windows = self.graphs.kv_windows
         for stage, graph in enumerate(self.graph_names(name)):
@@ -166,6 +168,14 @@ class TargetModel:
         self.states.advance(out, rows, positions)
         return out
 
+    def decode_sampled(self, rows: Rows, ids: np.ndarray, positions: np.ndarray, sampling: SamplingInputs) -> Forward:
+        """decode whose tokens are drawn on the device for rows with temperature > 0 (the argmax,
+        bit for bit decode's, for the others): ``decode_sample``, sampling's uniforms [B, 1]. The
+        logits stay on the device; tokens [B, 1] is the one download."""
+        out = self._run("decode_sample", rows, ids, positions, graphed=True, extra_feeds=sampling.feeds())
+        self.states.advance(out, rows, positions)
+        return out
+
     def verify(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, k+1]; advances every state past all k+1 rows (readvance fixes it)."""
         out = self._run(graph_name("verify", ids.shape[1] - 1), rows, ids, positions, graphed=True)
@@ -186,8 +196,26 @@ class TargetModel:
         (the forward, accepted [B], drafts [B, k]), all three from one download."""
         k = ids.shape[1] - 1
         out = self._run(graph_name("verify_mtp", k), rows, ids, positions, graphed=True,
-                        head_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids", reach=k)
+                        extra_feeds=head.cache_feeds(rows, positions, drafts=k), download="step_ids", reach=k)
         step_ids = out.downloaded  # [B, 2k+2]: tokens g_0..g_k | accepted | drafts
+        return out, step_ids[:, k + 1], step_ids[:, k + 2:]
+
+    def verify_with_head_sampled(self, rows: Rows, ids: np.ndarray, positions: np.ndarray, head: "MTPHead",
+                                 sampling: SamplingInputs, draft_probs=None) -> tuple[Forward, np.ndarray, np.ndarray]:
+        """verify_with_head for batches where rows sample (``verify_mtp_sample_k{k}``): their
+        acceptance by exact speculative sampling, their next drafts drawn, all on the device;
+        sampling's uniforms [B, 2k+1]. draft_probs: the buffer [batch, k, V] holding what the drafts
+        ids[:, 1:] were drawn from (default ``head.draft_probs(k)``); the graph's draft_probs_out
+        (the next drafts') replaces it. Returns (the forward, whose tokens are the emitted e_0..e_k,
+        accepted [B], drafts [B, k]), from one download; commit as verify_with_head's."""
+        k = ids.shape[1] - 1
+        buffer = head.draft_probs(k) if draft_probs is None else draft_probs
+        feeds = {**sampling.feeds(), "draft_probs": rows.take(self.graphs.arrays, buffer),
+                 **head.cache_feeds(rows, positions, drafts=k)}
+        out = self._run(graph_name("verify_mtp_sample", k), rows, ids, positions, graphed=True, extra_feeds=feeds,
+                        download="step_ids", reach=k)
+        rows.put(self.graphs.arrays, buffer, out["draft_probs_out"])
+        step_ids = out.downloaded  # [B, 2k+2]: emitted e_0..e_k | accepted | drafts
         return out, step_ids[:, k + 1], step_ids[:, k + 2:]
 
     def select(self, out: Forward, rows: Rows, positions: np.ndarray, accepted: np.ndarray) -> None:
@@ -195,6 +223,10 @@ class TargetModel:
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
         return self.states.snapshot(rows, lengths)
+
+    def fork(self, src_row: int, dst_rows: Rows) -> None:
+        """Row src_row's states copied into dst_rows (n > 1: a prompt prefilled once; ``StateSet.fork``)."""
+        self.states.fork(src_row, dst_rows)
 
     def restore(self, snap: Snapshot, rows: Rows, lengths: np.ndarray) -> None:
         self.states.restore(snap, rows, lengths)
@@ -221,13 +253,16 @@ class MTPHead:
     draft from the previous one and the head's own output. Only the catch-up's entries are
     written to the cache; the draft passes' entries live inside the graph.
     ``catch_up_sampled`` runs the same catch-up in ``mtp_sample_k{k}``, whose drafts are drawn
-    (for rows with temperature > 0) from the head's transformed distributions, also returned.
+    (for rows with temperature > 0) from the head's transformed distributions, also returned, or
+    kept on the device in ``draft_probs(k)``, where ``TargetModel.verify_with_head_sampled`` reads
+    them and leaves the next drafts' in their place.
     """
 
     def __init__(self, graphs: GraphSet, batch: int, k: int, engine: int | None = None) -> None:
-        self.graphs, self.arrays, self.k = graphs, graphs.arrays, k
+        self.graphs, self.arrays, self.k, self.batch = graphs, graphs.arrays, k, batch
         self.engine = graphs.slots.new_engine_id() if engine is None else engine
         self.states = StateSet(graphs.state_arrays, graphs.manifest.states, batch, ("mtp_kv_key",))
+        self._draft_probs: dict = {}  # k -> [batch, k, V] (draft_probs)
 
     def catch_up(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
                  drafts: int, graphed: bool = True) -> np.ndarray:
@@ -240,13 +275,27 @@ class MTPHead:
         return self.arrays.download(out["drafts"])
 
     def catch_up_sampled(self, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray, last: np.ndarray,
-                         drafts: int, sampling: dict, graphed: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """catch_up whose drafts are drawn: sampling holds temperature float32 [B] (0: the argmax, as
-        catch_up), top_k int64 [B], top_p float32 [B] and uniforms float32 [B, k]. Returns the
-        drafts [B, k] and the distributions they were drawn from [B, k, V] (k = drafts)."""
-        out = self._catch_up(graph_name("mtp_sample", drafts), drafts, sampling, rows, hidden, next_ids, positions,
+                         drafts: int, sampling, graphed: bool = True, on_device: bool = False):
+        """catch_up whose drafts are drawn: sampling (``SamplingInputs`` or its feeds) holds
+        temperature float32 [B] (0: the argmax, as catch_up), top_k int64 [B], top_p, min_p float32
+        [B] and uniforms float32 [B, k]. Returns the drafts [B, k] and the distributions they were
+        drawn from [B, k, V] (k = drafts); on_device: those stay in ``draft_probs(k)`` (the buffer
+        verify_with_head_sampled reads), and None is returned in their place."""
+        feeds = sampling.feeds() if isinstance(sampling, SamplingInputs) else sampling
+        out = self._catch_up(graph_name("mtp_sample", drafts), drafts, feeds, rows, hidden, next_ids, positions,
                              last, graphed)
+        if on_device:
+            rows.put(self.arrays, self.draft_probs(drafts), out["draft_probs"])
+            return self.arrays.download(out["drafts"]), None
         return self.arrays.download(out["drafts"]), self.arrays.download(out["draft_probs"])
+
+    def draft_probs(self, k: int):
+        """The persistent buffer [batch, k, V] float32 of what each row's k drafts were drawn from:
+        written by the graph that drew them (``mtp_sample_k{k}``, ``verify_mtp_sample_k{k}``), read
+        by the verify of those drafts. Made once per k (device pool memory lives as long as the engine)."""
+        if k not in self._draft_probs:
+            self._draft_probs[k] = self.arrays.zeros((self.batch, k, self.graphs.manifest.spec.vocab_size), np.float32)
+        return self._draft_probs[k]
 
     def _catch_up(self, graph: str, drafts: int, extra: dict, rows: Rows, hidden, next_ids, positions, last,
                   graphed: bool):
@@ -271,5 +320,12 @@ class MTPHead:
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         return self.states.row_state(row, length)
 
+    def fork(self, src_row: int, dst_rows: Rows) -> None:
+        """Row src_row's cache (and drafts' distributions) copied into dst_rows (``StateSet.fork``)."""
+        self.states.fork(src_row, dst_rows)
+        for buffer in self._draft_probs.values():
+            self.states.copy_rows(self.arrays, [buffer], src_row, dst_rows)
+
     def release(self) -> None:
         self.states.release()
+        self._draft_probs.clear()

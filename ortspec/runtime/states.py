@@ -9,6 +9,7 @@ them), so it has no snapshot and no restore.
 
     feeds(rows)                               graph inputs for these batch rows
     write(outputs, rows, positions, counts)   write the first counts[j] new rows at their positions
+    buffers                                   the arrays it keeps (a fork copies rows of them)
 
 ``ReplacedState`` (``LayerState``: a GDN layer's conv tail or its fp32 recurrent state S) is
 replaced whole by each forward, so it is what a rollback saves and puts back.
@@ -30,7 +31,8 @@ buffer is the last slot of a [past_slots, B, ...] allocation, and ``feeds`` hand
 rows the M slots that end at it, a view (the ops read slot M-1 only), so nothing is copied.
 
 ``StateSet`` drives all of one model's states together, each kind with its own verbs; it
-checks that a snapshot is restored at the length it was taken (rollback fails loudly).
+checks that a snapshot is restored at the length it was taken (rollback fails loudly), and
+forks a row into others (``fork``: n > 1 continuations of one prefilled prompt).
 Buffers live where the ``arrays`` backend keeps them (numpy on the CPU, native device memory
 on CUDA), are allocated once and zeroed (stale but finite KV slots are harmless: the
 attention mask gives them probability exactly 0, and 0 * finite = 0).
@@ -90,6 +92,7 @@ class PositionalState(Protocol):
 
     names: tuple[str, ...]
     arrays: object
+    buffers: tuple
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict: ...
     def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None: ...
@@ -105,6 +108,7 @@ class ReplacedState(Protocol):
     arrays: object
     buffer: object
     kind: str  # "conv" or "recurrent" (manifest state kinds)
+    buffers: tuple
     out_name: str
     window_name: str
     record_names: tuple[str, ...]  # a transition verify's outputs that commit this state
@@ -132,6 +136,7 @@ class KVCache:
         self.names = (key_name, value_name)
         self.key = arrays.zeros(key_shape)
         self.value = arrays.zeros(value_shape)
+        self.buffers = (self.key, self.value)
         self._new = ("new_" + key_name, "new_" + value_name)
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
@@ -197,6 +202,7 @@ class LayerState:
         self.past_slots = past_slots
         self.out_name, self.window_name = f"{self.kind}_out.{layer}", f"{self.kind}_window.{layer}"
         self.record_names = record_names(name)
+        self.buffers = (self.buffer,)
         self._row_names: list[str] = []  # window_row_name(window_name, j), made once
 
     def window(self, outputs: dict, width: int):
@@ -373,6 +379,21 @@ class StateSet:
         for layer in self.layers:
             data.update(layer.capture(rows))
         return data
+
+    def fork(self, src_row: int, dst_rows: Rows) -> None:
+        """Every state of batch row src_row copied into each of dst_rows: the n > 1 continuations of
+        one prompt, prefilled once in src_row, start from equal states. Whole rows are copied (one
+        contiguous copy per state and row, in one call per device): KV slots past the prompt are
+        dead in the copies as they are in src_row (masked; the next write overwrites them)."""
+        for kind in self.kinds:
+            self.copy_rows(kind.arrays, list(kind.buffers), src_row, dst_rows)
+
+    @staticmethod
+    def copy_rows(arrays, buffers: list, src_row: int, dst_rows: Rows) -> None:
+        """buffers[b][dst] = buffers[b][src_row] for every dst of dst_rows (any buffer [batch, ...])."""
+        dsts = [arrays.rows(buffer, int(dst), int(dst) + 1) for buffer in buffers for dst in dst_rows.indices]
+        srcs = [arrays.rows(buffer, src_row, src_row + 1) for buffer in buffers for _ in dst_rows.indices]
+        arrays.copy_many(dsts, srcs)
 
     def select_captured(self, captures: list[dict], index: np.ndarray, rows: Rows) -> None:
         """Row j takes its GDN states from captures[index[j]]."""

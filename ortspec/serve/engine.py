@@ -231,7 +231,8 @@ class Engine:
         try:
             job.request_id = self.batcher.add_request(job.prompt, max_new_tokens=job.max_tokens, stop=job.stop,
                                                       logprobs=job.logprobs, seed_index=job.seed_index,
-                                                      **dataclasses.asdict(job.sampling))
+                                                      temperature=job.sampling.temperature, top_k=job.sampling.top_k,
+                                                      top_p=job.sampling.top_p, seed=job.sampling.seed)
         except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
             self._fail(job, 400, str(exc))
             return

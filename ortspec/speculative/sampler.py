@@ -1,5 +1,6 @@
 """Chooses the requests' tokens from a forward (the decoder calls these three functions):
-the argmax for greedy requests, a draw from the transformed distribution for sampled ones.
+the argmax for greedy requests, a draw from the transformed distribution for sampled ones;
+and builds the inputs of the graphs that choose them on the device (``device_inputs``).
 
 Logits leave the device only when a live request of the batch samples or asks for
 log-probabilities (``needs_logits``), so greedy batches cost what they did before sampling existed. A request that is done (a finished row that keeps
@@ -9,6 +10,10 @@ fixed count per event, so a seed reproduces its tokens whatever rows run beside 
     pick           a token after one row (prefill, plain decode)       1 uniform
     accept         a speculative step's acceptance                     k + 1 uniforms
     draft_inputs   the head's k drafts at a catch-up                   k uniforms
+
+    device_inputs(requests, k)   decode_sample (k = 0)                 1 uniform
+                                 verify_mtp_sample_k{k}                2k + 1 uniforms: k + 1 for
+                                                                       the acceptance, k for the drafts
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.model import Forward
+from ..runtime.sampling_inputs import SamplingInputs
 from . import sampling
 from .requests import Request
 
@@ -31,11 +37,12 @@ def needs_logits(requests: list[Request]) -> bool:
     return any((r.samples or r.logprobs is not None) and not r.done for r in requests)
 
 
-def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(temperature, top_k, top_p) [B] of these requests."""
+def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(temperature, top_k, top_p, min_p) [B] of these requests."""
     return (np.array([r.sampling.temperature for r in requests], np.float64),
             np.array([r.sampling.top_k for r in requests], np.int64),
-            np.array([r.sampling.top_p for r in requests], np.float64))
+            np.array([r.sampling.top_p for r in requests], np.float64),
+            np.array([r.sampling.min_p for r in requests], np.float64))
 
 
 def _uniforms(requests: list[Request], n: int) -> np.ndarray:
@@ -66,8 +73,9 @@ def accept(requests: list[Request], drafts: np.ndarray, out: Forward) -> tuple[n
         chosen = [requests[j] for j in live]
         k = drafts.shape[1]
         logits = out.logits()[live, : k + 1]  # [n, k+1, V] (a forward padded past k+1 rows: not the step's)
-        temperature, top_k, top_p = (np.repeat(x, k + 1) for x in _params(chosen))
-        p = sampling.transform(logits.reshape(-1, logits.shape[2]), temperature, top_k, top_p).reshape(logits.shape)
+        temperature, top_k, top_p, min_p = (np.repeat(x, k + 1) for x in _params(chosen))
+        p = sampling.transform(logits.reshape(-1, logits.shape[2]), temperature, top_k, top_p,
+                               min_p).reshape(logits.shape)
         q = np.stack([r.draft_probs for r in chosen])  # [n, k, V]
         u = _uniforms(chosen, k + 1)
         accepted[live], bonus[live] = sampling.speculative_accept(p, q, drafts[live], u[:, :k], u[:, k])
@@ -77,13 +85,28 @@ def accept(requests: list[Request], drafts: np.ndarray, out: Forward) -> tuple[n
 def draft_inputs(requests: list[Request], k: int) -> dict | None:
     """The sampling inputs of the head's catch-up (``mtp_sample_k{k}``), or None when no live
     request samples (then the argmax graph runs). Greedy and done rows get temperature 0."""
-    live = _sampled(requests)
-    if not live:
+    if not _sampled(requests):
         return None
-    temperature, top_k, top_p = _params(requests)
-    greedy = np.ones(len(requests), bool)
-    greedy[live] = False
-    uniforms = np.zeros((len(requests), k), np.float32)
-    uniforms[live] = _uniforms([requests[j] for j in live], k)
-    return {"temperature": np.where(greedy, 0.0, temperature).astype(np.float32), "top_k": top_k,
-            "top_p": top_p.astype(np.float32), "uniforms": uniforms}
+    return _inputs(requests, k).feeds()
+
+
+def device_inputs(requests: list[Request], k: int) -> SamplingInputs:
+    """The inputs of one step of the graphs that sample on the device: ``decode_sample`` (k = 0:
+    uniforms [B, 1]) or ``verify_mtp_sample_k{k}`` (uniforms [B, 2k+1]: columns 0..k-1 the
+    acceptances, k the emitted token, k+1..2k the next drafts). Each live sampled request draws
+    its row from its own stream, the same count every step, so a seed reproduces its tokens for a
+    given k whatever rows run beside it; greedy and done rows get temperature 0 and no draws."""
+    return _inputs(requests, 1 if k == 0 else 2 * k + 1)
+
+
+def _inputs(requests: list[Request], draws: int) -> SamplingInputs:
+    """SamplingInputs of these requests with ``draws`` uniforms per sampled live row (others 0)."""
+    live = _sampled(requests)
+    temperature, top_k, top_p, min_p = _params(requests)
+    samples = np.zeros(len(requests), bool)
+    samples[live] = True
+    uniforms = np.zeros((len(requests), draws), np.float32)
+    if live:
+        uniforms[live] = _uniforms([requests[j] for j in live], draws)
+    return SamplingInputs(np.where(samples, temperature, 0.0).astype(np.float32), top_k, top_p.astype(np.float32),
+                          min_p.astype(np.float32), uniforms)

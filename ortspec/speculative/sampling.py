@@ -28,13 +28,14 @@ MIN_TEMPERATURE = 1e-4  # below this (and above 0) logits / T overflows float32 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """One request's sampling: temperature 0 is greedy (the default); top_k 0 and top_p 1 are off.
-    seed None draws from the OS's entropy; an int makes the request's tokens reproducible."""
+    """One request's sampling: temperature 0 is greedy (the default); top_k 0, top_p 1 and min_p 0
+    are off. seed None draws from the OS's entropy; an int makes the request's tokens reproducible."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -61,12 +62,14 @@ def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.where(match.all(axis=1), k, np.argmin(match, axis=1)).astype(np.int64)
 
 
-def transform(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+def transform(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+              min_p: np.ndarray | None = None) -> np.ndarray:
     """Probabilities [N, V] (float64) from logits [N, V], one request per row (temperature > 0).
 
     top-k keeps the tokens whose scaled logit is >= the k-th largest (0: all); top-p then keeps
     the most probable tokens, in order, while the probability mass before each is < top_p (so
     at least one, and the smallest set reaching top_p); ties with the last kept value are kept.
+    min-p (0: off) then keeps those of probability >= min_p times the largest's.
     """
     z = logits.astype(np.float64) / temperature[:, None]  # [N, V]
     vocab = z.shape[1]
@@ -79,6 +82,9 @@ def transform(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, to
     before = np.cumsum(mass, axis=1) - mass  # probability mass ahead of each rank
     kept = (rank < kept_by_k[:, None]) & ((before < top_p[:, None]) | (top_p[:, None] >= 1.0))
     threshold = ordered[np.arange(len(z)), kept.sum(axis=1) - 1]  # [N] smallest kept logit
+    if min_p is not None:
+        with np.errstate(divide="ignore"):  # log 0 = -inf: off
+            threshold = np.maximum(threshold, z.max(axis=1) + np.log(min_p))
     z = np.where(z >= threshold[:, None], z, -np.inf)
     probs = np.exp(z - z.max(axis=1, keepdims=True))
     return probs / probs.sum(axis=1, keepdims=True)

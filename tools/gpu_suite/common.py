@@ -49,7 +49,7 @@ ACTIVATIONS = "auto"  # convert's activations in every subcommand; tools/gpu.py 
 
 
 def convert(source, out, dtype: str = "float32", max_length: int = 512, pipeline_stages: int = 1,
-            quant: str | None = None, gdn_verify: str = "per_row", draft_vocab="auto") -> Path:
+            quant: str | None = None, gdn_verify: str = "auto", draft_vocab="auto") -> Path:
     """ortspec.convert with K=4, quietly, replacing an earlier conversion at the same fixed path
     (the subcommands reconvert into fixed /tmp paths): every subcommand converts this way, with
     the activations of ``--activations`` (int4 weights keep float32 ones: convert refuses "model")

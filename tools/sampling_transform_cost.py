@@ -1,0 +1,110 @@
+"""What choosing a token costs on ONNX Runtime's CPU EP, apart from the model: the argmax (greedy),
+the sampling transform and draw as the portable graphs build it (a full sort, ``sort``) and as
+the CPU graphs do (``candidates``), and the numpy reference (speculative.sampling), on random
+logits [B, 1, V].
+
+    python3 tools/sampling_transform_cost.py --vocab 248320 --batch 1,4 --threads 1
+
+Per sampling configuration (temperature only, top-p, top-k, min-p) and batch: the median
+milliseconds per call over --repeats calls, each variant timed in turn round by round.
+--scale is the standard deviation of the logits: a random model's are nearly flat (a wide top-p
+nucleus: the candidates fall back to sorting), a trained model's peaked (a narrow one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto  # noqa: E402
+
+from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore  # noqa: E402
+from ortspec.converter.sampling_graph import CANDIDATES, SORT, RowParams, make_draw, make_sampling_probs  # noqa: E402
+from ortspec.speculative import sampling  # noqa: E402
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+CONFIGS = {"temperature": dict(top_k=0, top_p=1.0, min_p=0.0), "top_p 0.95": dict(top_k=0, top_p=0.95, min_p=0.0),
+           "top_k 50": dict(top_k=50, top_p=1.0, min_p=0.0), "min_p 0.05": dict(top_k=0, top_p=1.0, min_p=0.05),
+           "top_k 50 top_p 0.9": dict(top_k=50, top_p=0.9, min_p=0.0)}
+
+
+def token_graph(vocab: int, method: str | None, threads: int) -> ort.InferenceSession:
+    """logits [B, 1, V] -> token [B, 1]: the argmax (method None) or a draw with that threshold search."""
+    g = GraphBuilder("choice", WeightStore(), CPU if method == CANDIDATES else PORTABLE)
+    logits = g.input("logits", F32, ["B", 1, vocab])
+    if method is None:
+        g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "token", I64, ["B", 1])
+    else:
+        params, u = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
+        g.output(make_draw(g, make_sampling_probs(g, logits, params, vocab, method), u, vocab), "token", I64, ["B", 1])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = threads, 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(g.build({}).SerializeToString(), options)
+
+
+def numpy_choice(feeds: dict) -> np.ndarray:
+    probs = sampling.transform(feeds["logits"][:, 0], feeds["temperature"].astype(np.float64), feeds["top_k"],
+                               feeds["top_p"].astype(np.float64), feeds["min_p"].astype(np.float64))
+    return sampling.draw(probs, feeds["uniforms"][:, 0])
+
+
+def feeds_for(batch: int, vocab: int, scale: float, config: dict, rng) -> dict:
+    return {"logits": rng.normal(0, scale, (batch, 1, vocab)).astype(np.float32),
+            "temperature": np.full(batch, 0.8, np.float32), "top_k": np.full(batch, config["top_k"], np.int64),
+            "top_p": np.full(batch, config["top_p"], np.float32), "min_p": np.full(batch, config["min_p"], np.float32),
+            "uniforms": rng.random((batch, 1), dtype=np.float32)}
+
+
+def measure(variants: dict, feeds: dict, repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    """Median ms per call of each variant, interleaved call by call (one warm-up call each)."""
+    times = {name: [] for name in variants}
+    for r in range(repeats + 1):
+        for name, call in variants.items():
+            start = clock()
+            call(feeds)
+            if r:
+                times[name].append(1e3 * (clock() - start))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab", type=int, default=248_320, help="vocabulary size V")
+    parser.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall: elapsed time; cpu: the process's CPU time (every thread's), which other "
+                             "processes sharing the cores do not inflate")
+    parser.add_argument("--scale", type=float, default=3.0, help="standard deviation of the random logits")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per variant")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
+    args = parser.parse_args(argv)
+    sessions = {"argmax": token_graph(args.vocab, None, args.threads),
+                SORT: token_graph(args.vocab, SORT, args.threads),
+                CANDIDATES: token_graph(args.vocab, CANDIDATES, args.threads)}
+    variants = {name: (lambda feeds, s=s: s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}))
+                for name, s in sessions.items()}
+    variants["numpy"] = numpy_choice
+    rng = np.random.default_rng(0)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(f"V={args.vocab} threads={args.threads} logits scale={args.scale}; ms per call (median of {args.repeats}, "
+          f"{args.clock} time)")
+    print(f"{'config':20s} {'batch':>5s} " + " ".join(f"{n:>10s}" for n in variants))
+    for name in args.configs.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            ms = measure(variants, feeds_for(batch, args.vocab, args.scale, CONFIGS[name], rng), args.repeats, clock)
+            print(f"{name:20s} {batch:5d} " + " ".join(f"{ms[n]:10.3f}" for n in variants), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
