@@ -91,7 +91,7 @@ def past_window_name(state: str, rows: int) -> str:
 def has_state_windows(graph: str) -> bool:
     """Whether a target graph emits the GDN states after each row (the select verifies, their
     pipeline stages and KV window variants): the graphs ``gdn_verify`` describes."""
-    return graph.startswith(("verify_select_k", "verify_mtp_k"))
+    return graph.startswith(("verify_select_k", "verify_mtp_k", "verify_mtp_sample_k"))
 
 
 def stage_graph_name(graph: str, stage: int) -> str:

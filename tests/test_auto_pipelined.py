@@ -44,9 +44,9 @@ def count_calls(monkeypatch, name: str, cls=DecodeRun) -> list[int]:
     """Counts calls of cls.<name> (DecodeRun.enqueue: the forwards the loop enqueued)."""
     calls, original = [0], getattr(cls, name)
 
-    def counted(self, *args):
+    def counted(self, *args, **kwargs):
         calls[0] += 1
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(cls, name, counted)
     return calls
@@ -167,10 +167,10 @@ def test_stretch_steps_around_a_graph_setup_are_not_timed(graphs, monkeypatch):
     queued: both intervals it touches are left out (here: setups planted at steps 0 and 5)."""
     original = DecodeRun.enqueue
 
-    def planted_setups(self, n, *args):
+    def planted_setups(self, n, *args, **kwargs):
         if n in (0, 5):
             self.graphs.slots.setup_runs += 1
-        return original(self, n, *args)
+        return original(self, n, *args, **kwargs)
 
     monkeypatch.setattr(DecodeRun, "enqueue", planted_setups)
     spy = TimeSpy(4, [0])
@@ -218,13 +218,19 @@ def test_the_real_chooser_times_k0_from_stretches_and_equals_greedy(models, monk
     assert any(k >= 1 for k in stats["auto_k"]["step_ms"][4])  # timed there
 
 
-def test_sampled_requests_run_the_plain_loop(models):
+def test_sampled_requests_run_ahead_with_auto_k(models):
+    """Sampled rows draw on the device, at k = 0 and k >= 1 alike: their stretches and runs go ahead,
+    and the tokens are those of depth 0 with the same seed."""
     session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
-    session.k_chooser = ScriptedK(4, [0, 0, 0, 2])
-    sampled = dict(max_new_tokens=12, temperature=0.8, seed=3, fixed_rows=True)
-    assert len(session.generate(PROMPTS, **sampled, pipelined=True)[0]) == 12
-    assert session.stats["pipelined_steps"] == session.stats["pipelined_speculative_steps"] == 0
-    assert session.stats["steps_by_k"][0] > 0
+    sampled = dict(max_new_tokens=24, temperature=0.8, seed=3, fixed_rows=True)
+    runs = []
+    for pipelined in (True, False):
+        session.k_chooser = ScriptedK(4, [0, 0, 0, 2, 2, 2, 2])
+        session.reset_stats()
+        runs.append(session.generate(PROMPTS, **sampled, pipelined=pipelined))
+        if pipelined:
+            assert session.stats["pipelined_steps"] > 0 and session.stats["pipelined_speculative_steps"] > 0
+    assert runs[0] == runs[1] and len(runs[0][0]) == 24
 
 
 def test_a_plain_greedy_decoder_reads_no_hidden_rows(graphs, monkeypatch):

@@ -35,10 +35,16 @@ def test_float32_models_carry_a_cpu_variant_of_every_graph(models):
 
 
 def test_float16_models_have_portable_graphs_only(tmp_path, models):
-    out = convert_small(models.checkpoint("base"), tmp_path / "f16", dtype="float16")
+    """Except, where their CUDA verifies take another GDN form than per_row (the default for
+    float16: transition), per-row portable twins of those verifies for the CPU."""
+    out = convert_small(models.checkpoint("base"), tmp_path / "f16", dtype="float16", gdn_verify="per_row")
     manifest = Manifest.load(out)
     assert not any("cpu" in entry for entry in manifest.graphs.values())
     assert manifest.graph_path("decode", "cpu") == out / "decode.onnx"
+    default = Manifest.load(convert_small(models.checkpoint("base"), tmp_path / "default", dtype="float16"))
+    assert default.gdn_verify == "transition"
+    assert {name for name, entry in default.graphs.items() if "cpu" in entry} == {
+        name for name in default.graphs if name.startswith(("verify_select_k", "verify_mtp_k", "verify_mtp_sample_k"))}
 
 
 def test_a_model_without_cpu_variants_still_runs_exact_on_the_cpu(models):

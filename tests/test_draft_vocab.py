@@ -106,7 +106,8 @@ def _run_head(model, graph: str, provider) -> dict:
     feeds = {"input_ids": np.array([[5, 9, 3], [7, 1, 2]]), "positions": np.tile(np.arange(4, 7), (2, 1)),
              "hidden": rng.standard_normal((2, 3, m.spec.hidden_size)).astype(np.float32), "last": np.array([2, 1]),
              "temperature": np.array([1.0, 0.0], np.float32), "top_k": np.array([0, 0]),
-             "top_p": np.array([1.0, 1.0], np.float32), "uniforms": np.full((2, 2), 0.37, np.float32)}
+             "top_p": np.array([1.0, 1.0], np.float32), "min_p": np.zeros(2, np.float32),
+             "uniforms": np.full((2, 2), 0.37, np.float32)}
     wanted = {i.name for i in session.get_inputs()}
     feeds = {name: value for name, value in feeds.items() if name in wanted}
     feeds.update({name: np.zeros([2] + m.states[name]["shape"][1:], np.float32) for name in wanted - set(feeds)})

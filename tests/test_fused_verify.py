@@ -118,21 +118,26 @@ def test_auto_k_fuses_only_where_the_next_k_is_this_one(models):
     assert 0 < stats.fused_verify_steps < stats.speculative_steps, (stats.fused_verify_steps, stats.speculative_steps)
 
 
-def test_sampled_readvance_and_exact_steps_run_two_graphs(models):
-    """Fused only where every live request is greedy, with select, outside exact mode."""
+def test_readvance_and_exact_steps_run_two_graphs_sampled_ones_fuse(models):
+    """Fused with select, outside exact mode; sampled requests too (verify_mtp_sample_k{k}), also
+    beside a greedy one; a model converted without the sampling graphs runs those in two."""
     session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
     greedy = ortspec.Session(models.converted("base")).generate(PROMPTS, max_new_tokens=12)
     assert session.generate(PROMPTS, max_new_tokens=12) == greedy and session.stats["fused_verify_steps"] > 0
-    for options in (dict(temperature=0.8, seed=1), dict(fused_verify=False)):
-        session.reset_stats()
-        session.generate(PROMPTS, max_new_tokens=12, **options)
-        assert session.stats["fused_verify_steps"] == 0 and session.stats["speculative_steps"] > 0, options
+    session.reset_stats()
+    session.generate(PROMPTS, max_new_tokens=12, fused_verify=False)
+    assert session.stats["fused_verify_steps"] == 0 and session.stats["speculative_steps"] > 0
+    session.reset_stats()
+    session.generate(PROMPTS, max_new_tokens=12, temperature=0.8, seed=1)
+    assert session.stats["fused_verify_steps"] == session.stats["speculative_steps"] > 0
+    session.reset_stats()
     with session.batcher(max_batch_size=2) as batcher:  # one sampled request beside a greedy one
-        batcher.add_request(PROMPTS[0], max_new_tokens=8)
+        a = batcher.add_request(PROMPTS[0], max_new_tokens=8)
         batcher.add_request(PROMPTS[1], max_new_tokens=8, temperature=0.8, seed=2)
-        while batcher.step():
-            pass
-    assert session.stats["fused_verify_steps"] == 0
+        while batcher.pending:
+            batcher.step()
+        assert batcher.result(a) == greedy[0][:8]  # the greedy row beside it: the greedy rule, in the graph
+    assert session.stats["fused_verify_steps"] > 0
     for other in (dict(commit="readvance"), dict(exact=True, exact_batch_size=1)):
         session = ortspec.Session(models.converted("base"), num_speculative_tokens=2, **other)
         assert session.generate(PROMPTS, max_new_tokens=12) == greedy

@@ -74,14 +74,20 @@ def test_only_the_portable_select_verifies_depend_on_the_form(forms):
                 assert (base.dir / entry["file"]).read_bytes() == (manifest.dir / entry["file"]).read_bytes(), name
 
 
-def test_a_cpu_session_of_a_cuda_only_form_without_cpu_variants_is_told_what_to_do(models, tmp_path):
-    """float16 models have portable graphs only: their state_window verifies cannot load on the CPU."""
+def test_a_float16_model_of_another_form_runs_per_row_on_the_cpu(models, tmp_path):
+    """float16 models have no CPU graphs of their own: a form other than per_row gets per-row CPU
+    variants of its windowed verifies (what a CPU Session ran before the forms existed), so it loads
+    and its speculation equals greedy on the CPU; a manifest without them is told what to do."""
     out = convert_small(models.checkpoint("base"), tmp_path / "f16", dtype="float16", gdn_verify="state_window")
     manifest = Manifest.load(out)
+    assert manifest.graph_entry("verify_select_k1", "cpu")["file"] != manifest.graph_entry("verify_select_k1",
+                                                                                           "cuda")["file"]
+    assert manifest.graph_entry("decode", "cpu")["file"] == "decode.onnx"  # no window: the portable graph
+    greedy = ortspec.Session(out).generate([[5, 17, 99, 3]], max_new_tokens=12)
+    assert ortspec.Session(out, num_speculative_tokens=1).generate([[5, 17, 99, 3]], max_new_tokens=12) == greedy
+    del manifest.graphs["verify_select_k1"]["cpu"]  # as a conversion without those variants would leave it
     with pytest.raises(ortspec.ProviderError, match="provider='cuda', or reconvert with gdn_verify='per_row'"):
         manifest.graph_entry("verify_select_k1", "cpu")
-    assert manifest.graph_entry("verify_select_k1", "cuda")["file"] == "verify_select_k1.onnx"
-    assert manifest.graph_entry("decode", "cpu")["file"] == "decode.onnx"
 
 
 def test_an_unknown_form_in_a_manifest_is_refused(forms, tmp_path):

@@ -41,9 +41,9 @@ def count_steps(monkeypatch) -> list[int]:
     calls = [0]
     original = DecodeRun.enqueue
 
-    def counted(self, *args):
+    def counted(self, *args, **kwargs):
         calls[0] += 1
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(DecodeRun, "enqueue", counted)
     return calls
@@ -164,9 +164,17 @@ def test_where_no_step_runs_ahead(models, graphs):
     session = ortspec.Session(models.converted("base"))
     session.generate(PROMPTS, max_new_tokens=8)  # the CPU default: depth 0
     session.generate(PROMPTS, max_new_tokens=8, fixed_rows=True, pipelined=False)
-    sampled = dict(max_new_tokens=8, temperature=0.8, seed=3, fixed_rows=True)
+    assert session.stats["pipelined_steps"] == 0
+    sampled = dict(max_new_tokens=8, temperature=0.8, seed=3, fixed_rows=True)  # drawn on the device: ahead too
     assert session.generate(PROMPTS, **sampled, pipelined=True) == session.generate(PROMPTS, **sampled)
-    assert session.stats["pipelined_steps"] == 0  # a sampled token is picked on the host: its steps do not run ahead
+    assert session.stats["pipelined_steps"] > 0
+    session.reset_stats()
+    with_logprobs = session.batcher(max_batch_size=3, fixed_rows=True, pipelined=True)  # the logits to the host
+    with_logprobs.add_request(PROMPTS[0], max_new_tokens=8, logprobs=1)
+    while with_logprobs.pending:
+        with_logprobs.step()
+    with_logprobs.close()
+    assert session.stats["pipelined_steps"] == 0
     session.generate(PROMPTS, max_new_tokens=8, pipelined=True)  # rows not fixed: the running rows run ahead
     assert session.stats["pipelined_steps"] > 0
 

@@ -108,7 +108,7 @@ def test_budgets_and_a_stop_token(graphs, reference, monkeypatch):
     assert plain[0][-1] == stop and len(plain[1]) == 1 and len(plain[2]) == 9
     calls = [0]
     step = FusedRun.enqueue
-    monkeypatch.setattr(FusedRun, "enqueue", lambda self, *a: (calls.__setitem__(0, calls[0] + 1), step(self, *a))[1])
+    monkeypatch.setattr(FusedRun, "enqueue", lambda self, *a, **kw: (calls.__setitem__(0, calls[0] + 1), step(self, *a, **kw))[1])
     piped, piped_decoder = decode(graphs, specs, 2, pipelined=True)
     assert piped == plain
     steps = plain_decoder.stats.speculative_steps
@@ -208,9 +208,9 @@ def test_where_no_speculative_step_runs_ahead(models, graphs):
         ahead, steps = ahead_steps(**options)
         assert ahead == 0 < steps, options
     session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
-    sampled = dict(max_new_tokens=8, temperature=0.8, seed=3, fixed_rows=True)
+    sampled = dict(max_new_tokens=8, temperature=0.8, seed=3, fixed_rows=True)  # accepted and drafted on the device
     assert session.generate(PROMPTS, **sampled, pipelined=True) == session.generate(PROMPTS, **sampled)
-    assert session.stats["pipelined_speculative_steps"] == 0
+    assert session.stats["pipelined_speculative_steps"] > 0
 
 
 def test_the_host_twin_of_the_kernel_equals_the_native_one():

@@ -176,6 +176,10 @@ def test_steps_with_a_request_that_asks_for_logprobs_run_on_the_host():
         assert kinds.choose([greedy, other], 2, 2) is step_kinds.TwoRunSteps
     asks.done = True  # a finished row asks nothing
     assert kinds.choose([greedy, asks], 2, 2) is step_kinds.FusedSteps
+    kinds.sampled_ks = frozenset({0, 2})  # a model with the graphs that sample on the device
+    assert kinds.choose([greedy, sampled], 0, 0) is step_kinds.DecodeSteps
+    assert kinds.choose([greedy, sampled], 2, 2) is step_kinds.FusedSteps
+    assert kinds.choose([greedy, sampled], 2, 1) is step_kinds.TwoRunSteps  # the next k differs: two Runs
 
 
 def test_bad_logprobs_are_refused(session):

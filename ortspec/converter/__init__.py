@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ConvertOptionError, UnsupportedModelError
 from ..manifest import (MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_file, graph_name,
-                        split_window_name, stage_graph_name, window_graph_name)
+                        has_state_windows, split_window_name, stage_graph_name, window_graph_name)
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader, check_tokenizer
@@ -116,6 +116,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
                     for name, build in _graph_builders(spec, store, options.max_length, K, with_mtp, boundaries,
                                                        target, options.gdn_verify).items()}
         builders.update(_window_builders(spec, store, options.max_length, K, with_mtp, options.gdn_verify))
+        if options.gdn_verify != "per_row" and CPU not in _targets(options):
+            builders.update(_cpu_per_row_builders(spec, store, options.max_length, K, with_mtp, boundaries))
         if not options.sampling_graphs:
             builders = {key: build for key, build in builders.items() if not is_sampling_graph(key[0])}
         graphs = {}
@@ -196,6 +198,17 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             builders[graph_name("verify_mtp_sample", k)] = lambda k=k: make_verify_mtp_sample_graph(
                 spec, store, max_length, k, target=target, gdn_verify=gdn_verify)
     return builders
+
+
+def _cpu_per_row_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,
+                          boundaries: list[int]) -> dict:
+    """(verify name, CPU) -> the portable graph with per-row GDN windows: the CPU variant of a model
+    whose CUDA verifies take another form and that has no CPU graphs of its own (float16/bfloat16).
+    A CPU Session then runs what it ran before the forms existed: the states of its verify rows are
+    bitwise its decode's (a transition replay on the host rounds apart, ~1e-7)."""
+    return {(name, CPU): build for name, build in _graph_builders(spec, store, max_length, K, with_mtp, boundaries,
+                                                                 PORTABLE, "per_row").items()
+            if has_state_windows(name)}
 
 
 def is_sampling_graph(name: str) -> bool:

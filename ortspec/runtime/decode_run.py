@@ -28,20 +28,24 @@ from .kv_window import RunBound, attention_window
 from .model import TargetModel
 from .states import Rows
 
-GRAPH = "decode"
+GRAPH, SAMPLED_GRAPH = "decode", "decode_sample"
 
 
 class DecodeRun:
     """Decode steps over fixed batch ``rows`` of ``target``'s states (module docstring).
 
     bound: where the run's running rows can reach; on CUDA the run's one graph is the decode's
-    KV window variant past it. None: the portable graph (all max_length slots)."""
+    KV window variant past it. None: the portable graph (all max_length slots). sampled: the
+    graph that draws sampled rows' tokens on the device (``decode_sample``); each step is then
+    given its sampling inputs (``runtime.sampling_inputs``: the rows' parameters and uniforms)."""
 
-    def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None) -> None:
+    def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None,
+                 sampled: bool = False) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
         self.arrays = self.graphs.arrays
         self.last_position = self.graphs.manifest.max_length - 1
-        self.graph = GRAPH if bound is None else self.graphs.kv_windows.graph(GRAPH, bound.end(1, reach=1))
+        graph = SAMPLED_GRAPH if sampled else GRAPH
+        self.graph = graph if bound is None else self.graphs.kv_windows.graph(graph, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._readbacks = target.step_readbacks("tokens", (len(rows), 1), np.int64)
         self._hidden_readbacks = None  # StepReadbacks, made at step 0 (the graph's dtype)
@@ -55,15 +59,17 @@ class DecodeRun:
         """[B]: step n's positions (a finished row's clamped inside the buffers)."""
         return np.minimum(self._first + n, self.last_position)
 
-    def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
-        """Enqueues step n (n = 0: over host ids / positions [B, 1]; later: fed on the device)."""
+    def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
+                sampling: dict | None = None) -> None:
+        """Enqueues step n (n = 0: over host ids / positions [B, 1]; later: fed on the device);
+        sampling: a sampled run's inputs of this step (host arrays, uploaded with the replay)."""
         with self.graphs.device_lock:
             self.graphs.begin_step(check_errors=self._read == n - 1)  # waits only with nothing in flight
             if n == 0:
                 self._first = np.asarray(positions, np.int64)[:, 0].copy()
             else:
                 ids, positions = self._feed(self._outputs[(n - 1) % 2], self.positions(n)[:, None])
-            feeds = {"input_ids": ids, "positions": positions,
+            feeds = {"input_ids": ids, "positions": positions, **(sampling or {}),
                      **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1))}
             out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
             static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run

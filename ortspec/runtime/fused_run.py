@@ -42,11 +42,13 @@ class FusedRun:
     variant past it, with the head's drafts (k slots past a step's last position). None: the
     portable graph (all max_length slots)."""
 
-    def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int, bound: RunBound | None = None) -> None:
+    def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int, bound: RunBound | None = None,
+                 sampled: bool = False) -> None:
         self.target, self.mtp, self.rows, self.k = target, mtp, rows, k
         self.graphs = target.graphs
         self.arrays = self.graphs.arrays
-        self.graph = graph_name("verify_mtp", k)
+        self.sampled = sampled  # verify_mtp_sample_k{k}: sampled rows accepted and drafted on the device
+        self.graph = graph_name("verify_mtp_sample" if sampled else "verify_mtp", k)
         if bound is not None:
             self.graph = self.graphs.kv_windows.graph(self.graph, bound.end(k + 1, reach=k))
         self.last_start = self.graphs.manifest.max_length - (k + 1)
@@ -59,9 +61,12 @@ class FusedRun:
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
         self._read = -1  # the last step read
 
-    def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
+    def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
+                sampling: dict | None = None) -> None:
         """Enqueues step n (n = 0: over host ids / positions [B, k+1]; later: the device's), the
-        kernel that makes the commit's counts and the next step's inputs, and the commit."""
+        kernel that makes the commit's counts and the next step's inputs, and the commit. A sampled
+        run's step takes its sampling inputs (host arrays) and the distributions its drafts were
+        drawn from (``draft_probs``, on the device), and leaves its next drafts' there."""
         with self.graphs.device_lock:
             self.graphs.begin_step(check_errors=self._read == n - 1)  # waits only with nothing in flight
             if n > 0:
@@ -69,7 +74,11 @@ class FusedRun:
             feeds = {"input_ids": ids, "positions": positions,
                      **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1)),
                      **self.mtp.cache_feeds(self.rows, positions, drafts=self.k)}
+            if self.sampled:
+                feeds.update(sampling, draft_probs=self.draft_probs())
             out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
+            if self.sampled:  # [B, k, V]: the next step's q, where its Run reads it
+                self.rows.put(self.arrays, self.mtp.draft_probs(self.k), out["draft_probs_out"])
             next_ids, next_positions = self.inputs(ids, positions)
             self.arrays.advance_speculative_inputs(out["step_ids"], next_ids, next_positions, self._verified,
                                                    self._counts, self.last_start)
@@ -77,6 +86,10 @@ class FusedRun:
             self.mtp.states.write(out, self.rows, self._verified, counts=self._counts)
             self._readbacks.start(n, out["step_ids"])
             self._outputs[n % 2] = out
+
+    def draft_probs(self):
+        """[B, k, V] float32 on the device: what the drafts of the next step to run were drawn from."""
+        return self.rows.take(self.arrays, self.mtp.draft_probs(self.k))
 
     def inputs(self, ids=None, positions=None) -> tuple:
         """(input_ids, positions) [B, k+1] the next Run reads, holding the last Run's until the

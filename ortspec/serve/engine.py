@@ -200,6 +200,7 @@ class Engine:
             if job.cancelled:
                 del self._running[rid]
                 self.batcher.cancel(rid)
+                self.batcher.forget(rid)
                 self.metrics.finished["cancelled"] += 1
             elif now > job.deadline:
                 self._send(rid, job, self.batcher.result(rid)[job.sent:])
@@ -284,6 +285,7 @@ class Engine:
         job = self._running.pop(rid)
         job.deliver(Finished(reason))
         self.metrics.finished[reason] += 1
+        self.batcher.forget(rid)  # answered: nothing of it is read again
 
     def _fail(self, job: Job, status: int, message: str) -> None:
         job.deliver(Failed(status, message))

@@ -194,6 +194,16 @@ class Batcher:
             req.cancel()
             self._reported[request_id] = req.output_length
 
+    def forget(self, request_id: int) -> None:
+        """Drops a finished request whose tokens step() has all reported (its id is then unknown): a
+        long-running batcher (a server's) would otherwise keep every request it ever ran, and walk
+        them all at each step."""
+        req = self._request(request_id)
+        if not req.done or self._unreported(request_id):
+            raise InputError(f"request {request_id} is {'running' if not req.done else 'owed tokens by step()'}; "
+                             "forget it once it is done and step() has reported all its tokens.")
+        del self.requests[request_id], self._reported[request_id]
+
     def finish_reason(self, request_id: int) -> str | None:
         """None while the request runs; then "stop" (a stop token or string), "length" (max_new_tokens)
         or "cancelled"."""

@@ -43,7 +43,7 @@ from .head import Head
 from .k_policy import StepRecord, policy_for
 from .requests import Batch, Request
 from .stats import Stats
-from .step_kinds import FusedSteps, StepKinds, StepResult, fusable_ks
+from .step_kinds import FusedSteps, StepKinds, StepResult, fusable_ks, sampling_ks
 
 PREFILL_GROUP_TOKENS = 4096  # prompt tokens per grouped prefill forward (bounds its [B, n, V] logits)
 
@@ -114,7 +114,7 @@ class Decoder:
         device = stages == 1 and exact is None and (arrays.device == "cpu" or arrays.shared_stream)
         fused = fusable_ks(graphs.manifest, commit, exact is not None, stages) if fused_verify else frozenset()
         self.kinds = StepKinds(self.engine, forwards, COMMITS[commit](forwards), source, self.head, stats,
-                               device, fused)
+                               device, fused, sampling_ks(graphs.manifest, fused, source) if device else frozenset())
         self.depth = int(device and (arrays.device != "cpu" if pipelined is None else pipelined))
         self.occupants: list[Request | None] = [None] * batch_size  # by row
         self.static = False  # a generate call's requests: no request joins (auto k weighs their tail)

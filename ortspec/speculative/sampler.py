@@ -2,9 +2,10 @@
 the argmax for greedy requests, a draw from the transformed distribution for sampled ones;
 and builds the inputs of the graphs that choose them on the device (``device_inputs``).
 
-Logits leave the device only when a live request of the batch samples or asks for
-log-probabilities (``needs_logits``), so greedy batches cost what they did before sampling existed. A request that is done (a finished row that keeps
-running on CUDA) draws nothing. Each sampled request draws from its own random stream, a
+Sampled rows draw on the device where the model has the sampling graphs (``device_inputs``);
+logits come to the host only for a request that asks for log-probabilities, or where a step's
+tokens are picked here (exact mode, pipeline stages, older models). A request that is done (a
+finished row that keeps running on CUDA) draws nothing. Each sampled request draws from its own random stream, a
 fixed count per event, so a seed reproduces its tokens whatever rows run beside it:
 
     pick           a token after one row (prefill, plain decode)       1 uniform
@@ -31,10 +32,14 @@ def _sampled(requests: list[Request]) -> list[int]:
     return [j for j, r in enumerate(requests) if r.samples and not r.done]
 
 
-def needs_logits(requests: list[Request]) -> bool:
-    """A live request samples or asks for log-probabilities: its tokens need the logits on the host
-    (finished rows draw nothing)."""
-    return any((r.samples or r.logprobs is not None) and not r.done for r in requests)
+def samples(requests: list[Request]) -> bool:
+    """A live request samples (finished rows draw nothing)."""
+    return bool(_sampled(requests))
+
+
+def asks_logprobs(requests: list[Request]) -> bool:
+    """A live request asks for its tokens' log-probabilities (they need the logits on the host)."""
+    return any(r.logprobs is not None and not r.done for r in requests)
 
 
 def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

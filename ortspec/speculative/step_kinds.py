@@ -58,20 +58,23 @@ class StepResult:
 
 
 class DecodeSteps:
-    """Plain decode steps with the control on the device (greedy rows)."""
+    """Plain decode steps with the control on the device: greedy rows, and sampled ones drawn on the
+    device (``decode_sample``: each step gets its rows' uniforms, drawn from their own streams)."""
 
     ahead, phase = True, "decode"
 
-    def __init__(self, engine: Engine, batch: Batch, stats: Stats, defer_head: bool) -> None:
-        self.run = DecodeRun(engine.target, batch.rows, hidden=defer_head, bound=RunBound.of(batch.requests))
-        self.stats = stats
+    def __init__(self, engine: Engine, batch: Batch, stats: Stats, defer_head: bool, sampled: bool = False) -> None:
+        self.run = DecodeRun(engine.target, batch.rows, hidden=defer_head, bound=RunBound.of(batch.requests),
+                             sampled=sampled)
+        self.stats, self.requests, self.sampled = stats, batch.requests, sampled
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
         with self.stats.timed("decode"):
+            sampling = sampler.device_inputs(self.requests, 0).feeds() if self.sampled else None
             if n == 0:
-                self.run.enqueue(0, batch.pending[:, None], batch.processed[:, None])  # [B, 1] each
+                self.run.enqueue(0, batch.pending[:, None], batch.processed[:, None], sampling)  # [B, 1] each
             else:
-                self.run.enqueue(n)
+                self.run.enqueue(n, sampling=sampling)
 
     def read(self, n: int) -> StepResult:
         with self.stats.timed("decode"):
@@ -87,18 +90,22 @@ class DecodeSteps:
 
 
 class FusedSteps:
-    """Fused speculative steps of k drafts (greedy rows, next k = k). The host keeps a mirror of
-    each step's first positions and drafts, to check the graph's accept lengths against its own
-    rule and to emit. Steps after the first verify the drafts the graph made, so a run goes on
-    ahead only with the head's own drafts (a scripted source proposes every step from the host)."""
+    """Fused speculative steps of k drafts (next k = k). The host keeps a mirror of each step's
+    first positions and drafts, to check the graph's accept lengths against its own rule (greedy
+    rows) and to emit. Steps after the first verify the drafts the graph made, so a run goes on
+    ahead only with the head's own drafts (a scripted source proposes every step from the host).
+    sampled: ``verify_mtp_sample_k{k}`` accepts sampled rows by exact speculative sampling and
+    draws their next drafts on the device; the distributions the drafts were drawn from go up from
+    the requests at the run's start and come back to them at its end (two-Run steps read them)."""
 
     phase = "verify"
 
-    def __init__(self, engine: Engine, batch: Batch, stats: Stats, k: int, draft_source) -> None:
+    def __init__(self, engine: Engine, batch: Batch, stats: Stats, k: int, draft_source, sampled: bool = False) -> None:
         self.ahead = type(draft_source) is MTPDrafts
         bound = (RunBound.of if self.ahead else RunBound.one_step)(batch.requests)  # a run of one step otherwise
-        self.run = FusedRun(engine.target, engine.mtp, batch.rows, k, bound)
-        self.stats, self.k, self.draft_source = stats, k, draft_source
+        self.run = FusedRun(engine.target, engine.mtp, batch.rows, k, bound, sampled=sampled)
+        self.stats, self.k, self.draft_source, self.sampled = stats, k, draft_source, sampled
+        self.requests, self.arrays = batch.requests, engine.arrays
         self._mirror: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (T [B], drafts [B, k]) of step n
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
@@ -106,12 +113,25 @@ class FusedSteps:
             with self.stats.timed("propose"):
                 drafts = self.draft_source.propose(batch, self.k)  # [B, k]
         with self.stats.timed("verify"):
+            sampling = sampler.device_inputs(self.requests, self.k).feeds() if self.sampled else None
             if n == 0:
+                if self.sampled:
+                    self._upload_draft_probs()
                 self._mirror[0] = (batch.processed, drafts)
                 self.run.enqueue(0, np.concatenate([batch.pending[:, None], drafts], axis=1),  # [B, k+1]
-                                 batch.processed[:, None] + np.arange(self.k + 1))  # [B, k+1]
+                                 batch.processed[:, None] + np.arange(self.k + 1), sampling)  # [B, k+1]
             else:
-                self.run.enqueue(n)
+                self.run.enqueue(n, sampling=sampling)
+
+    def _upload_draft_probs(self) -> None:
+        """q [B, k, V] of the drafts step 0 verifies: each sampled request's (from the catch-up that
+        drew them), zeros for greedy rows (their acceptance reads none)."""
+        vocab = self.run.graphs.manifest.spec.vocab_size
+        q = np.zeros((len(self.requests), self.k, vocab), np.float32)
+        for j, req in enumerate(self.requests):
+            if req.samples and req.draft_probs is not None:
+                q[j] = req.draft_probs[: self.k]
+        self.run.rows.put(self.arrays, self.run.mtp.draft_probs(self.k), self.arrays.from_host(q, np.float32))
 
     def read(self, n: int) -> StepResult:
         k = self.k
@@ -124,11 +144,13 @@ class FusedSteps:
         return StepResult(T, tokens, accepted, next_drafts)
 
     def check_acceptance(self, accepted: np.ndarray, drafts: np.ndarray, tokens: np.ndarray) -> None:
-        """The graph's accept lengths [B] must be the host rule's over drafts [B, k] and tokens [B, k+1]."""
+        """The graph's accept lengths [B] must be the host rule's over drafts [B, k] and tokens
+        [B, k+1], for every greedy row (a sampled row's are drawn)."""
         host = accept_lengths(drafts, tokens)  # a = longest prefix with d_i == g_{i-1}
-        if not np.array_equal(host, accepted):
-            raise acceptance_mismatch(self.k, accepted, host, drafts, tokens,
-                                      "its rows' states are wrong until a prefill resets them")
+        greedy = np.array([not r.samples for r in self.requests])
+        if not np.array_equal(host[greedy], accepted[greedy]):
+            raise acceptance_mismatch(self.k, np.where(greedy, accepted, -1), np.where(greedy, host, -1), drafts,
+                                      tokens, "its rows' states are wrong until a prefill resets them")
 
     def fits_next(self, n: int, running: np.ndarray) -> bool:
         """Whether step n+1's k+1 positions fit for every running row: T_{n+1} <= T_n + k + 1
@@ -138,6 +160,10 @@ class FusedSteps:
 
     def close(self) -> None:
         self.run.close()
+        if self.sampled:  # the next drafts' q back to their requests: a two-Run step accepts on the host
+            q = self.arrays.download(self.run.rows.take(self.arrays, self.run.mtp.draft_probs(self.k)))  # [B, k, V]
+            for j, req in enumerate(self.requests):
+                req.draft_probs = q[j] if req.samples else None
 
 
 class HostDecodeSteps:
@@ -228,28 +254,42 @@ class StepKinds:
 
     device: the steps whose control can stay on the device may run so (one pipeline stage, not
     exact mode; on CUDA the stream shared with ONNX Runtime). fused_ks: the k with a fused graph
-    (select commit, converted with it)."""
+    (select commit, converted with it). sampled_ks: the k (0: a decode) whose steps can sample on
+    the device (``sampling_ks``)."""
 
     def __init__(self, engine: Engine, forwards, commit, draft_source, head: Head | None, stats: Stats,
-                 device: bool, fused_ks: frozenset[int]) -> None:
+                 device: bool, fused_ks: frozenset[int], sampled_ks: frozenset[int] = frozenset()) -> None:
         self.engine, self.forwards, self.commit, self.draft_source = engine, forwards, commit, draft_source
         self.head, self.stats, self.device, self.fused_ks = head, stats, device, fused_ks
+        self.sampled_ks = sampled_ks
 
     def choose(self, requests, k: int, drafts: int) -> type:
-        on_device = self.device and not sampler.needs_logits(requests)
+        on_device = self.device and not sampler.asks_logprobs(requests)  # log-probabilities need the logits
+        if sampler.samples(requests):  # sampled rows draw on the device where the model has the graph
+            on_device = on_device and k in self.sampled_ks
         if k == 0:
             return DecodeSteps if on_device else HostDecodeSteps
         return FusedSteps if on_device and k == drafts and k in self.fused_ks else TwoRunSteps
 
     def open(self, kind: type, batch: Batch, k: int, drafts: int):
-        defer = self.head is not None
+        defer, sampled = self.head is not None, sampler.samples(batch.requests)
         if kind is DecodeSteps:
-            return DecodeSteps(self.engine, batch, self.stats, defer)
+            return DecodeSteps(self.engine, batch, self.stats, defer, sampled)
         if kind is HostDecodeSteps:
             return HostDecodeSteps(self.engine, self.forwards, self.stats, defer)
         if kind is FusedSteps:
-            return FusedSteps(self.engine, batch, self.stats, k, self.draft_source)
+            return FusedSteps(self.engine, batch, self.stats, k, self.draft_source, sampled)
         return TwoRunSteps(self.engine, self.commit, self.draft_source, self.head, self.stats, k, drafts)
+
+
+def sampling_ks(manifest: Manifest, fused: frozenset[int], draft_source) -> frozenset[int]:
+    """The k whose steps can sample on the device: 0 with ``decode_sample``; k >= 1 with a fused
+    graph and ``verify_mtp_sample_k{k}``, and the head's own drafts (a scripted source gives no
+    distributions to accept against)."""
+    ks = {0} if "decode_sample" in manifest.graphs else set()
+    if type(draft_source) is MTPDrafts:
+        ks |= {k for k in fused if graph_name("verify_mtp_sample", k) in manifest.graphs}
+    return frozenset(ks)
 
 
 def acceptance_mismatch(k: int, graph: np.ndarray, host: np.ndarray, drafts: np.ndarray, tokens: np.ndarray,

@@ -97,8 +97,8 @@ def request_end_states():
     after_step, ends, reads = {}, {}, [0]
     enqueue, record = FusedRun.enqueue, Decoder._record
 
-    def recorded(self, n, *args):
-        enqueue(self, n, *args)
+    def recorded(self, n, *args, **kwargs):
+        enqueue(self, n, *args, **kwargs)
         L = self.graphs.manifest.max_length
         after_step[(id(self), n)] = {row: (self.target.states.row_state(row, L), self.mtp.row_state(row, L))
                                      for row in self.rows.indices}
