@@ -74,8 +74,12 @@ for phase in "$@"; do
         --json "$out/agree_q08b.json" ;;
     sample)
       model=$(trained)
-      run 300 sample python3 tools/sampling_cost.py "$model" --provider cuda -k 0,2 --batch "${SAMPLE_BATCH:-16}" \
-        --new-tokens 128 --rounds 3 ;;
+      for batch in 1 16; do
+        run 150 "sample_b$batch" python3 tools/sampling_cost.py "$model" --provider cuda -k 0,2,3 --batch $batch \
+          --new-tokens 128 --rounds 3 --top-p 0.95
+      done
+      run 240 sample_dist python3 tools/gpu.py sample_dist --json "$out/sample_dist.json"
+      run 200 sample_cost python3 tools/gpu.py sample_cost --rounds 3 --json "$out/sample_cost.json" ;;
     *) echo "unknown phase $phase"; status=2 ;;
   esac
 done

@@ -2,11 +2,11 @@
 
     python3 tools/sampling_cost.py out/qwen35-python-20m -k 0,2 --temperature 0.8 --rounds 5
 
-Per k, greedy and sampled generate run the same batch of code prompts (stop tokens off, so
-every round makes the same number of tokens), alternating; reported: the median seconds per
-round, sampled / greedy, and the acceptance of each. Sampling adds the target's logits
-download and transform (numpy), the head's in-graph transform and draws, and - with k > 0 -
-usually a lower acceptance than greedy's.
+Per k, greedy and sampled generate run the same batch of code prompts (cycled to --batch; stop
+tokens off, so every round makes the same number of tokens), alternating; reported: the median
+seconds per round, sampled / greedy, the acceptance of each, and a table of tokens/s with each
+k's against the first k's (speculative sampling against plain sampling). Sampled rows draw on
+the device where the model has the sampling graphs (decode_sample, verify_mtp_sample_k{k}).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from tools.serve_load import PROMPTS  # noqa: E402
 
 
 def timed_round(session, sampling: dict, batch: int, new_tokens: int) -> float:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
     start = time.perf_counter()
-    session.generate(PROMPTS[:batch], max_new_tokens=new_tokens, stop_tokens=[], **sampling)
+    session.generate(prompts, max_new_tokens=new_tokens, stop_tokens=[], **sampling)
     return time.perf_counter() - start
 
 
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument("--provider", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
     print("k  greedy s  sampled s  sampled/greedy  acceptance greedy/sampled")
+    rows = []
     for k in (int(x) for x in args.k.split(",")):
         sessions = {name: ortspec.Session(args.model, num_speculative_tokens=k, threads=args.threads,
                                            provider=args.provider)
@@ -57,6 +59,13 @@ def main(argv=None) -> int:
         acceptance = [sessions[n].stats["acceptance_rate"] for n in ("greedy", "sampled")]
         print(f"{k}  {greedy:8.3f}  {sampled_s:9.3f}  {sampled_s / greedy:14.2f}  "
               f"{acceptance[0]:.2f} / {acceptance[1]:.2f}", flush=True)
+        rows.append((k, args.batch * args.new_tokens / greedy, args.batch * args.new_tokens / sampled_s))
+    base_greedy, base_sampled = rows[0][1], rows[0][2]
+    print(f"\n| k | batch | greedy tok/s | sampled tok/s | sampled / greedy (same k) | greedy / greedy k={rows[0][0]} | "
+          f"sampled / sampled k={rows[0][0]} |\n|---|---|---|---|---|---|---|")
+    for k, greedy_rate, sampled_rate in rows:
+        print(f"| {k} | {args.batch} | {greedy_rate:.0f} | {sampled_rate:.0f} | {sampled_rate / greedy_rate:.2f} | "
+              f"{greedy_rate / base_greedy:.2f} | {sampled_rate / base_sampled:.2f} |")
     return 0
 
 
