@@ -85,7 +85,7 @@ def run_bench(model_dir, ks=(0, 1, 2, 3, 4), batches=(1,), max_new_tokens=64, re
     options = _draft_options(lambda: sessions.get(0) or session(0), batches, max_new_tokens, prompt_texts, scripted_p)
     for k, b in samples:  # warm-up: first runs allocate and initialise; auto k climbs to its best k, a call a
         # window (speculative/auto_k.py), as a Session serving requests would have long before
-        for _ in range(sessions[k].k + 4 if k == "auto" else 1):
+        for _ in range(2 * sessions[k].k + 4 if k == "auto" else 1):
             sessions[k].generate(_prompts(sessions[k], b, prompt_texts), max_new_tokens=max_new_tokens if k == "auto"
                                  else 8, **options(k, b, 0))
     bar = tqdm(total=repeats * len(samples), desc="ortspec bench", disable=not progress)

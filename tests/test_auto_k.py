@@ -65,7 +65,7 @@ def test_the_climb_finds_the_best_k_and_tries_few_others():
     rates = {0: 100.0, 1: 150.0, 2: 190.0, 3: 210.0, 4: 180.0}
     chooser = KChooser(4)
     chosen = batcher_windows(chooser, 4, 60, rates.get)
-    assert chosen[:6] == [1, 1, 2, 3, 4, 3]  # the first window warms up; then from k = 1 up the neighbours
+    assert chosen[:8] == [1, 1, 2, 2, 3, 3, 4, 4]  # each k's first window warms up; from k = 1 up the neighbours
     assert chosen[-20:].count(3) >= 18  # then the best, a neighbour again every PROBE_EVERY windows
     assert chooser.snapshot()["windows"]["batcher rows 4"]["best"] == 3
 
@@ -105,7 +105,8 @@ def test_a_calls_window_is_the_whole_call():
             chooser.record_step(16, 16, 16, 16 / rates[k])
         chooser.record_call(16, [], Tail(16, 64))
         ks.append(k)
-    assert ks[:4] == [1, 1, 2, 0] and ks[-5:] == [0] * 5  # the first call warms up
+    # each k's first call warms up; k=1 came within 10% of greedy, so it is measured once more
+    assert ks[:8] == [1, 1, 2, 2, 0, 0, 0, 1] and ks[-4:] == [0] * 4
     windows = chooser.snapshot()["windows"]
     assert windows["call rows 16"]["best"] == 0 and "batcher rows 16" not in windows
 
@@ -133,7 +134,8 @@ def test_each_threads_window_is_its_own():
         t.start()
     for t in threads:
         t.join()
-    assert len(seen) == 3 and sum(n for _, n in chooser.snapshot()["windows"]["call rows 4"]["reward"].values()) == 2
+    window = chooser.snapshot()["windows"]["call rows 4"]
+    assert len(seen) == 3 and window["windows"] == 3  # three windows, none mixed with another
 
 
 def test_tail_of_a_generate_calls_requests():

@@ -9,12 +9,13 @@ what the GPU's kernels make of it, and a model tuned on one set of prompts misju
   and its switching costs are in its time), or WINDOW_STEPS steps of a batcher (rows join and
   leave: its reward is tokens per live row-step over seconds per row-step run, so a window is
   not judged by how many requests happened to be running);
-- a window that set a CUDA graph up is not counted (it timed the capture), nor a key's first
-  (first runs allocate and initialise);
+- a window that set a CUDA graph up is not counted (it timed the capture), nor a k's first at a
+  key (its graphs' first runs allocate and initialise);
 - per (static or not, rows bucket) the chooser hill-climbs over k: it starts at k = 1, measures
-  the neighbours of the best k, moves to one only when its median reward over its last SAMPLES
-  windows beats the best's by HYSTERESIS, and every PROBE_EVERY windows measures a neighbour
-  again (the text, the batch or the machine may have changed);
+  the neighbours of the best k, measures the best and a neighbour within CLOSE of it again until
+  each has CONFIRM windows (one window is noise), moves to one only when its median reward over
+  its last SAMPLES windows beats the best's by HYSTERESIS, and every PROBE_EVERY windows measures
+  a neighbour again (the text, the batch or the machine may have changed);
 - tokens per second is the reward: what the caller gets, whatever made it so.
 
 It also keeps what the steps showed (acceptance per draft depth, steady step times per k) for
@@ -38,6 +39,7 @@ MIN_WINDOW_STEPS = 4  # a shorter window (a call of a few tokens) measures nothi
 SAMPLES = 3  # rewards kept per k; their median is its estimate
 HYSTERESIS = 1.02  # another k must beat the best's estimate by 2% to take its place
 PROBE_EVERY = 16  # windows between re-measurements of a neighbour of the best
+CONFIRM, CLOSE = 2, 0.9  # the best and a neighbour within CLOSE of it are measured CONFIRM times before it settles
 HALF_LIFE_ROW_STEPS = 256.0  # acceptance counts halve after this many row-steps (the snapshot's)
 STEP_TIMES = 8  # steady step times kept per (rows bucket, k) for the snapshot
 
@@ -95,7 +97,7 @@ class Arms:
         self.best = min(self.START, max_k)
         self.rewards = {k: collections.deque(maxlen=SAMPLES) for k in range(max_k + 1)}
         self.windows = 0
-        self.warm = False  # whether a window was measured here before (the first is not counted)
+        self.warm: set[int] = set()  # the k that ran a window here before (a k's first is not counted)
         self._probe = itertools.cycle((1, -1))
 
     def estimate(self, k: int) -> float | None:
@@ -105,12 +107,17 @@ class Arms:
         """The k of the next window: an unmeasured neighbour of the best, every PROBE_EVERY windows
         a neighbour again, else the best."""
         self.windows += 1
-        if not any(self.rewards.values()):
-            return self.best  # the climb starts where it stands
+        if not self.rewards[self.best]:
+            return self.best  # the climb starts where it stands, and warms each k up before it counts
         neighbours = [k for k in (self.best + 1, self.best - 1) if 0 <= k <= self.max_k]
-        unmeasured = [k for k in neighbours if not self.rewards[k]]
+        unmeasured = [k for k in neighbours if not self.rewards[k]]  # a k's warm-up window, then its first
         if unmeasured:
             return unmeasured[0]
+        best = self.estimate(self.best)
+        unsure = [k for k in [self.best, *neighbours] if len(self.rewards[k]) < CONFIRM  # one window is noise:
+                  and self.estimate(k) >= CLOSE * best]  # a close race is measured again before it settles
+        if unsure:
+            return unsure[0]
         if self.windows % PROBE_EVERY == 0 and neighbours:
             step = next(self._probe)
             return self.best + step if self.best + step in neighbours else neighbours[0]
@@ -163,9 +170,9 @@ class KChooser:
         if reward is not None:
             with self._lock:
                 arms = self._arms_of(window.key)
-                if arms.warm:
+                if window.k in arms.warm:
                     arms.add(window.k, reward)
-                arms.warm = True  # a key's first window warms up (first runs allocate): not counted
+                arms.warm.add(window.k)  # a k's first window here warms its graphs up (first runs allocate)
 
     # -- measurements ------------------------------------------------------------------------
     def record_step(self, rows_run: int, live: int, tokens: int, seconds: float, setup: bool = False) -> None:
