@@ -11,6 +11,7 @@
 #   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
 #   bash tools/gpu_visit.sh sample    sampling against greedy (tools/sampling_cost.py style, on CUDA)
 # Several phases in one call: bash tools/gpu_visit.sh setup check gdn. Results under $OUT (default /tmp/out).
+# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_COST= (empty: skip).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -65,7 +66,7 @@ for phase in "$@"; do
         --json "$out/serve_bench.json" ;;
     bench)
       model=$(trained)
-      run 360 bench python3 -m ortspec bench "$model" --provider cuda -k 0,1,2,3,auto --batch 1,4,16 \
+      run 360 bench python3 -m ortspec bench "$model" --provider cuda -k "${BENCH_KS:-0,1,2,3,auto}" --batch "${BENCH_BATCHES:-1,4,16}" \
         --max-new-tokens 128 --repeats "${BENCH_REPEATS:-3}" --prompts benchmarks/heldout_prompts.json \
         --json "$out/bench_heldout.json" ;;
     agree)
@@ -74,12 +75,12 @@ for phase in "$@"; do
         --json "$out/agree_q08b.json" ;;
     sample)
       model=$(trained)
-      for batch in 1 16; do
+      for batch in ${SAMPLE_BATCHES:-1 16}; do
         run 150 "sample_b$batch" python3 tools/sampling_cost.py "$model" --provider cuda -k 0,2,3 --batch $batch \
           --new-tokens 128 --rounds 3 --top-p 0.95
       done
-      run 240 sample_dist python3 tools/gpu.py sample_dist --json "$out/sample_dist.json"
-      run 200 sample_cost python3 tools/gpu.py sample_cost --rounds 3 --json "$out/sample_cost.json" ;;
+      run 240 sample_dist python3 tools/gpu.py sample_dist --samples "${SAMPLE_DIST_SAMPLES:-20000}" --json "$out/sample_dist.json"
+      [ -n "${SAMPLE_COST-1}" ] && run 200 sample_cost python3 tools/gpu.py sample_cost --rounds 3 --json "$out/sample_cost.json" ;;
     *) echo "unknown phase $phase"; status=2 ;;
   esac
 done
