@@ -20,6 +20,8 @@ of JSON a tool writes:
     kernels      tools/gpu.py kernels --json: launches / us per token by kernel class
     check        tools/gpu.py check --json: identity, state check, graph counters, memory
     soak         tools/gpu.py soak --json: steps, solo re-runs, graph faults, memory drift
+    serve        tools/serve_bench.py --json: the server against generate, and each k against greedy
+    gdn_verify   tools/gpu.py gdn_verify --json: a verify's cost over a decode's per GDN form, k and batch
 """
 
 from __future__ import annotations
@@ -206,7 +208,42 @@ def soak(runs: list[dict]) -> list[str]:
     return lines
 
 
-RENDERERS = {f.__name__: f for f in (bench, matrix, peer, exact, kv_windows, agree, kernels, check, soak)}
+def serve(runs: list[dict]) -> list[str]:
+    """Per k and clients: median tokens/s through the server and through generate over the rounds,
+    server / generate, each k over the first k through the server, and whether the tokens agreed."""
+    [run] = runs
+    cells = {}
+    for name, rounds in run["runs"].items():
+        match = re.fullmatch(r"k=(\S+) clients=(\d+)", name)
+        cells[(match[1], int(match[2]))] = (statistics.median(r[0] for r in rounds),
+                                            statistics.median(r[1] for r in rounds), all(r[2] for r in rounds))
+    ks = list(dict.fromkeys(k for k, _ in cells))
+    lines = header("k", "clients", "server tok/s", "generate tok/s", "server / generate", "server: k / k=" + ks[0],
+                   "same tokens")
+    for k, clients in cells:
+        server, generate, same = cells[(k, clients)]
+        first = cells[(ks[0], clients)][0]
+        lines.append(row(k, clients, f"{server:.0f}", f"{generate:.0f}", f"{server / generate:.2f}",
+                         f"**{server / first:.2f}x**", "yes" if same else "**no**"))
+    return lines
+
+
+def gdn_verify(runs: list[dict]) -> list[str]:
+    """A verify's milliseconds over a decode's, per GDN form (rows) and batch and k (columns)."""
+    [run] = runs
+    [timing] = run["timings"]
+    ks = sorted(timing["rows"][0]["verify_ms"], key=int)
+    batches = sorted({r["batch"] for r in timing["rows"]})
+    lines = header("form", *(f"batch {b} k={k}" for b in batches for k in ks), *(f"decode ms, batch {b}" for b in batches))
+    for form in dict.fromkeys(r["form"] for r in timing["rows"]):
+        by_batch = {r["batch"]: r for r in timing["rows"] if r["form"] == form}
+        lines.append(row(form, *(f"{by_batch[b]['verify_ms'][k] / by_batch[b]['decode_ms']:.2f}x" for b in batches for k in ks),
+                         *(f"{by_batch[b]['decode_ms']:.2f}" for b in batches)))
+    return lines
+
+
+RENDERERS = {f.__name__: f for f in (bench, matrix, peer, exact, kv_windows, agree, kernels, check, soak, serve,
+                                     gdn_verify)}
 
 
 # -- the template ---------------------------------------------------------------------------------
