@@ -2,11 +2,11 @@
 
 Why a second formulation: ONNX Runtime's CPU kernels of the fused ops that make the portable
 layer (layers.make_gated_deltanet) one kernel each on CUDA cost far more per row than the same
-math as plain ops. Per GDN layer, batch 4, one thread (BENCHMARKS.md, issue 13):
+math as plain ops (measured per op: docs/history.md, "Speculation on the CPU"):
 
-    LinearAttention, 4 rows of 4 requests     389 us    the per-row ops below       ~260 us
-    CausalConvWithState, 4 rows               116 us    gathered taps, Mul, ReduceSum  34 us
-    GatedRMSNorm, 4 rows                      148 us    RMSNorm per head, QuickGelu    13 us
+    LinearAttention          ->  the per-row ops below
+    CausalConvWithState      ->  gathered taps, Mul, ReduceSum
+    GatedRMSNorm             ->  RMSNorm per head, QuickGelu
 
 ::
 
@@ -40,9 +40,8 @@ def make_gated_deltanet_rows(g: GraphBuilder, spec: ModelSpec, x: str, prefix: s
     [B, M, H], conv, recurrent): the states after the last row [B, K-1, C] and [B, nv, dk, dv],
     or with windows=True the state after each row, as lists of M tensors [B, K-1, C] and
     [B, nv, dk, dv]: one graph output each (``manifest.window_row_name``). Stacking them into
-    one [M, B, ...] window, as the portable graphs do, copied every state once more: ~0.5 ms of a
-    batch-4 verify_mtp_k2 (BENCHMARKS.md, issue 13), and the select commit copies one row out of
-    them either way."""
+    one [M, B, ...] window, as the portable graphs do, copied every state once more, and the
+    select commit copies one row out of them either way."""
     nv, kd, vd, C = spec.linear_num_value_heads, spec.linear_key_dim, spec.linear_value_dim, spec.conv_dim
     qkv, z, b, a = g.op("Split", [g.linear(x, f"{prefix}.in_proj", out_dtype=F32), g.const([C, vd, nv, nv])],
                         num_outputs=4, axis=-1)  # [B, M, C], [B, M, vd], [B, M, nv] x 2, float32

@@ -129,9 +129,8 @@ class ConvertOptions:
     def head_quant(self) -> str | None:
         """The MTP draft head's weights: "int4" (MatMulNBits, blocks of 32) or None (the model's
         dtype). mtp_quant="auto" quantizes a float32 model's head: drafts are only proposals, so
-        the output stays the target's, and on the CPU a draft pass costs a third (the 20M model's
-        mtp_propose_k3: 1.7 -> 0.9 ms; best k 1.26-1.54x -> 1.71-1.86x greedy at batch 1,
-        BENCHMARKS.md) for acceptance within 0.03 per depth. A float16/bfloat16 model is a GPU
+        the output stays the target's, and on the CPU a draft pass costs about a third for nearly
+        the same acceptance (docs/history.md). A float16/bfloat16 model is a GPU
         model whose products and activations stay in its dtype: its head does too."""
         if self.quant == "int4" or self.mtp_quant == "int4":
             return "int4"

@@ -68,7 +68,7 @@ NO_SYNC = "disable_synchronize_execution_providers"  # ONNX Runtime run config k
 
 
 def graph_id_options(graph_id: int, wait: bool = True) -> ort.RunOptions:
-    """RunOptions naming a CUDA graph (-1: run eagerly); made once per slot (~60 us each).
+    """RunOptions naming a CUDA graph (-1: run eagerly); made once per slot (each costs host time).
     wait=False: Run returns once the work is enqueued (read its outputs through the stream)."""
     options = ort.RunOptions()
     options.add_run_config_entry("gpu_graph_id", str(graph_id))

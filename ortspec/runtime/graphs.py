@@ -88,8 +88,7 @@ class SharedWeights:
         """Options of one graph's session: these weights as shared initializers, ``threads``
         intra-op threads. On the CPU the thread pools do not spin: a speculative step alternates
         between the verify and the MTP sessions, and a pool left spinning after its Run takes the
-        cores the other session's Run needs (measured on 2 cores, 2 threads: k=3 ran at 0.75-0.86x
-        greedy with spinning and 1.37-1.50x without; greedy itself gained 10-20%)."""
+        cores the other session's Run needs (docs/history.md, "Spinning thread pools")."""
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
