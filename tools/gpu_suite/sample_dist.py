@@ -2,7 +2,7 @@
 
 The graphs that sample on the device (``decode_sample``, ``verify_mtp_sample_k{k}``: the host
 reads only token ids) are run through the runtime's entry points by a small loop of their own
-(``continuations``; the Session's loop does not call them yet), on a tiny model of 32 tokens
+(``continuations``: the graphs the Session's device steps run, without its scheduling), on a tiny model of 32 tokens
 whose head agrees with the target about half of the time. Checks, each a chi-square test whose
 false alarms over the whole run are at most 1e-3 (Bonferroni):
 
