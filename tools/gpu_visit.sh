@@ -11,7 +11,8 @@
 #   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
 #   bash tools/gpu_visit.sh sample    sampling against greedy (tools/sampling_cost.py style, on CUDA)
 # Several phases in one call: bash tools/gpu_visit.sh setup check gdn. Results under $OUT (default /tmp/out).
-# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_COST= (empty: skip).
+# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_COST= (empty: skip),
+# AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -70,8 +71,9 @@ for phase in "$@"; do
         --max-new-tokens 128 --repeats "${BENCH_REPEATS:-3}" --prompts benchmarks/heldout_prompts.json \
         --json "$out/bench_heldout.json" ;;
     agree)
-      run 240 agree_large python3 tools/gpu.py agree --ks 1,2,3,4 --rounds 2 --budget-s 200 --json "$out/agree_large.json"
-      run 300 agree_q08b python3 tools/gpu.py agree --preset qwen35-0.8b --ks 2,3 --rounds 2 --budget-s 240 \
+      run 240 agree_large python3 tools/gpu.py agree --ks "${AGREE_KS:-1,2,3,4}" --rounds 2 --budget-s "${AGREE_BUDGET:-200}" \
+        --json "$out/agree_large.json"
+      [ -n "${AGREE_Q08B-1}" ] && run 300 agree_q08b python3 tools/gpu.py agree --preset qwen35-0.8b --ks 2,3 --rounds 2 --budget-s 240 \
         --json "$out/agree_q08b.json" ;;
     sample)
       model=$(trained)
