@@ -249,14 +249,21 @@ def _error_event(status: int, message: str) -> str:
 
 
 class Mailbox:
-    """Events from the engine thread into handlers' queues on one event loop, one wake-up per
-    batch: a step delivers to every running request, and a wake-up per event (a system call
-    each, then a pass of the loop) cost the loop more than the events themselves."""
+    """Events from the engine thread into handlers' queues on one event loop. While events flow
+    the loop collects them every POLL_S; only the first event after a quiet spell wakes it. A
+    wake-up is a system call on the engine thread, which then waits for the GIL while the loop
+    runs the handlers' Python: one per step serialised the two threads, where polling lets the
+    loop's work overlap the engine's Runs (docs/serving.md)."""
+
+    POLL_S = 0.0005  # how often a busy loop collects the engine's events (the most a token waits)
+    QUIET_POLLS = 8  # polls that found nothing before the loop waits for a wake-up again
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue, object]] = []
+        self._polling = False  # a poll is scheduled: events need no wake-up
+        self._quiet = 0
 
     def poster(self, events: asyncio.Queue, index: int = 0):
         """deliver(event) for the engine thread: (index, event) into this handler's queue, on the loop."""
@@ -264,8 +271,8 @@ class Mailbox:
         def deliver(event) -> None:
             with self._lock:
                 self._pending.append((events, (index, event)))
-                if len(self._pending) > 1:
-                    return  # a flush is already scheduled
+                if self._polling or len(self._pending) > 1:
+                    return  # a poll or a flush is already scheduled
             try:
                 self.loop.call_soon_threadsafe(self._flush)
             except RuntimeError:  # the loop has closed (the server stopped): nobody reads it any more
@@ -276,8 +283,12 @@ class Mailbox:
     def _flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
+            self._quiet = 0 if pending else self._quiet + 1
+            self._polling = self._quiet < self.QUIET_POLLS
         for events, event in pending:
             events.put_nowait(event)
+        if self._polling:
+            self.loop.call_later(self.POLL_S, self._flush)
 
 
 def _coalesced(item: tuple, events: asyncio.Queue) -> tuple:

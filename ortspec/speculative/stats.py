@@ -122,7 +122,7 @@ class Stats:
     def take(self) -> "Stats":
         """These counters as a copy, then zero again (in place: the loop's step kinds keep a
         reference; a batcher reports its counters to the Session after each call)."""
-        taken = copy.deepcopy(self)
+        taken = copy.copy(self)  # it keeps the lists and dicts; these counters get new ones below
         for f in dataclasses.fields(self):
             if not f.name.startswith("_"):
                 setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
