@@ -149,7 +149,7 @@ class Session:
 
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stream: bool = False,
-                 stop=None, **decoder_options):
+                 stop=None, min_p: float = 0.0, **decoder_options):
         """Greedy (or exact speculative) continuation of one prompt or a batch of prompts.
 
         prompt: token ids (list or tuple of ints or numpy integers, 1-D numpy integer array)
@@ -161,8 +161,9 @@ class Session:
         ends at the token that completes one (tokens up to it are returned; text ends before it).
 
         temperature 0 (the default) is greedy; > 0 samples from softmax(logits / temperature),
-        cut to the top_k most likely tokens (0: all) and then to the smallest set whose
-        probability reaches top_p (1: all). With k > 0 the drafts are accepted by exact
+        cut to the top_k most likely tokens (0: all), then to the smallest set whose
+        probability reaches top_p (1: all), then to the tokens at least min_p times as probable
+        as the most probable one (0: all). With k > 0 the drafts are accepted by exact
         speculative sampling, so tokens follow that same distribution. seed (an int) makes the
         tokens reproducible for this k (a batch's prompt i gets stream i of the seed; prompt 0
         is what a single prompt gets); None draws fresh entropy.
@@ -180,7 +181,7 @@ class Session:
         any work starts.
         """
         options = validation.decoder_options(decoder_options, "generate")
-        params = validation.sampling(temperature, top_k, top_p, seed)
+        params = validation.sampling(temperature, top_k, top_p, seed, min_p)
         validation.sampling_graphs(self.manifest, self.k, params, self.auto_k)
         stream = validation.flag("stream", stream)
         new = self.new_requests(prompt, max_new_tokens, stop_tokens, sampling=params, stop=stop)

@@ -403,12 +403,13 @@ def is_real(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
-def sampling(temperature, top_k, top_p, seed) -> SamplingParams:
+def sampling(temperature, top_k, top_p, seed, min_p=0.0) -> SamplingParams:
     """temperature 0 (greedy) or >= MIN_TEMPERATURE, finite as a float32; top_k 0..2**63-1 (0: off;
     a top_k of the vocabulary or more keeps every token, as 0 does: not refused, since the
     sampler and the head's graph take min(top_k, vocabulary)); 0 < top_p <= 1 (1: off), nonzero
-    as a float32; seed None (OS entropy) or an integer 0..2**63-1. Every value is one the
-    sampler's int64 / float32 arrays hold exactly, so a request that passes cannot fail there."""
+    as a float32; 0 <= min_p <= 1 (0: off); seed None (OS entropy) or an integer 0..2**63-1. Every
+    value is one the sampler's int64 / float32 arrays hold exactly, so a request that passes
+    cannot fail there."""
     wanted = "a finite number >= 0 (0 = greedy, the default; 1 = the model's own distribution)"
     temperature = finite("temperature", temperature, InputError, wanted)
     if temperature < 0:
@@ -424,9 +425,12 @@ def sampling(temperature, top_k, top_p, seed) -> SamplingParams:
     if np.float32(top_p) == 0:
         raise InputError(f"top_p={top_p!r} rounds to 0 in float32 (the MTP head's graph); use top_p >= "
                          f"{float(np.finfo(np.float32).smallest_subnormal):.3g}.")
+    if not is_real(min_p) or not 0 <= min_p <= 1:
+        raise InputError(f"min_p={_short(min_p)} must be a number in [0, 1]: tokens less probable than min_p "
+                         "times the most probable one are cut (0 keeps every token).")
     if seed is not None:
         seed = integer("seed", seed, InputError, 0, " or None")
-    return SamplingParams(temperature, top_k, top_p, seed)
+    return SamplingParams(temperature, top_k, top_p, seed, float(min_p))
 
 
 def sampling_graphs(manifest, k: int, params: SamplingParams, auto: bool = False) -> None:

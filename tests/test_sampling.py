@@ -183,6 +183,22 @@ def test_sampled_states_equal_a_plain_decode_after_every_commit(model, commit, f
             assert same(target, table[T][0]) and same(mtp, table[T][1]), f"prompt {prompt[:3]} length {T}"
 
 
+@pytest.mark.parametrize("k", [0, 2])
+def test_min_p_one_keeps_only_the_most_probable_token(model, k):
+    """min_p = 1 cuts every token less probable than the most probable one: sampling at any
+    temperature is then greedy, whatever k (the draws on the device and in the host's acceptance);
+    a small min_p leaves sampling random."""
+    session = ortspec.Session(model, num_speculative_tokens=k)
+    greedy = session.generate(PROMPTS, max_new_tokens=24)
+    assert session.generate(PROMPTS, max_new_tokens=24, temperature=1.5, min_p=1.0, seed=3) == greedy
+    with session.batcher(max_batch_size=2) as batcher:
+        rid = batcher.add_request(PROMPTS[1], max_new_tokens=24, temperature=1.5, min_p=1.0, seed=4)
+        while batcher.pending:
+            batcher.step()
+        assert batcher.result(rid) == greedy[1]
+    assert session.generate(PROMPTS, max_new_tokens=24, temperature=1.5, min_p=1e-6, seed=3) != greedy
+
+
 @pytest.mark.parametrize("arguments,match", [
     (dict(temperature=-1.0), r"temperature=-1.0 must be a finite number >= 0"),
     (dict(temperature=float("nan")), r"temperature=nan must be a finite number"),
@@ -195,6 +211,9 @@ def test_sampled_states_equal_a_plain_decode_after_every_commit(model, commit, f
     (dict(temperature=1.0, top_p=1.5), r"top_p=1.5 must be a number in \(0, 1\]"),
     (dict(temperature=1.0, seed=-3), r"seed=-3 must be an integer >= 0 or None"),
     (dict(temperature=1.0, seed=1.0), r"seed=1.0 must be an integer"),
+    (dict(temperature=1.0, min_p=-0.1), r"min_p=-0.1 must be a number in \[0, 1\]"),
+    (dict(temperature=1.0, min_p=float("nan")), r"min_p=nan must be a number in \[0, 1\]"),
+    (dict(temperature=1.0, min_p="x"), r"min_p='x' must be a number"),
     (dict(stream="yes"), r"stream='yes' must be True or False"),
 ])
 def test_bad_sampling_arguments_are_refused_before_any_work(model, arguments, match):

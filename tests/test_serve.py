@@ -8,6 +8,7 @@ its turn (``Engine._end``) holds it while requests queue up, time out or disconn
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -96,6 +97,26 @@ def test_sampled_completions_follow_the_seed(server, session):
     assert complete(server.url, body).text == complete(server.url, {**body, "stream": True}).text == want
 
 
+def test_min_p_is_served(server, session):
+    body = {"prompt": "def main(", "max_tokens": 20, "temperature": 1.1, "min_p": 0.2, "seed": 5}
+    want = session.generate("def main(", max_new_tokens=20, temperature=1.1, min_p=0.2, seed=5)
+    assert complete(server.url, body).text == complete(server.url, {**body, "stream": True}).text == want
+
+
+def test_ignore_eos_runs_past_the_models_stop_tokens(tokenized_model, monkeypatch):
+    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as session:
+        ids = session.tokenizer.encode("the cache").ids
+        free = session.generate(ids, max_new_tokens=30, stop_tokens=[])
+        spec = session.manifest.spec  # make the 6th greedy token the model's eos
+        monkeypatch.setattr(session.manifest, "spec", dataclasses.replace(spec, eos_token_ids=(free[5],)))
+        with Server(session, port=0, max_batch_size=2) as server:
+            stopped = complete(server.url, {"prompt": ids, "max_tokens": 30})
+            ignored = complete(server.url, {"prompt": ids, "max_tokens": 30, "ignore_eos": True, "stream": True})
+    first = free.index(free[5])
+    assert stopped.token_ids == free[: first + 1] and stopped.finish_reason == "stop"
+    assert ignored.token_ids == free and ignored.finish_reason == "length"
+
+
 @pytest.mark.parametrize("body,status,match", [
     (b"{not json", 400, r"not valid JSON"),
     (b"[1, 2]", 400, r"JSON list; send a JSON object"),
@@ -104,6 +125,8 @@ def test_sampled_completions_follow_the_seed(server, session):
     ({"prompt": "a", "max_tokens": 0}, 400, r"max_tokens=0 must be an integer >= 1"),
     ({"prompt": "a", "temperature": "hot"}, 400, r"temperature='hot' must be a finite number"),
     ({"prompt": "a", "top_p": 2}, 400, r"top_p=2 must be a number in \(0, 1\]"),
+    ({"prompt": "a", "min_p": 1.5}, 400, r"min_p=1.5 must be a number in \[0, 1\]"),
+    ({"prompt": "a", "ignore_eos": "yes"}, 400, r"ignore_eos"),
     ({"prompt": "a", "stop": list("abcde")}, 400, r"must hold at most 4 strings"),
     ({"prompt": "a", "stop": ["\n", ""]}, 400, r"list of non-empty strings"),
     ({"prompt": "a", "n": 5}, 400, r"n=5 must be an integer in \[1, 4\]: each choice takes a row"),

@@ -105,7 +105,8 @@ class Routes:
         events: asyncio.Queue = asyncio.Queue()  # (choice index, event)
         mailbox, deadline = self._mailbox(), time.monotonic() + req.timeout
         jobs = [Job(prompt, req.max_tokens, req.sampling, deadline, deliver=mailbox.poster(events, i), id=request_id,
-                    stop=req.stop, logprobs=req.logprobs, seed_index=i) for i in range(req.n)]
+                    stop=req.stop, logprobs=req.logprobs, seed_index=i, ignore_eos=req.ignore_eos)
+                for i in range(req.n)]
         try:
             self.engine.submit(*jobs)
         except QueueFull as exc:

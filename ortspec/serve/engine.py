@@ -83,6 +83,7 @@ class Job:
     stop: tuple[str, ...] = ()  # stop strings
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)
     seed_index: int = 0  # the random stream of the seed it draws from (choice i: i)
+    ignore_eos: bool = False  # the model's stop tokens do not end it (max_tokens, or a stop string, does)
     request_id: int | None = None  # the batcher's id once admitted
     sent: int = 0  # tokens delivered
     cancelled: bool = False  # the client went away (set by Engine.cancel, any thread)
@@ -231,9 +232,11 @@ class Engine:
             return
         try:
             job.request_id = self.batcher.add_request(job.prompt, max_new_tokens=job.max_tokens, stop=job.stop,
+                                                      stop_tokens=[] if job.ignore_eos else None,
                                                       logprobs=job.logprobs, seed_index=job.seed_index,
                                                       temperature=job.sampling.temperature, top_k=job.sampling.top_k,
-                                                      top_p=job.sampling.top_p, seed=job.sampling.seed)
+                                                      top_p=job.sampling.top_p, min_p=job.sampling.min_p,
+                                                      seed=job.sampling.seed)
         except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
             self._fail(job, 400, str(exc))
             return

@@ -4,7 +4,8 @@ Fields of /v1/completions and /v1/chat/completions that ortspec serves: prompt (
 ids, or a list of one of those) or messages (content a string or a list of text parts),
 model (the served name or an alias; another is 404 model_not_found), max_tokens (chat also
 max_completion_tokens; default 16, as OpenAI), temperature (default 0 = greedy: ortspec's
-default, where OpenAI's is 1), top_p, top_k (an extension, as vLLM has it), seed, n (choices,
+default, where OpenAI's is 1), top_p, top_k and min_p and ignore_eos (extensions, as vLLM has
+them; ignore_eos: the model's stop tokens do not end a choice), seed, n (choices,
 each a row of the batch; with a seed choice i draws random stream i), stop (up to 4 strings),
 logprobs (completions: N alternatives; chat: a flag, with top_logprobs N), echo (completions),
 stream, stream_options.include_usage, and the extension ``timeout`` (seconds; at most the
@@ -28,7 +29,7 @@ from ..errors import InputError
 from ..speculative.sampling import SamplingParams
 
 UNSUPPORTED = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
-               "logit_bias": None, "suffix": None, "tools": None, "response_format": None, "min_p": 0,
+               "logit_bias": None, "suffix": None, "tools": None, "response_format": None,
                "min_tokens": 0}  # field -> the only value accepted
 MAX_JSON_DEPTH = 32  # nested objects and arrays a body may hold (a chat body with text parts needs 5)
 MAX_STOPS, MAX_STOP_CHARS = 4, 1000  # stop strings a request may send (OpenAI's 4), characters in each
@@ -83,6 +84,7 @@ class Completion:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # the alternatives to list with each token's log-probability; None: no logprobs
     echo: bool = False
+    ignore_eos: bool = False  # vLLM's extension: the model's stop tokens do not end the choices
     id: str = dataclasses.field(default_factory=new_id)
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -131,7 +133,8 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
         raise BadRequest(f"stream_options={_short(options)} must be an object such as {{\"include_usage\": true}}.")
     try:
         sampling = validation.sampling(body.get("temperature", 0.0), body.get("top_k", 0), body.get("top_p", 1.0),
-                                       body.get("seed"))
+                                       body.get("seed"), body.get("min_p", 0.0))
+        ignore_eos = validation.flag("ignore_eos", body.get("ignore_eos", False))
         max_tokens = validation.max_new_tokens(_max_tokens(body, chat), minimum=1)
         stream = validation.flag("stream", body.get("stream", False))
         include_usage = validation.flag("stream_options.include_usage", options.get("include_usage", False))
@@ -145,7 +148,7 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
                       max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
                       timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat,
                       id=request_id or new_id(), n=_n(body.get("n", 1), max_n), stop=stop, logprobs=logprobs,
-                      echo=echo)
+                      echo=echo, ignore_eos=ignore_eos)
 
 
 def _model(body: dict, models: tuple) -> None:

@@ -138,19 +138,19 @@ class Batcher:
 
     def add_request(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
                     top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop=None,
-                    logprobs: int | None = None, seed_index: int = 0) -> int:
+                    logprobs: int | None = None, seed_index: int = 0, min_p: float = 0.0) -> int:
         """Validates and prefills one prompt into a free row; returns the request id.
 
         prompt: token ids (as for Session.generate), or a str, encoded with the model's
         tokenizer; step() and result() return token ids either way (session.tokenizer.decode
         turns them into text). max_new_tokens >= 1; stop_tokens, stop (strings) and the sampling
-        arguments (temperature, top_k, top_p, seed) as for generate: with the same seed a request
+        arguments (temperature, top_k, top_p, min_p, seed) as for generate: with the same seed a request
         gets the tokens generate(prompt, seed=seed) gets, and with seed_index i those that prompt
         i of generate([...], seed=seed) gets. logprobs N (0..20): each token's log-probability
         under the model (the log-softmax of the target's logits) and the N most probable
         alternatives, read with logprobs(id); such a request's steps keep the logits on the host."""
         with self._call():
-            params = validation.sampling(temperature, top_k, top_p, seed)
+            params = validation.sampling(temperature, top_k, top_p, seed, min_p)
             validation.sampling_graphs(self.session.manifest, self.session.k, params, self.session.auto_k)
             new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params,
                                             stop=stop, logprobs=logprobs, seed_index=seed_index)
