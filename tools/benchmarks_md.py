@@ -22,6 +22,7 @@ of JSON a tool writes:
     soak         tools/gpu.py soak --json: steps, solo re-runs, graph faults, memory drift
     serve        tools/serve_bench.py --json: the server against generate, and each k against greedy
     gdn_verify   tools/gpu.py gdn_verify --json: a verify's cost over a decode's per GDN form, k and batch
+    guidellm     tools/guidellm_bench.py --json: guidellm's benchmarks of the server, k against k = 0
 """
 
 from __future__ import annotations
@@ -242,8 +243,16 @@ def gdn_verify(runs: list[dict]) -> list[str]:
     return lines
 
 
+def guidellm(runs: list[dict]) -> list[str]:
+    """The tool's own table of its rows (one per k and guidellm benchmark)."""
+    from tools.guidellm_bench import format_table
+
+    [run] = runs
+    return format_table(run["rows"]).splitlines()
+
+
 RENDERERS = {f.__name__: f for f in (bench, matrix, peer, exact, kv_windows, agree, kernels, check, soak, serve,
-                                     gdn_verify)}
+                                     gdn_verify, guidellm)}
 
 
 # -- the template ---------------------------------------------------------------------------------
