@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools.serve_bench import shown  # noqa: E402
 from tools.serve_load import run_clients, served  # noqa: E402
 
 DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
                     "threads": args.threads, "max_batch_size": args.max_batch_size, "concurrency": streams,
                     "rate": rate, "rate_chosen": "given" if args.rate else "half the lowest k's highest sweep req/s",
                     "max_seconds": args.max_seconds, "output_tokens": args.output_tokens,
-                    "prompts": str(args.prompts), "prompt_count": len(prompts), "tokenizer": tokenizer,
+                    "prompts": shown(args.prompts), "prompt_count": len(prompts), "tokenizer": tokenizer,
                     "guidellm_version": version, "guidellm_workers": args.workers, "request_body_fields": sent,
                     "cpus": os.cpu_count(),
                     "wall_seconds": round(time.time() - start, 1), "command": " ".join(sys.argv)}

@@ -34,6 +34,12 @@ from tools.serve_load import run_clients, served  # noqa: E402
 DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
 
 
+def shown(path: Path) -> str:
+    """A path as the JSON records it: from the repository's root when it lies inside."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def requests_of(prompts: list[str], clients: int, per_client: int) -> list[list[str]]:
     """The prompt of each client's requests, in order: request r of client c takes prompt c * R + r."""
     return [[prompts[(c * per_client + r) % len(prompts)] for r in range(per_client)] for c in range(clients)]
@@ -113,7 +119,7 @@ def main(argv=None) -> int:
         print(f"| {k} | {c} | {server:.0f} | {generate:.0f} | {server / generate:.2f} | {server / base_server:.2f} | "
               f"{generate / base_generate:.2f} | {equal} |")
     if args.json:
-        args.json.write_text(json.dumps({"settings": {**vars(args), "model": str(args.model), "prompts": str(args.prompts),
+        args.json.write_text(json.dumps({"settings": {**vars(args), "model": str(args.model), "prompts": shown(args.prompts),
                                                       "json": str(args.json)},
                                          "runs": {f"k={k} clients={c}": rows for (k, c), rows in runs.items()}},
                                         indent=1))
