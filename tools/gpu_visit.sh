@@ -9,9 +9,12 @@
 #   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16
 #   bash tools/gpu_visit.sh bench     ortspec bench, held-out prompts, trained model fp16, k 0..3 and auto
 #   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
-#   bash tools/gpu_visit.sh sample    sampling against greedy (tools/sampling_cost.py style, on CUDA)
+#   bash tools/gpu_visit.sh sample    sampling against greedy: tools/sampling_cost.py on CUDA, trained model
+#   bash tools/gpu_visit.sh sample_dist   tools/gpu.py sample_dist (distributions on CUDA)
+#   bash tools/gpu_visit.sh sample_cost   tools/gpu.py sample_cost (per step, trained and V = 248,320)
+#   bash tools/gpu_visit.sh transform tools/sampling_transform_cost.py on CUDA (a token's choice alone)
 # Several phases in one call: bash tools/gpu_visit.sh setup check gdn. Results under $OUT (default /tmp/out).
-# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_COST= (empty: skip),
+# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
 # AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,9 +83,16 @@ for phase in "$@"; do
       for batch in ${SAMPLE_BATCHES:-1 16}; do
         run 150 "sample_b$batch" python3 tools/sampling_cost.py "$model" --provider cuda -k 0,2,3 --batch $batch \
           --new-tokens 128 --rounds 3 --top-p 0.95
-      done
-      run 240 sample_dist python3 tools/gpu.py sample_dist --samples "${SAMPLE_DIST_SAMPLES:-20000}" --json "$out/sample_dist.json"
-      [ -n "${SAMPLE_COST-1}" ] && run 200 sample_cost python3 tools/gpu.py sample_cost --rounds 3 --json "$out/sample_cost.json" ;;
+      done ;;
+    sample_dist)
+      run "${SAMPLE_DIST_S:-330}" sample_dist python3 tools/gpu.py sample_dist --samples "${SAMPLE_DIST_SAMPLES:-20000}" \
+        --json "$out/sample_dist.json" ;;
+    sample_cost) run 240 sample_cost python3 tools/gpu.py sample_cost --rounds 2 --json "$out/sample_cost.json" ;;
+    transform)
+      run 120 transform_4096 python3 tools/sampling_transform_cost.py --provider cuda --vocab 4096 --batch 1,16,64 \
+        --configs "temperature,top_p 0.95" --repeats 20
+      run 150 transform_248320 python3 tools/sampling_transform_cost.py --provider cuda --vocab 248320 --batch 1,16 \
+        --configs "temperature,top_p 0.95" --repeats 5 ;;
     *) echo "unknown phase $phase"; status=2 ;;
   esac
 done

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 import onnx  # noqa: E402
 
 VIEW_OPS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Shape", "Flatten"})
-GRAPHS = ("decode", "verify_k3", "verify_select_k3", "mtp_propose_k3", "verify_mtp_k3", "prefill")
+GRAPHS = ("decode", "decode_sample", "verify_k3", "verify_select_k3", "mtp_propose_k3", "mtp_sample_k3", "verify_mtp_k3",
+          "verify_mtp_sample_k3", "prefill")
 
 
 def kernel_ops(model: onnx.ModelProto) -> collections.Counter:

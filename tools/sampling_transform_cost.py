@@ -4,6 +4,13 @@ the CPU graphs do (``candidates``), and the numpy reference (speculative.samplin
 logits [B, 1, V].
 
     python3 tools/sampling_transform_cost.py --vocab 248320 --batch 1,4 --threads 1
+    python3 tools/sampling_transform_cost.py --provider cuda --vocab 4096,248320 --batch 1,16,64
+
+On CUDA each variant runs as a captured CUDA graph over device-bound inputs, as the sampling
+graphs do in a step, and the variants are: the argmax, the portable transform and draw (sort),
+the head's draft choice (Softmax(z / T) and the draw, no truncation: ``tempered``), and two
+cumulative sums over [B, 1, V] alone: ONNX Runtime's CumSum (``cumsum``) and the blocked one the
+portable graphs use (``blocked``, sampling_graph.prefix_sums).
 
 Per sampling configuration (temperature only, top-p, top-k, min-p) and batch: the median
 milliseconds per call over --repeats calls, each variant timed in turn round by round.
@@ -27,7 +34,8 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore  # noqa: E402
-from ortspec.converter.sampling_graph import CANDIDATES, SORT, RowParams, make_draw, make_sampling_probs  # noqa: E402
+from ortspec.converter.sampling_graph import (CANDIDATES, SORT, RowParams, make_draw, make_sampling_probs,  # noqa: E402
+                                             make_token_choice, prefix_sums)
 from ortspec.speculative import sampling  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -38,17 +46,52 @@ CONFIGS = {"temperature": dict(top_k=0, top_p=1.0, min_p=0.0), "top_p 0.95": dic
 
 def token_graph(vocab: int, method: str | None, threads: int) -> ort.InferenceSession:
     """logits [B, 1, V] -> token [B, 1]: the argmax (method None) or a draw with that threshold search."""
-    g = GraphBuilder("choice", WeightStore(), CPU if method == CANDIDATES else PORTABLE)
+    return cpu_session(choice_model(vocab, method), threads)
+
+
+def choice_model(vocab: int, variant: str | None) -> bytes:
+    """logits [B, 1, V] -> token [B, 1] (the argmax for variant None, a draw with that threshold
+    search, or ``tempered``: the head's untruncated draw), or -> [B, 1, V] (``cumsum``, ``blocked``)."""
+    g = GraphBuilder("choice", WeightStore(), CPU if variant == CANDIDATES else PORTABLE)
     logits = g.input("logits", F32, ["B", 1, vocab])
-    if method is None:
+    if variant is None:
         g.output(g.op("ArgMax", [logits], axis=-1, keepdims=0), "token", I64, ["B", 1])
+    elif variant in ("cumsum", "blocked"):
+        sums = (g.op("CumSum", [logits, g.const(-1)]) if variant == "cumsum" else
+                prefix_sums(g, logits, vocab, exclusive=False))
+        g.output(sums, "sums", F32, ["B", 1, vocab])
     else:
         params, u = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
-        g.output(make_draw(g, make_sampling_probs(g, logits, params, vocab, method), u, vocab), "token", I64, ["B", 1])
+        token = (make_token_choice(g, logits, params, u, vocab, truncated=False)[0] if variant == "tempered" else
+                 make_draw(g, make_sampling_probs(g, logits, params, vocab, variant), u, vocab))
+        g.output(token, "token", I64, ["B", 1])
+    return g.build({}).SerializeToString()
+
+
+def cpu_session(model: bytes, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.log_severity_level = threads, 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(g.build({}).SerializeToString(), options)
+    return ort.InferenceSession(model, options)
+
+
+def cuda_call(model: bytes, feeds: dict):
+    """A call of the model as a captured CUDA graph over inputs and outputs bound on the device
+    (the first call captures it); each call waits for the GPU."""
+    session = ort.InferenceSession(model, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    binding, held = session.io_binding(), []
+    for i in session.get_inputs():
+        held.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(feeds[i.name]), "cuda", 0))
+        binding.bind_ortvalue_input(i.name, held[-1])
+    batch, vocab = feeds["logits"].shape[0], feeds["logits"].shape[2]
+    for o in session.get_outputs():
+        shape, dtype = ([batch, 1], np.int64) if o.name == "token" else ([batch, 1, vocab], np.float32)
+        held.append(ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0))
+        binding.bind_ortvalue_output(o.name, held[-1])
+
+    def call(_feeds, session=session, binding=binding, held=held):
+        session.run_with_iobinding(binding)
+    return call
 
 
 def numpy_choice(feeds: dict) -> np.ndarray:
@@ -78,7 +121,8 @@ def measure(variants: dict, feeds: dict, repeats: int, clock=time.perf_counter) 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab", type=int, default=248_320, help="vocabulary size V")
+    parser.add_argument("--vocab", default="248320", help="comma-separated vocabulary sizes V")
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -88,21 +132,31 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per variant")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
     args = parser.parse_args(argv)
-    sessions = {"argmax": token_graph(args.vocab, None, args.threads),
-                SORT: token_graph(args.vocab, SORT, args.threads),
-                CANDIDATES: token_graph(args.vocab, CANDIDATES, args.threads)}
-    variants = {name: (lambda feeds, s=s: s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}))
-                for name, s in sessions.items()}
-    variants["numpy"] = numpy_choice
     rng = np.random.default_rng(0)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    print(f"V={args.vocab} threads={args.threads} logits scale={args.scale}; ms per call (median of {args.repeats}, "
-          f"{args.clock} time)")
-    print(f"{'config':20s} {'batch':>5s} " + " ".join(f"{n:>10s}" for n in variants))
-    for name in args.configs.split(","):
-        for batch in (int(b) for b in args.batch.split(",")):
-            ms = measure(variants, feeds_for(batch, args.vocab, args.scale, CONFIGS[name], rng), args.repeats, clock)
-            print(f"{name:20s} {batch:5d} " + " ".join(f"{ms[n]:10.3f}" for n in variants), flush=True)
+    for vocab in (int(v) for v in args.vocab.split(",")):
+        names = ({"argmax": None, SORT: SORT, "tempered": "tempered", "cumsum": "cumsum", "blocked": "blocked"}
+                 if args.provider == "cuda" else {"argmax": None, SORT: SORT, CANDIDATES: CANDIDATES})
+        models = {name: choice_model(vocab, variant) for name, variant in names.items()}
+        print(f"V={vocab} provider={args.provider} threads={args.threads} logits scale={args.scale}; ms per call "
+              f"(median of {args.repeats}, {args.clock} time)")
+        print(f"{'config':20s} {'batch':>5s} " + " ".join(f"{n:>10s}" for n in [*models, *(
+            ["numpy"] if args.provider == "cpu" else [])]))
+        if args.provider == "cpu":
+            sessions = {name: cpu_session(model, args.threads) for name, model in models.items()}
+        for name in args.configs.split(","):
+            for batch in (int(b) for b in args.batch.split(",")):
+                feeds = feeds_for(batch, vocab, args.scale, CONFIGS[name], rng)
+                if args.provider == "cuda":  # a session per shape: a captured graph holds its shapes
+                    variants = {n: cuda_call(model, feeds) for n, model in models.items()}
+                    for call in variants.values():
+                        call(feeds)  # captures the graph before the timed calls
+                else:
+                    variants = {n: (lambda feeds, s=s: s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}))
+                                for n, s in sessions.items()}
+                    variants["numpy"] = numpy_choice
+                ms = measure(variants, feeds, args.repeats, clock)
+                print(f"{name:20s} {batch:5d} " + " ".join(f"{ms[n]:10.3f}" for n in variants), flush=True)
     return 0
 
 

@@ -9,7 +9,9 @@ their draws are replaced by the argmax):
     threshold: top-k, then top-p (kept while the mass before < top_p), ties with the last kept
                value kept; then min-p (z >= max z + ln min_p)                [B, N, 1]
     probs = Softmax(z) on the tokens with z >= threshold, renormalised      [B, N, V]
-    token = inverse CDF at u, two levels (blocks of the vocabulary, then one block)
+    token = inverse CDF at u (make_draw)
+
+The MTP head's drafts are drawn from Softmax(z) alone (draft_sampler says why).
 
 The top-k / top-p threshold is one of the sorted values. Sorting all V (TopK(V)) is the costliest
 op of a CPU step at Qwen3.5's vocabulary (tools/sampling_transform_cost.py), so the CPU graphs
@@ -47,11 +49,19 @@ class RowParams:
     top_k: str
     top_p: str
     min_p: str
+    derived: dict = dataclasses.field(default_factory=dict, compare=False)  # (graph, name) -> value
 
     @classmethod
     def inputs(cls, g: GraphBuilder) -> "RowParams":
         return cls(g.input("temperature", F32, ["B"]), g.input("top_k", I64, ["B"]),
                    g.input("top_p", F32, ["B"]), g.input("min_p", F32, ["B"]))
+
+    def once(self, g: GraphBuilder, name: str, make) -> str:
+        """make(g), made once per graph: the head's k draft passes share one 1 / T, not k of them."""
+        key = (id(g), name)
+        if key not in self.derived:
+            self.derived[key] = make(g)
+        return self.derived[key]
 
 
 def method_for(g: GraphBuilder) -> str:
@@ -68,9 +78,12 @@ def per_row(g: GraphBuilder, value: str) -> str:
 def make_scaled_logits(g: GraphBuilder, logits: str, params: RowParams) -> str:
     """z = logits * (1 / T) [B, N, V] (T = 1 on greedy rows, whose draws are not used); a product,
     not a quotient: ONNX Runtime's CPU Mul is the faster kernel."""
-    t = per_row(g, params.temperature)
-    t = g.op("Where", [g.op("Greater", [t, g.const(0.0, "float32")]), t, g.const(1.0, "float32")])  # [B, 1, 1]
-    return g.op("Mul", [logits, g.op("Reciprocal", [t])], hint="scaled")
+    def inverse(g: GraphBuilder) -> str:
+        t = per_row(g, params.temperature)
+        t = g.op("Where", [g.op("Greater", [t, g.const(0.0, "float32")]), t, g.const(1.0, "float32")])  # [B, 1, 1]
+        return g.op("Reciprocal", [t])
+
+    return g.op("Mul", [logits, params.once(g, "1/T", inverse)], hint="scaled")
 
 
 def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: int, method: str | None = None) -> str:
@@ -83,7 +96,7 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
     def masked(sub: GraphBuilder) -> list[str]:
         probs = _softmax(sub, z)  # [B, N, V]: every token
         threshold = make_threshold(sub, z, probs, params, vocab, method)
-        weights = sub.op("Mul", [probs, sub.op("Cast", [sub.op("GreaterOrEqual", [z, threshold])], to=F32)])
+        weights = sub.op("Where", [sub.op("GreaterOrEqual", [z, threshold]), probs, sub.const(0.0, "float32")])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
 
     if method == SORT:
@@ -110,7 +123,7 @@ def _candidate_probs(g: GraphBuilder, z: str, params: RowParams, vocab: int, wid
     in_k = _in_top_k(g, width, _kept_by_k(g, params, vocab))  # [B, 1, C]
     mass = g.op("Mul", [e, g.op("Cast", [in_k], to=F32)])
     mass = g.op("Div", [mass, g.op("ReduceSum", [mass, g.const([-1])])])  # [B, N, C]: over the top-k set
-    threshold, _ = _kept_in_sorted(g, ordered, mass, in_k, params.top_p)
+    threshold, _ = _kept_in_sorted(g, ordered, mass, in_k, params.top_p, width)
     threshold = g.op("Max", [threshold, g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])])  # min-p
     kept = g.op("Mul", [e, g.op("Cast", [g.op("GreaterOrEqual", [ordered, threshold])], to=F32)])  # [B, N, C]
     last = g.op("Slice", [ordered, g.const([width - 1]), g.const([width]), g.const([-1])])  # [B, N, 1]
@@ -153,7 +166,7 @@ def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab
     probs [B, N, V]: Softmax(z), the mass of every token."""
     kept_by_k = _kept_by_k(g, params, vocab)
     if method == SORT:
-        top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, g.const(True, bool))
+        top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, None)
     else:
         top_kp = _candidate_threshold(g, z, probs, params, kept_by_k, vocab)
     min_p = g.op("Add", [g.op("ReduceMax", [z, g.const([-1])]), g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
@@ -170,13 +183,15 @@ def _sorted_threshold(g: GraphBuilder, z: str, probs: str, width: int, kept_by_k
                       k_inside: str) -> tuple[str, str]:
     """The reference's top-k / top-p threshold among the largest ``width`` values of z: the
     smallest kept one [B, N, 1], and the count of ranks kept [B, N, 1] (>= 1: rank 0 always is).
-    k_inside [B, 1, 1] (or a scalar): rows whose top-k set lies within them, whose mass is
+    k_inside [B, 1, 1] (None: every row): rows whose top-k set lies within them, whose mass is
     renormalised over it; the others' (top-k off) is the mass over all V, as probs has it."""
     ordered, index = g.op("TopK", [z, g.const([width])], num_outputs=2, axis=-1, largest=1, sorted=1)  # [B, N, W]
     in_k = _in_top_k(g, width, kept_by_k)
-    mass = g.op("Mul", [g.op("GatherElements", [probs, index], axis=-1), g.op("Cast", [in_k], to=F32)])
-    total = g.op("Where", [k_inside, g.op("ReduceSum", [mass, g.const([-1])]), g.const(1.0, "float32")])  # [B, N, 1]
-    return _kept_in_sorted(g, ordered, g.op("Div", [mass, total]), in_k, top_p)
+    mass = g.op("Where", [in_k, g.op("GatherElements", [probs, index], axis=-1), g.const(0.0, "float32")])
+    total = g.op("ReduceSum", [mass, g.const([-1])])  # [B, N, 1]
+    if k_inside is not None:
+        total = g.op("Where", [k_inside, total, g.const(1.0, "float32")])
+    return _kept_in_sorted(g, ordered, g.op("Div", [mass, total]), in_k, top_p, width)
 
 
 def _in_top_k(g: GraphBuilder, width: int, kept_by_k: str) -> str:
@@ -184,11 +199,11 @@ def _in_top_k(g: GraphBuilder, width: int, kept_by_k: str) -> str:
     return g.op("Less", [g.const(range(width), hint="rank"), kept_by_k])
 
 
-def _kept_in_sorted(g: GraphBuilder, ordered: str, mass: str, in_k: str, top_p: str) -> tuple[str, str]:
+def _kept_in_sorted(g: GraphBuilder, ordered: str, mass: str, in_k: str, top_p: str, width: int) -> tuple[str, str]:
     """(the smallest kept value [B, N, 1], the count of ranks kept [B, N, 1]) of sorted values
-    ordered [B, N, W] with their mass [B, N, W], in_k the ranks inside the top-k set: top-k, then
+    ordered [B, N, W] (W = width) with their mass [B, N, W], in_k the ranks inside the top-k set: top-k, then
     top-p (kept while the mass before a rank is < top_p)."""
-    before = g.op("Sub", [g.op("CumSum", [mass, g.const(-1)]), mass])  # mass ahead of each rank
+    before = prefix_sums(g, mass, width, exclusive=True)  # mass ahead of each rank
     p = per_row(g, top_p)
     within_p = g.op("Or", [g.op("Less", [before, p]), g.op("GreaterOrEqual", [p, g.const(1.0, "float32")])])
     count = g.op("ReduceSum", [g.op("Cast", [g.op("And", [in_k, within_p])], to=I64), g.const([-1])], keepdims=1)
@@ -217,7 +232,7 @@ def _tiered_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, ke
     (k <= C: the mass is theirs), or when top-k is off and top-p stops inside them (the mass over
     all V is probs'). Ties past the candidates are kept all the same: the mask reads all V."""
     if not tiers:
-        return _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, g.const(True, bool))[0]
+        return _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, None)[0]
     width = tiers[0]
     k_inside = g.op("LessOrEqual", [kept_by_k, g.const(width)])  # [B, 1, 1]
     threshold, count = _sorted_threshold(g, z, probs, width, kept_by_k, params.top_p, k_inside)
@@ -241,8 +256,26 @@ def _all(g: GraphBuilder, flags: str) -> str:
 
 def make_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
     """Inverse-CDF draws [B, N] int64 from non-negative weights [B, N, V] (need not sum to 1) with
-    uniforms u [B, N] in [0, 1): speculative.sampling.draw, in two levels so no op runs a
-    cumulative sum over all V (on the CPU one costs as much as the rest of a draw):
+    uniforms u [B, N] in [0, 1): speculative.sampling.draw. The CPU graphs draw in two levels
+    (_two_level_draw: no op over all V but one sum, where each costs), the portable ones over the
+    blocked cumulative sum of all V (_blocked_draw: half the kernels, where each launch costs)."""
+    if method_for(g) == CANDIDATES:
+        return _two_level_draw(g, weights, u, vocab)
+    return _blocked_draw(g, weights, u, vocab)
+
+
+def _blocked_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
+    """#{cdf <= u cdf_V} over the blocked cumulative sum of all V (prefix_sums), at most the last
+    positive weight's index, as the reference."""
+    cdf = prefix_sums(g, weights, vocab, exclusive=False)  # [B, N, V]
+    total = g.op("Slice", [cdf, g.const([vocab - 1]), g.const([vocab]), g.const([-1])])  # [B, N, 1]
+    target = g.op("Mul", [g.op("Unsqueeze", [u, g.const([2])]), total])  # [B, N, 1]
+    return g.op("Squeeze", [_index_at(g, weights, cdf, target, vocab), g.const([2])], hint="drawn")
+
+
+def _two_level_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
+    """The draw in two levels, so no op runs a cumulative sum over all V (on the CPU one costs as
+    much as the rest of a draw):
 
         weights [B, N, nb, bs] ─ ReduceSum ─ CumSum ─ block j: #{cdf <= u total} ─┐
         weights of block j [B, N, bs] ─ CumSum ─ #{cdf <= u total - before j} ─────┴─ j bs + i
@@ -264,11 +297,34 @@ def make_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
 def _inverse_cdf(g: GraphBuilder, weights: str, target: str, width: int) -> tuple[str, str]:
     """(index [B, N, 1]: #{cdf <= target}, at most the last positive weight; the cdf before it)."""
     cdf = g.op("CumSum", [weights, g.const(-1)])  # [B, N, W]
-    below = g.op("ReduceSum", [g.op("Cast", [g.op("LessOrEqual", [cdf, target])], to=I64), g.const([-1])])
-    positive = g.op("Where", [g.op("Greater", [weights, g.const(0.0, "float32")]), g.const(range(width)), g.const(0)])
-    index = g.op("Min", [below, g.op("ReduceMax", [positive, g.const([-1])])])  # [B, N, 1]
+    index = _index_at(g, weights, cdf, target, width)
     before = g.op("GatherElements", [g.op("Sub", [cdf, weights]), index], axis=-1)  # exclusive cdf at index
     return index, before
+
+
+def _index_at(g: GraphBuilder, weights: str, cdf: str, target: str, width: int) -> str:
+    """[B, N, 1]: #{cdf <= target} over weights [B, N, W] and their cdf, at most the index of the
+    last positive weight (rounding cannot push a draw past it)."""
+    below = g.op("ReduceSum", [g.op("Cast", [g.op("LessOrEqual", [cdf, target])], to=I64), g.const([-1])])
+    positive = g.op("Where", [g.op("Greater", [weights, g.const(0.0, "float32")]), g.const(range(width)), g.const(0)])
+    return g.op("Min", [below, g.op("ReduceMax", [positive, g.const([-1])])])
+
+
+def prefix_sums(g: GraphBuilder, x: str, width: int, exclusive: bool) -> str:
+    """Cumulative sums of x [B, N, W] along W (exclusive: of the entries before each). ONNX
+    Runtime's CUDA CumSum sums every output's whole prefix, quadratic in W, so the portable graphs
+    sum within blocks of about sqrt(W) (block_size) and add to each the sum of the blocks before
+    it; the CPU's CumSum is linear and runs as one op."""
+    size, padded = block_size(width)
+    if g.target == CPU or size >= width:
+        return g.op("CumSum", [x, g.const(-1)], exclusive=int(exclusive))
+    if padded > width:
+        x = g.op("Pad", [x, g.const([0, 0, 0, 0, 0, padded - width])])
+    blocks = g.op("Reshape", [x, g.const([0, 0, padded // size, size])])  # [B, N, nb, bs]
+    within = g.op("CumSum", [blocks, g.const(-1)], exclusive=int(exclusive))
+    before = g.op("CumSum", [g.op("ReduceSum", [blocks, g.const([-1])], keepdims=1), g.const(-2)], exclusive=1)
+    sums = g.op("Reshape", [g.op("Add", [within, before]), g.const([0, 0, padded])])  # [B, N, W']
+    return sums if padded == width else g.op("Slice", [sums, g.const([0]), g.const([width]), g.const([-1])])
 
 
 def block_size(vocab: int) -> tuple[int, int]:
@@ -282,13 +338,17 @@ def block_size(vocab: int) -> tuple[int, int]:
     return size, -(-vocab // size) * size
 
 
-def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, vocab: int) -> tuple[str, str]:
+def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, vocab: int,
+                      truncated: bool = True) -> tuple[str, str]:
     """One token per row of logits [B, N, V]: drawn where temperature > 0, else the argmax.
-    u [B, N]. Returns (tokens int64 [B, N], probs [B, N, V] the draws came from). The CPU graphs
-    skip the argmax (an If) where no row is greedy."""
-    probs = make_sampling_probs(g, logits, params, vocab)
+    u [B, N]. Returns (tokens int64 [B, N], probs [B, N, V] the draws came from): the sampling
+    transform's, or (truncated False) Softmax(logits / T) alone. The CPU graphs skip the argmax
+    (an If) where no row is greedy."""
+    probs = make_sampling_probs(g, logits, params, vocab) if truncated else _softmax(
+        g, make_scaled_logits(g, logits, params))
     drawn = make_draw(g, probs, u, vocab)
-    greedy_rows = g.op("LessOrEqual", [params.temperature, g.const(0.0, "float32")])  # [B]
+    greedy_rows = params.once(g, "greedy", lambda g: g.op("LessOrEqual", [params.temperature,
+                                                                       g.const(0.0, "float32")]))  # [B]
 
     def argmax(sub: GraphBuilder) -> list[str]:
         return [sub.op("ArgMax", [logits], axis=-1, keepdims=0)]  # [B, N]
@@ -362,9 +422,12 @@ def make_sampled_step_ids(g: GraphBuilder, ids: str, tokens: str, logits: str, p
 
 def draft_sampler(g: GraphBuilder, params: RowParams, uniforms: str, first: int, vocab: int):
     """(logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V]) drawn with uniforms[:, first + j]
-    (argmax on greedy rows): the MTP head's sampled drafts."""
+    (argmax on greedy rows): the MTP head's sampled drafts, from its distribution at the request's
+    temperature, without top-k / top-p / min-p. Any q keeps the output exact (the acceptance reads
+    the q a draft came from); this one skips the sort and threshold in every draft pass, for the
+    few drafts a truncated p rejects (those outside its kept set)."""
     def choose(logits, j):
         u = g.op("Slice", [uniforms, g.const([first + j]), g.const([first + j + 1]), g.const([1])])  # [B, 1]
-        return make_token_choice(g, logits, params, u, vocab)
+        return make_token_choice(g, logits, params, u, vocab, truncated=False)
 
     return choose
