@@ -206,7 +206,7 @@ def _kept_in_sorted(g: GraphBuilder, ordered: str, mass: str, in_k: str, top_p: 
     before = prefix_sums(g, mass, width, exclusive=True)  # mass ahead of each rank
     p = per_row(g, top_p)
     within_p = g.op("Or", [g.op("Less", [before, p]), g.op("GreaterOrEqual", [p, g.const(1.0, "float32")])])
-    count = g.op("ReduceSum", [g.op("Cast", [g.op("And", [in_k, within_p])], to=I64), g.const([-1])], keepdims=1)
+    count = g.op("Cast", [_count(g, g.op("And", [in_k, within_p]))], to=I64)  # [B, N, 1]
     return g.op("GatherElements", [ordered, g.op("Sub", [count, g.const(1)])], axis=-1), count
 
 
@@ -305,9 +305,17 @@ def _inverse_cdf(g: GraphBuilder, weights: str, target: str, width: int) -> tupl
 def _index_at(g: GraphBuilder, weights: str, cdf: str, target: str, width: int) -> str:
     """[B, N, 1]: #{cdf <= target} over weights [B, N, W] and their cdf, at most the index of the
     last positive weight (rounding cannot push a draw past it)."""
-    below = g.op("ReduceSum", [g.op("Cast", [g.op("LessOrEqual", [cdf, target])], to=I64), g.const([-1])])
-    positive = g.op("Where", [g.op("Greater", [weights, g.const(0.0, "float32")]), g.const(range(width)), g.const(0)])
-    return g.op("Min", [below, g.op("ReduceMax", [positive, g.const([-1])])])
+    below = _count(g, g.op("LessOrEqual", [cdf, target]))
+    positive = g.op("Where", [g.op("Greater", [weights, g.const(0.0, "float32")]), g.const(range(width), "float32"),
+                              g.const(0.0, "float32")])
+    return g.op("Cast", [g.op("Min", [below, g.op("ReduceMax", [positive, g.const([-1])])])], to=I64)
+
+
+def _count(g: GraphBuilder, flags: str) -> str:
+    """float [B, N, 1]: how many of flags [B, N, W] hold, counted in float32 (exact below 2^24):
+    ONNX Runtime's CUDA reductions over int64 are far slower per element than the float ones
+    (BENCHMARKS.md, "Sampling on the device")."""
+    return g.op("ReduceSum", [g.op("Cast", [flags], to=F32), g.const([-1])], keepdims=1)
 
 
 def prefix_sums(g: GraphBuilder, x: str, width: int, exclusive: bool) -> str:
