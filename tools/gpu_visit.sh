@@ -13,8 +13,10 @@
 #   bash tools/gpu_visit.sh sample_dist   tools/gpu.py sample_dist (distributions on CUDA)
 #   bash tools/gpu_visit.sh sample_cost   tools/gpu.py sample_cost (per step, trained and V = 248,320)
 #   bash tools/gpu_visit.sh transform tools/sampling_transform_cost.py on CUDA (a token's choice alone)
+#   bash tools/gpu_visit.sh ops       the same, the sampling graphs' ops one by one (--ops)
 # Several phases in one call: bash tools/gpu_visit.sh setup check gdn. Results under $OUT (default /tmp/out).
 # Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
+# SAMPLE_DIST_PARTS, SAMPLE_DIST_CONFIGS,
 # AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +88,7 @@ for phase in "$@"; do
       done ;;
     sample_dist)
       run "${SAMPLE_DIST_S:-330}" sample_dist python3 tools/gpu.py sample_dist --samples "${SAMPLE_DIST_SAMPLES:-20000}" \
+        --parts "${SAMPLE_DIST_PARTS:-acceptance,greedy,model,planted}" --configs "${SAMPLE_DIST_CONFIGS:-0,1,2,3,4}" \
         --json "$out/sample_dist.json" ;;
     sample_cost) run 240 sample_cost python3 tools/gpu.py sample_cost --rounds 2 --json "$out/sample_cost.json" ;;
     transform)
@@ -93,6 +96,11 @@ for phase in "$@"; do
         --configs "temperature,top_p 0.95" --repeats 20
       run 150 transform_248320 python3 tools/sampling_transform_cost.py --provider cuda --vocab 248320 --batch 1,16 \
         --configs "temperature,top_p 0.95" --repeats 5 ;;
+    ops)
+      for vocab in 4096 248320; do
+        run 120 "ops_$vocab" python3 tools/sampling_transform_cost.py --provider cuda --ops --vocab $vocab --batch 1,16 \
+          --configs temperature --repeats 10
+      done ;;
     *) echo "unknown phase $phase"; status=2 ;;
   esac
 done

@@ -68,6 +68,33 @@ def choice_model(vocab: int, variant: str | None) -> bytes:
     return g.build({}).SerializeToString()
 
 
+def op_models(vocab: int) -> dict[str, bytes]:
+    """(--ops) The sampling graphs' ops one by one over logits x [B, 1, V] (float32), each model
+    with one output: what each costs alone."""
+    def model(name, make, shape):
+        g = GraphBuilder(name, WeightStore(), PORTABLE)
+        x = g.input("logits", F32, ["B", 1, vocab])
+        out, elem = make(g, x)
+        g.output(out, "sums" if shape == "V" else "token", elem, ["B", 1, vocab if shape == "V" else 1])
+        return g.build({}).SerializeToString()
+
+    ops = {
+        "ReduceMax": (lambda g, x: (g.op("ReduceMax", [x, g.const([-1])]), F32), "1"),
+        "ReduceSum": (lambda g, x: (g.op("ReduceSum", [x, g.const([-1])]), F32), "1"),
+        "Softmax": (lambda g, x: (g.op("Softmax", [x], axis=-1), F32), "V"),
+        "Mul [B,1,1]": (lambda g, x: (g.op("Mul", [x, g.op("ReduceMax", [x, g.const([-1])])]), F32), "V"),
+        "count <=": (lambda g, x: (g.op("ReduceSum", [g.op("Cast", [g.op("LessOrEqual", [x, g.const(0.0, "float32")])],
+                                                             to=F32), g.const([-1])]), F32), "1"),
+        "last positive": (lambda g, x: (g.op("ReduceMax", [g.op("Where", [
+            g.op("Greater", [x, g.const(0.0, "float32")]), g.const(range(vocab), "float32"),
+            g.const(0.0, "float32")]), g.const([-1])]), F32), "1"),
+        "prefix_sums": (lambda g, x: (prefix_sums(g, x, vocab, exclusive=False), F32), "V"),
+        "TopK(V)": (lambda g, x: (g.op("TopK", [x, g.const([vocab])], num_outputs=2, axis=-1)[0], F32), "V"),
+        "ArgMax": (lambda g, x: (g.op("ArgMax", [x], axis=-1, keepdims=1), I64), "1"),
+    }
+    return {name: model(name.split()[0], make, shape) for name, (make, shape) in ops.items()}
+
+
 def cpu_session(model: bytes, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.log_severity_level = threads, 3
@@ -85,7 +112,9 @@ def cuda_call(model: bytes, feeds: dict):
         binding.bind_ortvalue_input(i.name, held[-1])
     batch, vocab = feeds["logits"].shape[0], feeds["logits"].shape[2]
     for o in session.get_outputs():
-        shape, dtype = ([batch, 1], np.int64) if o.name == "token" else ([batch, 1, vocab], np.float32)
+        shape = [batch, 1] if o.name == "token" and len(o.shape) == 2 else [batch, 1, 1] if o.name == "token" else [
+            batch, 1, vocab]
+        dtype = np.int64 if o.type == "tensor(int64)" else np.float32
         held.append(ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0))
         binding.bind_ortvalue_output(o.name, held[-1])
 
@@ -123,6 +152,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", default="248320", help="comma-separated vocabulary sizes V")
     parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--ops", action="store_true", help="time the graphs' ops one by one instead (op_models)")
     parser.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -137,7 +167,7 @@ def main(argv=None) -> int:
     for vocab in (int(v) for v in args.vocab.split(",")):
         names = ({"argmax": None, SORT: SORT, "tempered": "tempered", "cumsum": "cumsum", "blocked": "blocked"}
                  if args.provider == "cuda" else {"argmax": None, SORT: SORT, CANDIDATES: CANDIDATES})
-        models = {name: choice_model(vocab, variant) for name, variant in names.items()}
+        models = op_models(vocab) if args.ops else {name: choice_model(vocab, variant) for name, variant in names.items()}
         print(f"V={vocab} provider={args.provider} threads={args.threads} logits scale={args.scale}; ms per call "
               f"(median of {args.repeats}, {args.clock} time)")
         print(f"{'config':20s} {'batch':>5s} " + " ".join(f"{n:>10s}" for n in [*models, *(
