@@ -94,8 +94,9 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
     z = make_scaled_logits(g, logits, params)
 
     def masked(sub: GraphBuilder) -> list[str]:
-        probs = _softmax(sub, z)  # [B, N, V]: every token
-        threshold = make_threshold(sub, z, probs, params, vocab, method)
+        top = row_max(sub, z)
+        probs = _softmax(sub, z, top)  # [B, N, V]: every token
+        threshold = make_threshold(sub, z, probs, params, vocab, method, top)
         weights = sub.op("Where", [sub.op("GreaterOrEqual", [z, threshold]), probs, sub.const(0.0, "float32")])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
 
@@ -141,14 +142,23 @@ def _float_zero():
     return helper.make_tensor("zero", F32, [1], [0.0])
 
 
-def _softmax(g: GraphBuilder, z: str) -> str:
+def _softmax(g: GraphBuilder, z: str, top: str | None = None) -> str:
     """Softmax(max(z, max z + EXP_FLOOR)) [B, N, V]: no exponent of a token is subnormal. Wide logits
     (a random model's: most tokens 100+ below the largest) made the CPU's Softmax several times
     slower in subnormal arithmetic; a floored token's probability, at least e^-64 times the
     largest's, is below float32 rounding of every other's (V e^-64 << 2^-24), so the others keep
-    their bits, and the mask still reads z itself."""
-    floor = g.op("Add", [g.op("ReduceMax", [z, g.const([-1])]), g.const(EXP_FLOOR, "float32")])  # [B, N, 1]
+    their bits, and the mask still reads z itself. top: row_max(z), where the caller has it."""
+    floor = g.op("Add", [top or row_max(g, z), g.const(EXP_FLOOR, "float32")])  # [B, N, 1]
     return g.op("Softmax", [g.op("Max", [z, floor])], axis=-1)
+
+
+def row_max(g: GraphBuilder, z: str) -> str:
+    """[B, N, 1]: the largest of z [B, N, V]. The portable graphs take the value at the ArgMax:
+    ONNX Runtime's CUDA ReduceMax over more than one row costs many times its ArgMax, more the
+    wider the row (BENCHMARKS.md, "Sampling on the device"); the CPU's ReduceMax is one op."""
+    if g.target == CPU:
+        return g.op("ReduceMax", [z, g.const([-1])])
+    return g.op("GatherElements", [z, g.op("ArgMax", [z], axis=-1, keepdims=1)], axis=-1)
 
 
 def _keeps_all(g: GraphBuilder, params: RowParams, vocab: int, with_min_p: bool) -> str:
@@ -161,15 +171,15 @@ def _keeps_all(g: GraphBuilder, params: RowParams, vocab: int, with_min_p: bool)
     return keeps
 
 
-def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab: int, method: str) -> str:
+def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab: int, method: str, top: str) -> str:
     """threshold [B, N, 1]: the kept tokens are those with z >= threshold (module docstring);
-    probs [B, N, V]: Softmax(z), the mass of every token."""
+    probs [B, N, V]: Softmax(z), the mass of every token; top: row_max(z)."""
     kept_by_k = _kept_by_k(g, params, vocab)
     if method == SORT:
         top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, None)
     else:
         top_kp = _candidate_threshold(g, z, probs, params, kept_by_k, vocab)
-    min_p = g.op("Add", [g.op("ReduceMax", [z, g.const([-1])]), g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
+    min_p = g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
     return g.op("Max", [top_kp, min_p], hint="threshold")
 
 
@@ -305,10 +315,10 @@ def _inverse_cdf(g: GraphBuilder, weights: str, target: str, width: int) -> tupl
 def _index_at(g: GraphBuilder, weights: str, cdf: str, target: str, width: int) -> str:
     """[B, N, 1]: #{cdf <= target} over weights [B, N, W] and their cdf, at most the index of the
     last positive weight (rounding cannot push a draw past it)."""
-    below = _count(g, g.op("LessOrEqual", [cdf, target]))
+    below = g.op("Cast", [_count(g, g.op("LessOrEqual", [cdf, target]))], to=I64)
     positive = g.op("Where", [g.op("Greater", [weights, g.const(0.0, "float32")]), g.const(range(width), "float32"),
-                              g.const(0.0, "float32")])
-    return g.op("Cast", [g.op("Min", [below, g.op("ReduceMax", [positive, g.const([-1])])])], to=I64)
+                              g.const(-1.0, "float32")])  # each positive weight's index, else -1
+    return g.op("Min", [below, g.op("ArgMax", [positive], axis=-1, keepdims=1)])  # ArgMax: see row_max
 
 
 def _count(g: GraphBuilder, flags: str) -> str:
