@@ -208,7 +208,7 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 assert probs.shape == (2, int(name[-1]), m.spec.vocab_size)
                 np.testing.assert_allclose(probs.sum(-1), 1, atol=1e-5)
                 assert (np.take_along_axis(probs[0], out["drafts"][0][:, None], 1) > 0).all()
-                assert (probs[0] > 0).all()  # the head's Softmax(z / T): drafts ignore top_k = 5
+                assert ((probs[0] > 0).sum(-1) <= 5).all()  # top_k = 5 (the CPU graphs truncate q)
             continue
         assert out["tokens"].shape == (2, rows) and np.isfinite(out["logits"]).all()
         assert "CPUExecutionProvider" in session.get_providers()

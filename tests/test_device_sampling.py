@@ -178,6 +178,31 @@ def test_greedy_rows_take_the_argmax(monkeypatch):
         np.testing.assert_array_equal(tokens[[0, 2]], feeds["logits"][[0, 2]].argmax(axis=2))
 
 
+@pytest.mark.parametrize("target", [CPU, PORTABLE])
+def test_drafts_come_from_the_truncated_head_on_the_cpu_and_its_tempered_one_elsewhere(target):
+    """draft_sampler's q: the CPU graphs transform the head's logits as the target's (top-k 5 keeps
+    5 tokens), the portable ones take Softmax(z / T) over all V (every token positive: no sort in a
+    draft pass); the draws come from the q returned, and a greedy row takes the argmax."""
+    vocab = 300
+    g = GraphBuilder("drafts", WeightStore(), target)
+    logits, params = g.input("logits", F32, ["B", 1, vocab]), RowParams.inputs(g)
+    draft, q = sampling_graph.draft_sampler(g, params, g.input("uniforms", F32, ["B", 1]), 0, vocab)(logits, 0)
+    g.output(draft, "draft", I64, ["B", 1])
+    g.output(q, "q", F32, ["B", 1, vocab])
+    rng = np.random.default_rng(4)
+    feeds = {"logits": rng.normal(0, 2, (2, 1, vocab)).astype(np.float32), "temperature": np.array([0.7, 0.0], np.float32),
+             "top_k": np.array([5, 5]), "top_p": np.array([0.9, 1.0], np.float32), "min_p": np.zeros(2, np.float32),
+             "uniforms": np.array([[0.3], [0.3]], np.float32)}
+    drafts, q = run_graph(g, feeds)
+    kept = (q[0, 0] > 0).sum()
+    assert kept <= 5 if target == CPU else kept == vocab
+    want = sampling.transform(feeds["logits"][:1, 0].astype(np.float64), np.array([0.7]), np.array([5 if target == CPU else 0]),
+                              np.array([0.9 if target == CPU else 1.0]))
+    np.testing.assert_allclose(q[0, 0], want[0], atol=2e-6)
+    assert drafts[0, 0] == sampling.draw(q[0].astype(np.float64), np.array([0.3]))[0]
+    assert drafts[1, 0] == feeds["logits"][1, 0].argmax()
+
+
 @pytest.mark.parametrize("vocab", [300, 97, 4096])  # blocks 15 x 20; 97 prime: padded to 10 x 10; 64 x 64
 def test_draw_is_the_references(vocab):
     """The two-level inverse CDF against speculative.sampling.draw (one cumulative sum), zero

@@ -11,7 +11,7 @@ their draws are replaced by the argmax):
     probs = Softmax(z) on the tokens with z >= threshold, renormalised      [B, N, V]
     token = inverse CDF at u (make_draw)
 
-The MTP head's drafts are drawn from Softmax(z) alone (draft_sampler says why).
+On the portable graphs the MTP head's drafts are drawn from Softmax(z) alone (draft_sampler says why).
 
 The top-k / top-p threshold is one of the sorted values. Sorting all V (TopK(V)) is the costliest
 op of a CPU step at Qwen3.5's vocabulary (tools/sampling_transform_cost.py), so the CPU graphs
@@ -440,12 +440,16 @@ def make_sampled_step_ids(g: GraphBuilder, ids: str, tokens: str, logits: str, p
 
 def draft_sampler(g: GraphBuilder, params: RowParams, uniforms: str, first: int, vocab: int):
     """(logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V]) drawn with uniforms[:, first + j]
-    (argmax on greedy rows): the MTP head's sampled drafts, from its distribution at the request's
-    temperature, without top-k / top-p / min-p. Any q keeps the output exact (the acceptance reads
-    the q a draft came from); this one skips the sort and threshold in every draft pass, for the
-    few drafts a truncated p rejects (those outside its kept set)."""
+    (argmax on greedy rows): the MTP head's sampled drafts. Any q keeps the output exact (the
+    acceptance reads the q a draft came from), so q follows the cost of truncating on each target:
+    the CPU graphs draw from the head's distribution transformed as the target's (top-k / top-p /
+    min-p among candidates: cheap, and an int4 head's drafts are accepted far more often so), the
+    portable ones from Softmax(z / T) alone, which spares every draft pass a sort of all V
+    (BENCHMARKS.md, "Sampling on the device")."""
+    truncated = method_for(g) == CANDIDATES
+
     def choose(logits, j):
         u = g.op("Slice", [uniforms, g.const([first + j]), g.const([first + j + 1]), g.const([1])])  # [B, 1]
-        return make_token_choice(g, logits, params, u, vocab, truncated=False)
+        return make_token_choice(g, logits, params, u, vocab, truncated=truncated)
 
     return choose
