@@ -2,8 +2,9 @@
 rules of speculative decoding (greedy and exact speculative sampling). Pure numpy, no model.
 
 The transform (``transform``) is the one every sampled token goes through, on the target's
-logits here and on the MTP head's inside its graph (converter/sampling_graph.py builds the
-same steps in ONNX): logits / temperature, then top-k, then top-p, then softmax.
+logits here and in the sampling graphs (converter/sampling_graph.py builds the same steps in
+ONNX): logits / temperature, then top-k, then top-p, then softmax. The MTP head's drafts go
+through it in the CPU graphs; the portable graphs draw them from softmax(logits / temperature).
 
 Exact speculative sampling (Leviathan et al. 2023; Chen et al. 2023), per request, with drafts
 d_1..d_k drawn from the head's distributions q_1..q_k and the target's p_0..p_k from one verify
