@@ -201,8 +201,8 @@ def random_record(rng, batch=3, rows=4, key_heads=2, value_heads=4, key_dim=8, v
 
 
 def float64_replay(state, keys, values, decay, beta, counts) -> np.ndarray:
-    """DESIGN.md's gated delta rule in float64, row by row and head by head: the reference of the
-    native replay_transitions."""
+    """The gated delta rule in float64, row by row and head by head (S <- exp(g) S, then
+    S <- S + k (beta (v - S^T k))^T): the reference of the native replay_transitions."""
     out = state.astype(np.float64)
     batch, heads, _, value_dim = state.shape
     group = heads // keys.shape[2]
