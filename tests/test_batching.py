@@ -89,3 +89,76 @@ def test_batcher_errors(models):
         batcher.step()
     assert batcher.result(rid) == session.generate([1, 2, 3], max_new_tokens=5)
     assert batcher.add_request([4], max_new_tokens=5) == rid + 1  # the finished row is reused
+
+
+@pytest.mark.parametrize("fixed_rows", [False, True])
+def test_choices_of_one_prompt_are_prefilled_once_and_equal_one_greedy_row(models, monkeypatch, fixed_rows):
+    """add_requests with one prompt three times (an API request's n = 3 choices, greedy) beside
+    another prompt: one prefill row per distinct prompt, and each choice's tokens and states after
+    every commit (target, GDN, MTP head) those of the prompt decoded alone; k = 2."""
+    from ortspec.runtime.model import TargetModel
+
+    out, k = models.converted("base"), 2
+    session = ortspec.Session(out, num_speculative_tokens=k)
+    prompt, other = REQUESTS[0][0], REQUESTS[3][0]
+    oracle, table = plain_decode_states(session.graphs, [prompt, other], 40, k)
+    refs = {tuple(prompt): {T: s for (row, T), s in table.items() if row == 0},
+            tuple(other): {T: s for (row, T), s in table.items() if row == 1}}
+    checked, prefilled = [], []
+    prefill = TargetModel.prefill
+    monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions: (
+        prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions))[1])
+
+    def compare(decoder, batch):
+        for req in batch.requests:
+            if req.placeholder or req.done:
+                continue
+            diffs = row_state(decoder.engine, req).differences(refs[tuple(req.prompt)][req.processed])
+            assert not diffs, f"choice in row {req.row} at length {req.processed}: {', '.join(diffs)}"
+            checked.append(req.row)
+
+    with session.batcher(max_batch_size=4, on_commit=compare, fixed_rows=fixed_rows) as batcher:
+        ids = batcher.add_requests([dict(prompt=prompt, max_new_tokens=20)] * 3 + [dict(prompt=other, max_new_tokens=20)])
+        assert sorted(t for t in prefilled if t in refs) == sorted(refs)  # one row per distinct prompt
+        while batcher.pending:
+            batcher.step()
+        results = [batcher.result(i) for i in ids]
+    solo = session.generate(prompt, max_new_tokens=20)
+    assert results[:3] == [solo] * 3 and results[3] == session.generate(other, max_new_tokens=20)
+    assert len(set(checked)) == 4
+
+
+def test_sampled_choices_of_one_prompt_draw_as_if_each_was_added_alone(models):
+    """Three sampled choices of one prompt (seed 5, seed_index 0..2) added together, prefilled
+    once, get the tokens each gets added alone to a batcher of its own; a request's n choices stay
+    different from each other."""
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
+    prompt = REQUESTS[0][0]
+    choices = [dict(prompt=prompt, max_new_tokens=24, temperature=0.9, seed=5, seed_index=i) for i in range(3)]
+    with session.batcher(max_batch_size=3) as batcher:
+        ids = batcher.add_requests(choices)
+        while batcher.pending:
+            batcher.step()
+        together = [batcher.result(i) for i in ids]
+    alone = []
+    for options in choices:
+        with session.batcher(max_batch_size=1) as batcher:
+            rid = batcher.add_request(**options)
+            while batcher.pending:
+                batcher.step()
+            alone.append(batcher.result(rid))
+    assert together == alone and len({tuple(t) for t in together}) > 1
+
+
+def test_add_requests_is_all_or_none(models):
+    """One bad request among three: an InputError, no ids, no row taken; too few free rows: the
+    same, naming how many rows are free."""
+    session = ortspec.Session(models.converted("base"))
+    with session.batcher(max_batch_size=3) as batcher:
+        with pytest.raises(ortspec.InputError):
+            batcher.add_requests([dict(prompt=[1, 2]), dict(prompt=[1, 2], temperature=-1.0), dict(prompt=[3])])
+        assert batcher.pending == [] and all(r is None or r.done for r in batcher.rows)
+        batcher.add_request([4, 5], max_new_tokens=30)
+        with pytest.raises(ortspec.InputError, match="2 of 3 rows are free, for 3 requests"):
+            batcher.add_requests([dict(prompt=[1, 2])] * 3)
+        assert len(batcher.pending) == 1

@@ -39,15 +39,15 @@ def post(port: int, body: bytes, route: str = "/v1/completions", headers: str = 
 
 
 def hold_admission(monkeypatch) -> tuple[threading.Event, threading.Event]:
-    """Holds every add_request until `release` is set; `inside` is set once one is held."""
-    add, inside, release = Batcher.add_request, threading.Event(), threading.Event()
+    """Holds every admission (add_requests) until `release` is set; `inside` is set once one is held."""
+    add, inside, release = Batcher.add_requests, threading.Event(), threading.Event()
 
-    def held_add(self, prompt, **options):
+    def held_add(self, requests):
         inside.set()
         release.wait(30)
-        return add(self, prompt, **options)
+        return add(self, requests)
 
-    monkeypatch.setattr(Batcher, "add_request", held_add)
+    monkeypatch.setattr(Batcher, "add_requests", held_add)
     return inside, release
 
 
@@ -149,15 +149,15 @@ def test_a_planted_step_failure_fails_the_running_requests_and_the_server_goes_o
 
 def test_a_planted_admission_failure_fails_that_request_alone(session, monkeypatch):
     with Server(session, port=0, max_batch_size=2) as server, Records() as log:
-        add, failures = Batcher.add_request, [1]
+        add, failures = Batcher.add_requests, [1]
 
-        def failing_add(self, prompt, **options):
-            if failures and prompt == [0, 1, 2]:
+        def failing_add(self, requests):
+            if failures and requests[0]["prompt"] == [0, 1, 2]:
                 failures.pop()
                 raise OverflowError("planted admission failure")
-            return add(self, prompt, **options)
+            return add(self, requests)
 
-        monkeypatch.setattr(Batcher, "add_request", failing_add)
+        monkeypatch.setattr(Batcher, "add_requests", failing_add)
         results = {}
         beside = threading.Thread(target=lambda: results.update(beside=complete(
             server.url, {"prompt": "def f(", "max_tokens": 30, "stream": True}, timeout=30)))

@@ -178,6 +178,21 @@ def test_n_choices_equal_generate_rows_for_the_seed(client, session):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, n=5)
 
 
+def test_n_choices_share_one_prefill(client, session, monkeypatch):
+    """A request's n choices are admitted together and prefilled once (their rows start from
+    copies of its states), with the tokens of n separate rows."""
+    from ortspec.runtime.model import TargetModel
+
+    prompt, prefilled, prefill = session.tokenizer.encode(PROMPT).ids, [], TargetModel.prefill
+    monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions: (
+        prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions))[1])
+    whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0.9, seed=3, n=4)
+    assert prefilled.count(tuple(prompt)) == 1
+    monkeypatch.undo()
+    assert [c.token_ids for c in whole.choices] == session.generate([prompt] * 4, max_new_tokens=8, temperature=0.9,
+                                                                    seed=3)
+
+
 def test_a_seed_reproduces_a_sampled_answer(client, session):
     body = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.1, seed=123)
     first, second = (client.completions.create(**body).choices[0] for _ in range(2))

@@ -115,7 +115,7 @@ class Engine:
         self.batcher = None  # the engine thread's; replaced after a failed turn
         self._queue: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # request id -> job
-        self._admitting: Job | None = None  # out of the queue, inside add_request
+        self._admitting: list[Job] | None = None  # out of the queue, inside add_requests
         self._cancels = False  # a cancel arrived since the last turn began
         self._wake = threading.Condition()
         self._stopping = False
@@ -161,7 +161,7 @@ class Engine:
     @property
     def running(self) -> int:
         """Requests out of the queue and not yet answered: holding a row, or being admitted."""
-        return len(self._running) + (self._admitting is not None)
+        return len(self._running) + len(self._admitting or [])
 
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -218,35 +218,47 @@ class Engine:
                     self._fail(job, 503, "timed out waiting for a free row; retry later or raise the timeout.")
 
     def _admit(self) -> None:
+        """Admits queued jobs while rows are free; a request's choices that fit go in together
+        (one prefill for all: Batcher.add_requests)."""
         while len(self._running) < self.max_batch_size:
             with self._wake:
                 if not self._queue:
                     return
-                self._admitting = job = self._queue.popleft()
-            self._admit_one(job)
+                jobs = [self._queue.popleft()]
+                while (self._queue and self._queue[0].id == jobs[0].id
+                       and len(self._running) + len(jobs) < self.max_batch_size):
+                    jobs.append(self._queue.popleft())
+                self._admitting = jobs
+            self._admit_together(jobs)
             self._admitting = None
 
-    def _admit_one(self, job: Job) -> None:
-        if job.cancelled:
-            self.metrics.finished["cancelled"] += 1
+    def _admit_together(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.cancelled:
+                self.metrics.finished["cancelled"] += 1
+        jobs = [job for job in jobs if not job.cancelled]
+        if not jobs:
             return
         try:
-            job.request_id = self.batcher.add_request(job.prompt, max_new_tokens=job.max_tokens, stop=job.stop,
-                                                      stop_tokens=[] if job.ignore_eos else None,
-                                                      logprobs=job.logprobs, seed_index=job.seed_index,
-                                                      temperature=job.sampling.temperature, top_k=job.sampling.top_k,
-                                                      top_p=job.sampling.top_p, min_p=job.sampling.min_p,
-                                                      seed=job.sampling.seed)
+            ids = self.batcher.add_requests([dict(
+                prompt=job.prompt, max_new_tokens=job.max_tokens, stop=job.stop,
+                stop_tokens=[] if job.ignore_eos else None, logprobs=job.logprobs, seed_index=job.seed_index,
+                temperature=job.sampling.temperature, top_k=job.sampling.top_k, top_p=job.sampling.top_p,
+                min_p=job.sampling.min_p, seed=job.sampling.seed) for job in jobs])
         except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
-            self._fail(job, 400, str(exc))
+            for job in jobs:
+                self._fail(job, 400, str(exc))
             return
-        except Exception:  # noqa: BLE001  (add_request is atomic: this request alone fails)
-            log.exception("request %s failed while it was admitted", job.id)
-            self._fail(job, 500, internal_error(job.id))
+        except Exception:  # noqa: BLE001  (add_requests is atomic: these requests alone fail)
+            log.exception("request %s failed while it was admitted", jobs[0].id)
+            for job in jobs:
+                self._fail(job, 500, internal_error(job.id))
             return
-        self._running[job.request_id] = job
-        self.metrics.admitted += 1
-        self.metrics.prompt_tokens += len(job.prompt)
+        for job, rid in zip(jobs, ids):
+            job.request_id = rid
+            self._running[rid] = job
+            self.metrics.admitted += 1
+            self.metrics.prompt_tokens += len(job.prompt)
 
     def _step(self) -> None:
         report = self.batcher.step()
@@ -256,7 +268,7 @@ class Engine:
 
     def _recover(self) -> None:
         """(in an except block) Fails the jobs out of the queue with 500, then replaces the batcher."""
-        jobs = list(self._running.values()) + ([self._admitting] if self._admitting else [])
+        jobs = list(self._running.values()) + list(self._admitting or [])
         log.exception("an engine turn failed; failing the running requests %s with 500 and reopening the batcher",
                       ", ".join(job.id for job in jobs) or "(none)")
         self._running, self._admitting = {}, None
@@ -296,7 +308,7 @@ class Engine:
 
     def _fail_all(self, status: int, message: str) -> None:
         with self._wake:
-            jobs = list(self._queue) + list(self._running.values()) + ([self._admitting] if self._admitting else [])
+            jobs = list(self._queue) + list(self._running.values()) + list(self._admitting or [])
             self._queue, self._running, self._admitting = collections.deque(), {}, None
         for job in jobs:
             self._fail(job, status, message)

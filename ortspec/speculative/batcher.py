@@ -149,28 +149,48 @@ class Batcher:
         i of generate([...], seed=seed) gets. logprobs N (0..20): each token's log-probability
         under the model (the log-softmax of the target's logits) and the N most probable
         alternatives, read with logprobs(id); such a request's steps keep the logits on the host."""
+        arguments = dict(locals())
+        del arguments["self"]
+        return self.add_requests([arguments])[0]
+
+    def add_requests(self, requests: list[dict]) -> list[int]:
+        """Several add_request calls in one, all or none: each dict holds add_request's keyword
+        arguments; returns their ids. Requests of one prompt (an API request's n choices) are
+        prefilled once: the others' rows start from copies of its states, and each draws its own
+        first token from the same logits."""
         with self._call():
-            params = validation.sampling(temperature, top_k, top_p, seed, min_p)
-            validation.sampling_graphs(self.session.manifest, self.session.k, params, self.session.auto_k)
-            new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params,
-                                            stop=stop, logprobs=logprobs, seed_index=seed_index)
-            validation.single_prompt([r.prompt for r in new.requests], new.single)
-            [req] = new.requests
-            row = next((i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done),
-                       None)  # finished rows are free
-            if row is None:
-                raise InputError(f"all {self.max_batch_size} rows are busy; call step() until a request finishes, "
-                                 "or open a batcher with a larger max_batch_size.")
-            req.row = row
-            previous = self.rows[row]
+            new = [self._checked(**arguments) for arguments in requests]
+            free = [i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done]  # finished: free
+            if len(free) < len(new):
+                taken = (f"all {self.max_batch_size} rows are busy" if not free else
+                         f"{len(free)} of {self.max_batch_size} rows are free, for {len(new)} requests")
+                raise InputError(f"{taken}; call step() until a request finishes, or open a batcher with a larger "
+                                 "max_batch_size.")
+            previous = {row: self.rows[row] for row in free[: len(new)]}
+            for req, row in zip(new, free):
+                req.row = row
             try:
-                self.decoder.admit([req])
-            except BaseException:  # atomic: the row as it was, no id; its next request prefills it anew
-                self.rows[row] = previous
+                self.decoder.admit(new)
+            except BaseException:  # atomic: the rows as they were, no ids; their next requests prefill them anew
+                for row, occupant in previous.items():
+                    self.rows[row] = occupant
                 raise
-            rid, self._next_id = self._next_id, self._next_id + 1
-            self.requests[rid], self._reported[rid] = req, 0
-            return rid
+            ids = list(range(self._next_id, self._next_id + len(new)))
+            self._next_id += len(new)
+            for rid, req in zip(ids, new):
+                self.requests[rid], self._reported[rid] = req, 0
+            return ids
+
+    def _checked(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, stop=None, logprobs: int | None = None,
+                 seed_index: int = 0, min_p: float = 0.0) -> Request:
+        """One request of add_request's arguments, every one checked; no row touched."""
+        params = validation.sampling(temperature, top_k, top_p, seed, min_p)
+        validation.sampling_graphs(self.session.manifest, self.session.k, params, self.session.auto_k)
+        new = self.session.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens=1, sampling=params,
+                                        stop=stop, logprobs=logprobs, seed_index=seed_index)
+        validation.single_prompt([r.prompt for r in new.requests], new.single)
+        return new.requests[0]
 
     def step(self) -> dict[int, list[int]]:
         """One decoding step for every running request (none when no request runs); returns, for

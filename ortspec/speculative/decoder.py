@@ -251,8 +251,9 @@ class Decoder:
             if self.head.deferred.has_steps:  # rows in a k = 0 stretch catch up first: their entries stay in step
                 with self.engine.step(), self.stats.timed("commit"):
                     self.head.catch_up_deferred(max(self.next_k, 1))
-        for group in self._prefill_groups(requests):
-            self._prefill(group)
+        sources, copies = forks(requests)
+        for group in self._prefill_groups(sources):
+            self._prefill(group, copies)
         if self.head is not None and fresh:
             live = [r for r in self.occupants if r is not None]
             self.next_k = self.policy.next_k(len(self.occupants), self._tail(live), fresh=self.static)
@@ -274,9 +275,11 @@ class Decoder:
                 groups.append([req])
         return groups
 
-    def _prefill(self, requests: list[Request]) -> None:
+    def _prefill(self, requests: list[Request], copies: dict[int, list[Request]] | None = None) -> None:
         """Requests with prompts of one length n in consecutive rows, in one forward: the target
-        over the prompts (positions 0..n-1) -> each first token; the MTP head's entries 0..n-1 wait."""
+        over the prompts (positions 0..n-1) -> each first token; the MTP head's entries 0..n-1 wait.
+        copies: per row, the requests of the same prompt (``forks``) whose rows take copies of its
+        states, and whose first tokens come from its logits."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
         ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
@@ -284,14 +287,20 @@ class Decoder:
             target = self.engine.target
             target.reset(rows)
             out = target.prefill(rows, ids, positions)
+            source = list(range(len(requests)))  # each request's row of out
+            for j, req in enumerate(requests):
+                forked = (copies or {}).get(req.row, [])
+                if forked:
+                    target.fork(req.row, Rows([f.row for f in forked]))
+                    requests, source = requests + forked, source + [j] * len(forked)
             for req in requests:
                 req.tokens = list(req.prompt)
-            last = np.full(len(requests), n - 1, np.int64)
-            first = sampler.pick(requests, out, last)  # [B]
-            first_logprobs = logprobs.of_forward(requests, out, first[:, None], last) or {}
+            last = np.full(len(rows), n - 1, np.int64)
+            first = sampler.pick(requests, out, last, source)  # [R]
+            first_logprobs = logprobs.of_forward(requests, out, first[:, None], last, source) or {}
             if self.head is not None:
-                next_ids = np.concatenate([ids[:, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [B, n]
-                self.head.defer_prompts(requests, rows, out["hidden"], next_ids)
+                next_ids = np.concatenate([ids[source, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [R, n]
+                self.head.defer_prompts(requests, Rows([r.row for r in requests]), out["hidden"], next_ids, source)
         for j, (req, token) in enumerate(zip(requests, first)):
             req.extend([token], first_logprobs.get(j))
             if not req.placeholder:
@@ -425,3 +434,18 @@ def pads_prompts(graphs: GraphSet) -> bool:
     tolerance), and on the CPU with float32 activations, where each row keeps its own bits
     (float16 activations do not: ``deferred_entries``)."""
     return graphs.arrays.device != "cpu" or graphs.manifest.activations == "float32"
+
+
+def forks(requests: list[Request]) -> tuple[list[Request], dict[int, list[Request]]]:
+    """(the requests to prefill, {row: the later requests of its prompt}): a prompt asked for
+    several times at once (an API request's n choices) is prefilled once, and the other rows start
+    from copies of its states (``TargetModel.fork``), bit for bit what their own prefill makes."""
+    sources: dict[tuple, Request] = {}
+    copies: dict[int, list[Request]] = {}
+    for req in requests:
+        first = sources.setdefault(tuple(req.prompt), req) if not req.placeholder else req
+        if first is not req:
+            copies.setdefault(first.row, []).append(req)
+    copied = {id(r) for group in copies.values() for r in group}
+    return [r for r in requests if id(r) not in copied], copies
+

@@ -55,10 +55,13 @@ class DeferredEntries:
         """Whether plain decode steps left entries (their rows must stay in step: ``Decoder.admit``)."""
         return self._last is not None
 
-    def add_prompts(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray) -> None:
+    def add_prompts(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, source=None) -> None:
         """One prefill group's entries 0..n-1: hidden [B, n, H] on its device (downloaded now),
-        next_ids [B, n] (x_{p+1}: the prompt's next token, then the first generated one)."""
-        self._prompts.append(PromptEntries.of_group(requests, rows.indices.copy(), self.arrays.download(hidden),
+        next_ids [R, n] (x_{p+1}: the prompt's next token, then the first generated one); source
+        [R]: each request's row of hidden (default: request j's is j)."""
+        host = self.arrays.download(hidden)
+        self._prompts.append(PromptEntries.of_group(requests, rows.indices.copy(),
+                                                    host if source is None else host[np.asarray(source)],
                                                     hidden.dtype, np.array(next_ids, np.int64)))
 
     def drop_rows(self, rows: Rows) -> None:

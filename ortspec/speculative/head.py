@@ -45,9 +45,10 @@ class Head:
         for req, row, q in zip(requests, made, probs):
             req.next_drafts, req.draft_probs = row.tolist(), q if req.samples else None
 
-    def defer_prompts(self, requests, rows: Rows, hidden, next_ids: np.ndarray) -> None:
-        """A prefill group's entries 0..n-1 wait (hidden [B, n, H] on its device)."""
-        self.deferred.add_prompts(requests, rows, hidden, next_ids)
+    def defer_prompts(self, requests, rows: Rows, hidden, next_ids: np.ndarray, source=None) -> None:
+        """A prefill group's entries 0..n-1 wait (hidden [B, n, H] on its device; source: each
+        request's row of it, sampler.pick)."""
+        self.deferred.add_prompts(requests, rows, hidden, next_ids, source)
 
     def defer_step(self, requests, rows: Rows, hidden: np.ndarray, dtype, next_ids, positions) -> None:
         """A plain decode step's entries wait (hidden [B, H] on the host, as read back)."""

@@ -28,15 +28,16 @@ def asking(requests) -> list[int]:
     return [j for j, r in enumerate(requests) if r.logprobs is not None and not r.done]
 
 
-def of_forward(requests, out: Forward, tokens: np.ndarray, at: np.ndarray | None = None) -> dict | None:
+def of_forward(requests, out: Forward, tokens: np.ndarray, at: np.ndarray | None = None,
+               source=None) -> dict | None:
     """{j: [TokenLogprob of tokens[j, i] for each i]} for the live requests j that ask, None when
     none does: tokens [B, M] chosen after the forward's rows 0..M-1, or (at [B]) tokens [B, 1]
-    chosen after row at[j] of request j."""
+    chosen after row at[j] of request j. source: each request's batch row of out (sampler.pick)."""
     rows = asking(requests)
     if not rows:
         return None
     logits = out.logits(at)[:, None] if at is not None else out.logits()[:, : tokens.shape[1]]  # [B, M, V]
-    logp = log_softmax(logits[rows])  # [n, M, V]
+    logp = log_softmax(logits[rows if source is None else np.asarray(source)[rows]])  # [n, M, V]
     return {j: [token_logprob(row, int(t), requests[j].logprobs) for row, t in zip(logp[i], tokens[j])]
             for i, j in enumerate(rows)}
 

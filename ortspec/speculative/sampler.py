@@ -55,13 +55,16 @@ def _uniforms(requests: list[Request], n: int) -> np.ndarray:
     return np.stack([r.random.random(n, dtype=np.float32) for r in requests])
 
 
-def pick(requests: list[Request], out: Forward, at: np.ndarray) -> np.ndarray:
-    """The token after row at[j] of request j [B]: the argmax, or a draw for a sampled request."""
-    tokens = out.tokens[np.arange(len(requests)), at]  # [B]
+def pick(requests: list[Request], out: Forward, at: np.ndarray, source=None) -> np.ndarray:
+    """The token after row at[i] of out's batch row i for each request [R]: the argmax, or a draw
+    for a sampled request. source [R]: each request's batch row (default: request j's is j; the
+    forks of a prompt share its row)."""
+    source = np.arange(len(requests)) if source is None else np.asarray(source)
+    tokens = out.tokens[source, at[source]]  # [R]
     live = _sampled(requests)
     if live:
         chosen = [requests[j] for j in live]
-        probs = sampling.transform(out.logits(at)[live], *_params(chosen))  # [n, V]
+        probs = sampling.transform(out.logits(at)[source[live]], *_params(chosen))  # [n, V]
         tokens[live] = sampling.draw(probs, _uniforms(chosen, 1)[:, 0])
     return tokens
 
