@@ -70,6 +70,14 @@ def tokenized_model(tmp_path_factory) -> Path:
     return ortspec.convert(root / "ck", root / "out", num_speculative_tokens=3, max_length=48, progress=False)
 
 
+@pytest.fixture(scope="module")
+def session(tokenized_model):
+    """A Session over tokenized_model at k = 2, one per test module (the server, stop-string and
+    openai-client tests); a module with a Session of its own defines its own ``session``."""
+    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as s:
+        yield s
+
+
 WINDOWED_MAX_LENGTH, WINDOWED_K = 320, 3  # past the smallest KV window (256): one variant per graph CUDA captures
 
 

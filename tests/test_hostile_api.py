@@ -13,7 +13,6 @@ import pytest
 import ortspec
 from ortspec.errors import ClosedError, ConcurrentUseError, InputError, ModelDirError
 
-from tests.test_serve import session  # noqa: F401  (a fixture: the tokenized model at k=2)
 
 PROMPT = [3, 14, 15]
 

@@ -20,7 +20,7 @@ from ortspec.serve.server import Server
 from ortspec.speculative.batcher import Batcher
 from tools.serve_load import complete, get
 
-from tests.test_serve import Gate, metric, server, session, wait_for  # noqa: F401  (server, session: fixtures)
+from tests.test_serve import Gate, metric, server, wait_for  # noqa: F401  (server: a fixture)
 
 
 def send(port: int, raw: bytes, timeout: float = 30.0) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ortspec
 from ortspec.runtime.model import TargetModel
 from ortspec.runtime.states import Rows
 from ortspec.serve import chat as chat_module
@@ -20,12 +19,6 @@ openai = pytest.importorskip("openai", reason="the openai client is in the test 
 
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 PROMPT = "def main("
-
-
-@pytest.fixture(scope="module")
-def session(tokenized_model):
-    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +174,6 @@ def test_n_choices_equal_generate_rows_for_the_seed(client, session):
 def test_n_choices_share_one_prefill(client, session, monkeypatch):
     """A request's n choices are admitted together and prefilled once (their rows start from
     copies of its states), with the tokens of n separate rows."""
-    from ortspec.runtime.model import TargetModel
-
     prompt, prefilled, prefill = session.tokenizer.encode(PROMPT).ids, [], TargetModel.prefill
     monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions: (
         prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions))[1])

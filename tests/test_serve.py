@@ -28,12 +28,6 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 
 
 @pytest.fixture(scope="module")
-def session(tokenized_model):
-    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def server(session):
     with Server(session, port=0, max_batch_size=4) as s:
         yield s

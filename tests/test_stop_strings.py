@@ -29,12 +29,6 @@ PROMPT = "def main("
 
 
 @pytest.fixture(scope="module")
-def session(tokenized_model):
-    with ortspec.Session(tokenized_model, num_speculative_tokens=2) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def tokenizer(session):
     return session.tokenizer
 
