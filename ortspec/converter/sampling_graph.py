@@ -49,7 +49,7 @@ class RowParams:
     top_k: str
     top_p: str
     min_p: str
-    derived: dict = dataclasses.field(default_factory=dict, compare=False)  # (graph, name) -> value
+    derived: dict = dataclasses.field(default_factory=dict, compare=False)  # (id(graph), name) -> (graph, value)
 
     @classmethod
     def inputs(cls, g: GraphBuilder) -> "RowParams":
@@ -60,8 +60,8 @@ class RowParams:
         """make(g), made once per graph: the head's k draft passes share one 1 / T, not k of them."""
         key = (id(g), name)
         if key not in self.derived:
-            self.derived[key] = make(g)
-        return self.derived[key]
+            self.derived[key] = (g, make(g))  # the graph held: its id is not reused for another
+        return self.derived[key][1]
 
 
 def method_for(g: GraphBuilder) -> str:

@@ -115,7 +115,7 @@ class Engine:
         self.batcher = None  # the engine thread's; replaced after a failed turn
         self._queue: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # request id -> job
-        self._admitting: list[Job] | None = None  # out of the queue, inside add_requests
+        self._admitting: list[Job] = []  # out of the queue, inside add_requests
         self._cancels = False  # a cancel arrived since the last turn began
         self._wake = threading.Condition()
         self._stopping = False
@@ -161,7 +161,7 @@ class Engine:
     @property
     def running(self) -> int:
         """Requests out of the queue and not yet answered: holding a row, or being admitted."""
-        return len(self._running) + len(self._admitting or [])
+        return len(self._running) + len(self._admitting)
 
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -230,7 +230,7 @@ class Engine:
                     jobs.append(self._queue.popleft())
                 self._admitting = jobs
             self._admit_together(jobs)
-            self._admitting = None
+            self._admitting = []
 
     def _admit_together(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -268,10 +268,10 @@ class Engine:
 
     def _recover(self) -> None:
         """(in an except block) Fails the jobs out of the queue with 500, then replaces the batcher."""
-        jobs = list(self._running.values()) + list(self._admitting or [])
+        jobs = list(self._running.values()) + self._admitting
         log.exception("an engine turn failed; failing the running requests %s with 500 and reopening the batcher",
                       ", ".join(job.id for job in jobs) or "(none)")
-        self._running, self._admitting = {}, None
+        self._running, self._admitting = {}, []
         for job in jobs:
             self._fail(job, 500, internal_error(job.id))
         try:
@@ -308,7 +308,7 @@ class Engine:
 
     def _fail_all(self, status: int, message: str) -> None:
         with self._wake:
-            jobs = list(self._queue) + list(self._running.values()) + list(self._admitting or [])
-            self._queue, self._running, self._admitting = collections.deque(), {}, None
+            jobs = list(self._queue) + list(self._running.values()) + self._admitting
+            self._queue, self._running, self._admitting = collections.deque(), {}, []
         for job in jobs:
             self._fail(job, status, message)

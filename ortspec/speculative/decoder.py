@@ -287,12 +287,13 @@ class Decoder:
             target = self.engine.target
             target.reset(rows)
             out = target.prefill(rows, ids, positions)
-            source = list(range(len(requests)))  # each request's row of out
-            for j, req in enumerate(requests):
-                forked = (copies or {}).get(req.row, [])
-                if forked:
-                    target.fork(req.row, Rows([f.row for f in forked]))
-                    requests, source = requests + forked, source + [j] * len(forked)
+            copies = copies or {}
+            forked = [(j, f) for j, req in enumerate(requests) for f in copies.get(req.row, [])]
+            for req in requests:
+                if req.row in copies:
+                    target.fork(req.row, Rows([f.row for f in copies[req.row]]))
+            source = list(range(len(requests))) + [j for j, _ in forked]  # each request's row of out
+            requests = requests + [f for _, f in forked]
             for req in requests:
                 req.tokens = list(req.prompt)
             last = np.full(len(rows), n - 1, np.int64)
