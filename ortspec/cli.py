@@ -7,6 +7,7 @@ Convert a HuggingFace Qwen3.5 checkpoint, then generate from it or benchmark it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -220,7 +221,8 @@ def _add_serve(sub) -> None:
     s = _command(sub, "serve", "an OpenAI-compatible HTTP server (needs: pip install 'ortspec[serve]')",
                  "Serves a converted model over HTTP: /v1/completions (and /v1/chat/completions when\n"
                  "tokenizer_config.json has a chat_template), server-sent-event streaming, /health and\n"
-                 "/metrics, over one continuous batcher driven by one engine thread.\n"
+                 "/metrics, over one continuous batcher driven by one engine thread, in a process of its own\n"
+                 "(--engine process, the default) or beside the HTTP server (--engine thread).\n"
                  "Limits (each below with its default): headers still incomplete past 16 KiB get 400 (h11's\n"
                  "buffer), idle keep-alive connections close after 5 s; every option is checked before the\n"
                  "model loads.")
@@ -249,6 +251,9 @@ def _add_serve(sub) -> None:
                    help="seconds a connection may take, from opening or from its last response, to send a "
                         "request line and headers; then it is closed")
     s.add_argument("--model-name", default=None, help="the model id the API reports (default: the directory's name)")
+    s.add_argument("--engine", choices=["process", "thread"], default="process",
+                   help="where the Session and its engine run: a child process, so the HTTP side's Python never "
+                        "waits for the engine's (process; a child that dies is replaced), or a thread of this one")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level (info logs every request)")
     s.add_argument("--replicas", type=int, default=None,
@@ -385,14 +390,21 @@ def _serve(args) -> None:
     if args.replicas is not None:
         _serve_replicas(args, limits)
         return
-    with Session(args.model, provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
-                 threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size) as session:
-        server = Server(session, host=args.host, port=args.port, max_batch_size=args.max_batch_size,
-                        max_queue=args.max_queue, model_name=args.model_name, log_level=args.log_level, **limits)
+    session_options = dict(provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
+                           threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size)
+    server_options = dict(host=args.host, port=args.port, max_batch_size=args.max_batch_size, max_queue=args.max_queue,
+                          model_name=args.model_name, log_level=args.log_level, **limits)
+    with contextlib.ExitStack() as stack:
+        if args.engine == "process":
+            server = Server.spawned(args.model, session_options, **server_options)
+            k, auto_k = server.engine.ready.k, server.engine.ready.auto_k
+        else:
+            session = stack.enter_context(Session(args.model, **session_options))
+            server = Server(session, **server_options)
+            k, auto_k = session.k, session.auto_k
         print(f"ortspec serve: {server.url}/v1/completions (model {server.model_name!r}, "
-              f"k={f'auto (up to {session.k})' if session.auto_k else session.k}, "
-              f"{args.provider}, batch {args.max_batch_size}, queue {args.max_queue}); Ctrl-C stops", file=sys.stderr,
-              flush=True)
+              f"k={f'auto (up to {k})' if auto_k else k}, {args.provider}, batch {args.max_batch_size}, "
+              f"queue {args.max_queue}, engine {args.engine}); Ctrl-C stops", file=sys.stderr, flush=True)
         server.run()
 
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import functools
-import threading
 from pathlib import Path
-from typing import NamedTuple
 
 from . import validation
-from .errors import ClosedError, InputError, ModelDirError
+from .errors import ClosedError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.engines import Engine, EnginePool, Lease
@@ -19,18 +17,10 @@ from .speculative.commits import COMMITS
 from .speculative.decoder import Decoder
 from .speculative.step_kinds import fusable_ks
 from .speculative.requests import Request
-from .speculative.sampling import GREEDY, SamplingParams, random_stream
+from .speculative.sampling import GREEDY, SamplingParams
 from .speculative.stats import Stats, StatsTotals
+from .prompts import NewRequests, Prompts
 from .stop_strings import StopStrings
-
-
-class NewRequests(NamedTuple):
-    """What ``Session.new_requests`` made of a prompt: the requests, whether the prompt was one
-    prompt (not a batch) and whether it was text (outputs are decoded back to text)."""
-
-    requests: list[Request]
-    single: bool
-    text: bool
 
 
 class Session:
@@ -82,6 +72,7 @@ class Session:
             self.k = min(self.k, exact_k)
         self.commit = validation.commit(commit, tuple(COMMITS))
         self.exact = validation.exact_shape(exact, exact_batch_size, exact_k, self.k, self.manifest)
+        self.prompts = Prompts(self.manifest, self.exact.k if self.exact else 0)
         self.k_chooser = KChooser(self.k) if self.auto_k else None  # shared by every call and batcher
         validation.model_dtype(self.manifest, provider)
         threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
@@ -91,8 +82,6 @@ class Session:
         make_engine = functools.partial(Engine.create, self.graphs, k=self.k, stages=self.stages)  # batch -> Engine
         self._engines = EnginePool(make_engine, max_engines_per_batch_size)  # (no reference back to the Session)
         self._totals = StatsTotals()
-        self._tokenizer = None
-        self._tokenizer_lock = threading.Lock()
 
     def _graph_names(self) -> list[str]:
         """The graphs this Session's calls run: prefill, then exact mode's one fixed graph, or
@@ -130,22 +119,7 @@ class Session:
 
     @property
     def tokenizer(self):
-        with self._tokenizer_lock:
-            if self._tokenizer is None:
-                path = self.manifest.tokenizer_path
-                if path is None:
-                    raise InputError(
-                        f"{self.manifest.dir} has no tokenizer.json, so text prompts cannot be encoded; "
-                        "pass token ids (list[int]) or convert a checkpoint that ships tokenizer.json."
-                    )
-                from tokenizers import Tokenizer
-
-                try:
-                    self._tokenizer = Tokenizer.from_file(str(path))
-                except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
-                    raise ModelDirError(f"{path} does not load as a tokenizer ({exc}); copy the checkpoint's "
-                                        "tokenizer.json again and reconvert, or pass token ids.") from None
-        return self._tokenizer
+        return self.prompts.tokenizer
 
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stream: bool = False,
@@ -214,26 +188,9 @@ class Session:
     def new_requests(self, prompt, max_new_tokens: int = 32, stop_tokens=None, min_new_tokens: int = 0,
                      sampling: SamplingParams = GREEDY, stop=None, logprobs: int | None = None,
                      seed_index: int = 0) -> NewRequests:
-        """Checked requests, in rows 0..n-1, for any prompt form generate takes (text is encoded
-        with the model's tokenizer), stopping at the model's eos ids unless stop_tokens is given,
-        and at the stop strings of stop; request i draws from random stream seed_index + i of
-        sampling.seed; logprobs: see Batcher.add_request. Every argument is checked
-        (ortspec.validation) before any work starts; sampling already was (validation.sampling)."""
-        max_new_tokens = validation.max_new_tokens(max_new_tokens, minimum=min_new_tokens)
-        stops = validation.stop_tokens(stop_tokens, self.manifest.spec.vocab_size, self.manifest.spec.eos_token_ids)
-        stop, logprobs = validation.stop_strings(stop), validation.logprobs(logprobs)
-        seed_index = validation.seed_index(seed_index)
-        if stop and self.manifest.tokenizer_path is None:
-            raise InputError(f"{self.manifest.dir} has no tokenizer.json, so stop strings cannot be matched on text; "
-                             "pass stop_tokens (token ids) instead.")
-        tokenizer = self.tokenizer if stop else None
-        prompts, single, text = self._token_prompts(prompt)
-        validation.prompts_fit(prompts, max_new_tokens, self.manifest.max_length, self.exact.k if self.exact else 0)
-        requests = [Request(row=i, prompt=p, max_new_tokens=max_new_tokens, stop_tokens=stops, sampling=sampling,
-                            random=random_stream(sampling, seed_index + i), logprobs=logprobs,
-                            stop_strings=StopStrings(tokenizer, stop) if stop else None)
-                    for i, p in enumerate(prompts)]
-        return NewRequests(requests, single, text)
+        """Checked requests for any prompt form generate takes: ``Prompts.new_requests``."""
+        return self.prompts.new_requests(prompt, max_new_tokens, stop_tokens, min_new_tokens, sampling, stop, logprobs,
+                                         seed_index)
 
     @property
     def closed(self) -> bool:
@@ -315,16 +272,6 @@ class Session:
     def _check_open(self) -> None:
         if self.closed:
             raise ClosedError(f"this Session of {self.manifest.dir} is closed (Session.close()); open a new Session.")
-
-    def _token_prompts(self, prompt) -> tuple[list[list[int]], bool, bool]:
-        """(prompts as token ids, single, text): text is encoded with the model's tokenizer;
-        every form is checked (validation.token_prompts) before any work starts."""
-        vocab = self.manifest.spec.vocab_size
-        texts = validation.text_prompts(prompt)
-        if texts is None:
-            return *validation.token_prompts(prompt, vocab), False
-        prompts, _ = validation.token_prompts([self.tokenizer.encode(t).ids for t in texts], vocab)
-        return prompts, isinstance(prompt, str), True
 
 
 _DONE = object()

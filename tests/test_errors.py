@@ -255,12 +255,12 @@ def test_batch_memory_bound_names_the_need():
 def test_planted_work_before_the_check_is_caught(session, monkeypatch):
     """Planted bug: generate prefills a request before checking its arguments. The 'before any
     work' check of these tests must see it."""
-    check = ortspec.Session._token_prompts
+    check = session.prompts.token_prompts
 
-    def late_check(self, prompt):
-        self._generate_requests([Request(row=0, prompt=[1], max_new_tokens=1)], {})  # work first
-        return check(self, prompt)
+    def late_check(prompt):
+        session._generate_requests([Request(row=0, prompt=[1], max_new_tokens=1)], {})  # work first
+        return check(prompt)
 
-    monkeypatch.setattr(ortspec.Session, "_token_prompts", late_check)
+    monkeypatch.setattr(session.prompts, "token_prompts", late_check)
     with pytest.raises(AssertionError, match="work started before the error"):
         raises_before_work(session, ortspec.InputError, "empty string", lambda: session.generate("", max_new_tokens=2))

@@ -239,7 +239,7 @@ def test_a_prompt_over_the_character_bound_gets_413_before_tokenizing(server, se
     longest = max(map(len, session.tokenizer.get_vocab()))
     assert limit == 4 * session.manifest.max_length * longest
     tokenized = []
-    monkeypatch.setattr(session, "_token_prompts", lambda prompt: tokenized.append(prompt))
+    monkeypatch.setattr(session.prompts, "token_prompts", lambda prompt: tokenized.append(prompt))
     for body, route in [({"prompt": "x" * (limit + 1)}, "/v1/completions")]:
         status, reply = post(server.port, json.dumps(body).encode(), route)
         assert status == 413 and f"more than this server takes ({limit}, --max-prompt-chars)" in \
@@ -250,13 +250,13 @@ def test_a_prompt_over_the_character_bound_gets_413_before_tokenizing(server, se
 
 
 def test_tokenizing_runs_off_the_event_loop(server, session, monkeypatch):
-    tokenize = session._token_prompts
+    tokenize = session.prompts.token_prompts
 
     def slow_tokenize(prompt):
         time.sleep(1.5)
         return tokenize(prompt)
 
-    monkeypatch.setattr(session, "_token_prompts", slow_tokenize)
+    monkeypatch.setattr(session.prompts, "token_prompts", slow_tokenize)
     slow = threading.Thread(target=complete, args=(server.url, {"prompt": "a", "max_tokens": 2}), kwargs={"timeout": 30})
     slow.start()
     time.sleep(0.3)  # the request is being tokenized now

@@ -210,22 +210,24 @@ def soak(runs: list[dict]) -> list[str]:
 
 
 def serve(runs: list[dict]) -> list[str]:
-    """Per k and clients: median tokens/s through the server and through generate over the rounds,
-    server / generate, each k over the first k through the server, and whether the tokens agreed."""
+    """Per k, engine (process / thread; older runs: thread) and clients: median tokens/s through the
+    server and through generate over the rounds, server / generate, each k over the first k
+    through the same engine, and whether the tokens agreed."""
     [run] = runs
     cells = {}
     for name, rounds in run["runs"].items():
-        match = re.fullmatch(r"k=(\S+) clients=(\d+)", name)
-        cells[(match[1], int(match[2]))] = (statistics.median(r[0] for r in rounds),
-                                            statistics.median(r[1] for r in rounds), all(r[2] for r in rounds))
-    ks = list(dict.fromkeys(k for k, _ in cells))
-    lines = header("k", "clients", "server tok/s", "generate tok/s", "server / generate", "server: k / k=" + ks[0],
-                   "same tokens")
-    for k, clients in cells:
-        server, generate, same = cells[(k, clients)]
-        first = cells[(ks[0], clients)][0]
-        lines.append(row(k, clients, f"{server:.0f}", f"{generate:.0f}", f"{server / generate:.2f}",
-                         f"**{server / first:.2f}x**", "yes" if same else "**no**"))
+        match = re.fullmatch(r"k=(\S+)(?: engine=(\S+))? clients=(\d+)", name)
+        cells[(match[1], match[2] or "thread", int(match[3]))] = (
+            statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds), all(r[2] for r in rounds))
+    ks = list(dict.fromkeys(k for k, _, _ in cells))
+    engines = len({e for _, e, _ in cells}) > 1
+    lines = header("k", *(["engine"] if engines else []), "clients", "server tok/s", "generate tok/s",
+                   "server / generate", "server: k / k=" + ks[0], "same tokens")
+    for k, engine, clients in cells:
+        server, generate, same = cells[(k, engine, clients)]
+        first = cells[(ks[0], engine, clients)][0]
+        lines.append(row(k, *([engine] if engines else []), clients, f"{server:.0f}", f"{generate:.0f}",
+                         f"{server / generate:.2f}", f"**{server / first:.2f}x**", "yes" if same else "**no**"))
     return lines
 
 

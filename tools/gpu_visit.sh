@@ -6,7 +6,8 @@
 #   bash tools/gpu_visit.sh check     identity and states on CUDA: tools/gpu.py check --no-bench,
 #                                     then greedy_loop / spec_loop / auto_loop without timing rounds
 #   bash tools/gpu_visit.sh gdn       tools/gpu.py gdn_verify (the CUDA verify's GDN forms)
-#   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16
+#   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16 (SERVE_ENGINES: process,thread)
+#   bash tools/gpu_visit.sh batcher   tools/batcher_bench.py: the batcher against generate, no HTTP
 #   bash tools/gpu_visit.sh bench     ortspec bench, held-out prompts, trained model fp16, k 0..3 and auto
 #   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
 #   bash tools/gpu_visit.sh sample    sampling against greedy: tools/sampling_cost.py on CUDA, trained model
@@ -69,7 +70,13 @@ for phase in "$@"; do
       model=$(trained)
       run 420 serve_bench python3 tools/serve_bench.py "$model" -k "${SERVE_KS:-0,2,auto}" --provider cuda \
         --clients "${SERVE_CLIENTS:-1,16}" --requests 4 --max-tokens 128 --rounds "${SERVE_ROUNDS:-2}" \
-        --json "$out/serve_bench.json" ;;
+        --engines "${SERVE_ENGINES:-process}" --json "$out/serve_bench.json" ;;
+    batcher)
+      model=$(trained)
+      for k in ${BATCHER_KS:-0 2}; do
+        run 150 "batcher_k$k" python3 tools/batcher_bench.py "$model" --provider cuda -k $k --batch 1,16 --requests 4 \
+          --rounds 2
+      done ;;
     bench)
       model=$(trained)
       run 360 bench python3 -m ortspec bench "$model" --provider cuda -k "${BENCH_KS:-0,1,2,3,auto}" --batch "${BENCH_BATCHES:-1,4,16}" \

@@ -2,9 +2,11 @@
 
     python3 tools/serve_bench.py MODEL_DIR [-k 0,2] [--provider cpu|cuda] [--threads N]
         [--clients 1,8] [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2]
-        [--stream yes|no] [--json F]
+        [--stream yes|no] [--engines process,thread] [--json F]
 
-Per round and per k: `ortspec serve` in a child process (max batch size = the most clients),
+Per round, per k and per --engines entry: `ortspec serve --engine E` in a child process (max
+batch size = the most clients; E = process: the engine in a grandchild of its own, thread: beside
+uvicorn),
 loaded by C concurrent clients (threads with their own connections: tools/serve_load.py) that
 each send --requests requests one after another; then, in this process, a Session of the same k
 runs the same requests as --requests generate calls of batch C. Both use the prompts of --prompts
@@ -70,18 +72,21 @@ def generate_side(session, texts: list[list[str]], max_tokens: int) -> tuple[flo
 
 
 def measure(args, k: int | str, prompts: list[str], clients: list[int]) -> dict:
-    """One round for one k: {clients: (server tok/s, generate tok/s, outputs equal)}."""
-    rows = {}
-    with served(args.model, k, args.provider, args.threads, max(clients)) as url:
-        server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
-        server = {c: server_side(url, requests_of(prompts, c, args.requests), args.max_tokens, args.stream == "yes")
-                  for c in clients}
+    """One round for one k: {(engine, clients): (server tok/s, generate tok/s, outputs equal)}."""
+    rows, server = {}, {}
+    for engine in args.engines.split(","):
+        with served(args.model, k, args.provider, args.threads, max(clients), engine) as url:
+            server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
+            for c in clients:
+                server[(engine, c)] = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
+                                                  args.stream == "yes")
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
     for c in clients:
         session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8)  # warm-up at this batch size
         rate, outputs = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens)
-        server_rate, served_outputs = server[c]
-        rows[c] = (server_rate, rate, served_outputs == outputs)
+        for engine in args.engines.split(","):
+            server_rate, served_outputs = server[(engine, c)]
+            rows[(engine, c)] = (server_rate, rate, served_outputs == outputs)
     session.close()
     return rows
 
@@ -98,30 +103,34 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--stream", choices=["yes", "no"], default="yes")
+    parser.add_argument("--engines", default="process", help="comma-separated: process (the default of ortspec "
+                        "serve), thread")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
     clients = [int(c) for c in args.clients.split(",")]
     prompts = json.loads(args.prompts.read_text())
-    runs = {(k, c): [] for k in ks for c in clients}
+    engines = args.engines.split(",")
+    runs = {(k, e, c): [] for k in ks for e in engines for c in clients}
     for round_ in range(args.rounds):
         for k in (ks if round_ % 2 == 0 else ks[::-1]):
-            for c, row in measure(args, k, prompts, clients).items():
-                runs[(k, c)].append(row)
-                print(f"round {round_} k={k} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
+            for (e, c), row in measure(args, k, prompts, clients).items():
+                runs[(k, e, c)].append(row)
+                print(f"round {round_} k={k} engine {e} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
                       f"outputs equal {row[2]}", flush=True)
     median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
                     all(r[2] for r in rows)) for key, rows in runs.items()}
-    print("\n| k | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "
-          "generate / generate k0 | outputs equal |\n|---|---|---|---|---|---|---|---|")
-    for (k, c), (server, generate, equal) in median.items():
-        base_server, base_generate, _ = median[(ks[0], c)]
-        print(f"| {k} | {c} | {server:.0f} | {generate:.0f} | {server / generate:.2f} | {server / base_server:.2f} | "
+    print("\n| k | engine | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "
+          "generate / generate k0 | outputs equal |\n|---|---|---|---|---|---|---|---|---|")
+    for (k, e, c), (server, generate, equal) in median.items():
+        base_server, base_generate, _ = median[(ks[0], e, c)]
+        print(f"| {k} | {e} | {c} | {server:.0f} | {generate:.0f} | {server / generate:.2f} | {server / base_server:.2f} | "
               f"{generate / base_generate:.2f} | {equal} |")
     if args.json:
         args.json.write_text(json.dumps({"settings": {**vars(args), "model": str(args.model), "prompts": shown(args.prompts),
                                                       "json": str(args.json)},
-                                         "runs": {f"k={k} clients={c}": rows for (k, c), rows in runs.items()}},
+                                         "runs": {f"k={k} engine={e} clients={c}": rows
+                                                  for (k, e, c), rows in runs.items()}},
                                         indent=1))
     return 0
 

@@ -173,10 +173,10 @@ def _range(text: str) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def served(model: Path, k: int, provider: str, threads: int | None, max_batch_size: int):
+def served(model: Path, k: int, provider: str, threads: int | None, max_batch_size: int, engine: str = "process"):
     """`python3 -m ortspec serve` of this tree in a child process; yields its URL, stops it with SIGINT."""
     command = [sys.executable, "-m", "ortspec", "serve", str(model), "--port", "0", "-k", str(k), "--provider", provider,
-               "--max-batch-size", str(max_batch_size), "--max-queue", "1024"]
+               "--max-batch-size", str(max_batch_size), "--max-queue", "1024", "--engine", engine]
     if threads:
         command += ["--threads", str(threads)]
     child = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ checked and tokenized) and read the events the thread hands them. Each turn the 
        reason when it is done.
 
 Every job that leaves the queue is answered once: finished, failed, or (cancelled: nobody
-listens) dropped. What goes wrong: a request the batcher refuses gets 400; anything unexpected
+listens) dropped with Finished("cancelled"). What goes wrong: a request the batcher refuses gets 400; anything unexpected
 while admitting one request fails that request alone with 500 (add_request is atomic), its
 traceback logged under its id; an unexpected error in the rest of a turn (a step) fails the
 running requests with 500, and the thread closes its batcher and opens a new one (half-
@@ -108,8 +108,9 @@ class Metrics:
 
 
 class Engine:
-    def __init__(self, session, max_batch_size: int, max_queue: int) -> None:
+    def __init__(self, session, max_batch_size: int, max_queue: int, after_turn: Callable[[], None] | None = None) -> None:
         self.session, self.max_batch_size, self.max_queue = session, max_batch_size, max_queue
+        self.after_turn = after_turn  # called on the engine thread after each turn (engine_process: sends its events)
         self.metrics = Metrics()
         self.error: str | None = None  # set when the thread died of an unexpected error
         self.batcher = None  # the engine thread's; replaced after a failed turn
@@ -194,6 +195,8 @@ class Engine:
                 self._step()
         except Exception:  # noqa: BLE001  (the batcher's states may be half-committed: start afresh)
             self._recover()
+        if self.after_turn is not None:
+            self.after_turn()
         return True
 
     def _end(self, now: float) -> None:
@@ -202,7 +205,7 @@ class Engine:
                 del self._running[rid]
                 self.batcher.cancel(rid)
                 self.batcher.forget(rid)
-                self.metrics.finished["cancelled"] += 1
+                self._drop(job)
             elif now > job.deadline:
                 self._send(rid, job, self.batcher.result(rid)[job.sent:])
                 self.batcher.cancel(rid)
@@ -212,7 +215,7 @@ class Engine:
             for position, job in enumerate(list(self._queue)):
                 if job.cancelled:
                     self._queue.remove(job)
-                    self.metrics.finished["cancelled"] += 1
+                    self._drop(job)
                 elif now > job.deadline and position >= free:
                     self._queue.remove(job)
                     self._fail(job, 503, "timed out waiting for a free row; retry later or raise the timeout.")
@@ -235,7 +238,7 @@ class Engine:
     def _admit_together(self, jobs: list[Job]) -> None:
         for job in jobs:
             if job.cancelled:
-                self.metrics.finished["cancelled"] += 1
+                self._drop(job)
         jobs = [job for job in jobs if not job.cancelled]
         if not jobs:
             return
@@ -301,6 +304,11 @@ class Engine:
         job.deliver(Finished(reason))
         self.metrics.finished[reason] += 1
         self.batcher.forget(rid)  # answered: nothing of it is read again
+
+    def _drop(self, job: Job) -> None:
+        """A cancelled job's end: nobody listens, but a relay (engine_process) forgets it then."""
+        job.deliver(Finished("cancelled"))
+        self.metrics.finished["cancelled"] += 1
 
     def _fail(self, job: Job, status: int, message: str) -> None:
         job.deliver(Failed(status, message))

@@ -14,6 +14,7 @@ is left with 503 and closes its batcher. The Session belongs to the caller.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import socket
 import sys
@@ -52,6 +53,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+LIMIT_OPTIONS = ("request_timeout", "max_body_bytes", "max_prompt_chars", "body_timeout", "header_timeout")
 
 
 def check_options(max_batch_size, max_queue, log_level, **limits) -> Limits:
@@ -74,11 +76,13 @@ def _log_to_stderr(level: str) -> None:
 
 
 class Service:
-    """The engine thread (not started) and the ASGI app over a Session, every option checked:
-    what a Server serves on its socket, and what each Ray Serve replica serves (ray.py)."""
+    """The engine (not started) and the ASGI app over a Session, every option checked: what a
+    Server serves on its socket, and what each Ray Serve replica serves (ray.py). engine: None
+    for an engine thread over the Session; or an EngineProcess (engine_process.py), session
+    then being its Front."""
 
     def __init__(self, session, max_batch_size: int = 8, max_queue: int = 64, model_name: str | None = None,
-                 log_level: str = "warning", **limits) -> None:
+                 log_level: str = "warning", engine=None, **limits) -> None:
         require_dependencies()
         from .app import create_app
         from .chat import ChatTemplate
@@ -86,7 +90,7 @@ class Service:
 
         self.limits = check_options(max_batch_size, max_queue, log_level, **limits).with_model(session)
         _log_to_stderr(log_level)
-        self.engine = Engine(session, int(max_batch_size), int(max_queue))
+        self.engine = engine if engine is not None else Engine(session, int(max_batch_size), int(max_queue))
         self.model_name = model_name or session.manifest.dir.name
         self.app = create_app(session, self.engine, self.model_name, self.limits,
                               ChatTemplate.from_model_dir(session.manifest.dir))
@@ -97,13 +101,13 @@ class Server:
                  max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
                  log_level: str = "warning", max_body_bytes: int = Limits.max_body_bytes,
                  max_prompt_chars: int | None = None, body_timeout: float = Limits.body_timeout,
-                 header_timeout: float = Limits.header_timeout) -> None:
+                 header_timeout: float = Limits.header_timeout, engine=None) -> None:
         require_dependencies()
         import uvicorn
 
         from .limits import header_timeout_protocol
 
-        service = Service(session, max_batch_size, max_queue, model_name, log_level, request_timeout=request_timeout,
+        service = Service(session, max_batch_size, max_queue, model_name, log_level, engine, request_timeout=request_timeout,
                           max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
                           body_timeout=body_timeout, header_timeout=header_timeout)
         self.limits, self.engine, self.model_name, app = service.limits, service.engine, service.model_name, service.app
@@ -113,6 +117,31 @@ class Server:
                                                      http=header_timeout_protocol(self.limits.header_timeout),
                                                      timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def spawned(cls, model_dir, session_options: dict, **options) -> "Server":
+        """A Server whose Session and engine run in a child process (engine_process.py: the HTTP
+        side's Python then never waits for the engine's interpreter lock): what ``ortspec serve``
+        runs. session_options: Session's keywords; options: this class's. The options are
+        checked first, then the child opens the model (its errors raise here)."""
+        from ..manifest import Manifest
+        from ..prompts import Prompts
+        from .engine_process import EngineProcess, Front
+
+        require_dependencies()
+        given = inspect.signature(cls).bind(None, **options)
+        given.apply_defaults()
+        settings = given.arguments
+        check_options(settings["max_batch_size"], settings["max_queue"], settings["log_level"],
+                      **{name: settings[name] for name in LIMIT_OPTIONS})
+        manifest = Manifest.load(validation.model_dir(model_dir))
+        engine = EngineProcess(manifest.dir, session_options, settings["max_batch_size"], settings["max_queue"])
+        ready = engine.start()
+        try:
+            return cls(Front(Prompts(manifest, ready.reserved), engine), engine=engine, **options)
+        except BaseException:
+            engine.stop()
+            raise
 
     @property
     def url(self) -> str:

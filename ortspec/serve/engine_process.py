@@ -1,0 +1,348 @@
+"""The engine in a process of its own, so that the HTTP side's Python never takes the engine's GIL.
+
+Every streamed token costs the HTTP side Python (its text, its JSON, its socket write); in one
+process that work and the engine's step bookkeeping take turns on one interpreter lock, and
+on a GPU, whose step is shorter than both together, the GPU waits for them. ``ortspec serve``
+therefore runs the Session and the engine thread (engine.py) in a child process (spawned,
+never forked) and keeps uvicorn, the routes, the tokenizer and the detokenizer here.
+
+One pipe carries both ways: jobs (checked token ids, ready to admit), cancels and stop go
+down; each engine turn's events (engine.Tokens / Finished / Failed, keyed by job) come up in
+one message, with the Session's stats every STATS_S. A sender thread in the child writes
+them, so a slow reader never stalls a step. ``EngineProcess`` has the Engine's interface
+(submit, cancel, start, stop, error, metrics, queue_depth, running), and answers a queue
+over max_queue with QueueFull here, before anything crosses.
+
+If the child dies (a crash in native code, the OOM killer), its requests fail with 500, /health
+answers 503 while a new child loads the model, and serving goes on; a child that cannot load
+the model stops the restarts (the error stays on /health).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+
+from .engine import Engine, Failed, Finished, Job, Metrics, QueueFull, Tokens, internal_error
+
+STATS_S = 0.25  # how often the child sends its Session's stats (for /metrics)
+log = logging.getLogger("ortspec.serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """What the child reports once its Session is open."""
+
+    reserved: int  # positions of max_length a request may not use (exact mode)
+    k: int
+    auto_k: bool
+    stats: dict
+
+
+class Front:
+    """What the HTTP side reads of the model (a Session's names): the prompt side, the totals."""
+
+    def __init__(self, prompts, engine: "EngineProcess") -> None:
+        self.prompts, self.engine = prompts, engine
+        self.manifest = prompts.manifest
+
+    @property
+    def tokenizer(self):
+        return self.prompts.tokenizer
+
+    def new_requests(self, *args, **kwargs):
+        return self.prompts.new_requests(*args, **kwargs)
+
+    @property
+    def stats(self) -> dict:
+        return self.engine.stats
+
+
+class EngineProcess:
+    def __init__(self, model_dir, session_options: dict, max_batch_size: int, max_queue: int) -> None:
+        self.model_dir, self.session_options = model_dir, dict(session_options)
+        self.max_batch_size, self.max_queue = max_batch_size, max_queue
+        self.metrics = Metrics()
+        self.error: str | None = None  # set while no child serves (it died, or cannot load the model)
+        self.stats: dict = {}
+        self.ready: Ready | None = None
+        self._lock = threading.Lock()  # the job tables and the pipe's sending end
+        self._jobs: dict[int, Job] = {}  # key -> job, until its last event
+        self._key_of: dict[Job, int] = {}
+        self._waiting: set[int] = set()  # keys without an event yet: queued in the child
+        self._next_key = 0
+        self._stopping = False
+        self._conn = self._process = None
+
+    # -- any thread ---------------------------------------------------------------------------
+    def start(self) -> Ready:
+        """Spawns the child and waits until its Session is open (idempotent); raises the error
+        the child's Session raised (a bad model directory, provider or option)."""
+        if self.ready is None:
+            self.ready = self._spawn()
+            threading.Thread(target=self._read, name="ortspec-engine-reader", daemon=True).start()
+        return self.ready
+
+    def submit(self, *jobs: Job) -> None:
+        """Sends the jobs (a request's choices) to the child, all of them or none."""
+        with self._lock:
+            if self._stopping or self.error:
+                raise QueueFull("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
+            if len(self._waiting) + len(jobs) > self.max_queue:
+                free = self.max_queue - len(self._waiting)
+                taken = (f"all {self.max_queue} queue slots are taken" if free <= 0 else
+                         f"{free} of {self.max_queue} queue slots are free, for {len(jobs)} choices")
+                raise QueueFull(f"{taken} ({self.running} requests running); retry later.")
+            specs = []
+            for job in jobs:
+                key, self._next_key = self._next_key, self._next_key + 1
+                self._jobs[key], self._key_of[job] = job, key
+                self._waiting.add(key)
+                specs.append((key, dataclasses.replace(job, deliver=None)))
+            self._conn.send(("submit", specs))
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: the child ends the job at its engine's next turn."""
+        with self._lock:
+            key = self._key_of.get(job)
+            if key is not None and not self._stopping:
+                self._conn.send(("cancel", key))
+
+    def stop(self) -> None:
+        """The child fails waiting and running jobs with 503, closes its Session and exits."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            if self._conn is not None:
+                try:
+                    self._conn.send(("stop",))
+                except OSError:  # the child is gone already
+                    pass
+        if self._process is not None:
+            self._process.join(timeout=60)
+            if self._process.is_alive():
+                self._process.kill()
+        with self._lock:  # a child killed, or gone, before it answered them
+            jobs, self._jobs, self._key_of, self._waiting = list(self._jobs.values()), {}, {}, set()
+        for job in jobs:
+            job.deliver(Failed(503, "the server is shutting down"))
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Jobs sent to the child that have had an event and not their last."""
+        return len(self._jobs) - len(self._waiting)
+
+    # -- the reader thread --------------------------------------------------------------------
+    def _spawn(self) -> Ready:
+        context = multiprocessing.get_context("spawn")  # never fork: ONNX Runtime's and CUDA's threads
+        here, there = context.Pipe()
+        process = context.Process(target=child_main, name="ortspec-engine", daemon=True,
+                                  args=(self.model_dir, self.session_options, self.max_batch_size, self.max_queue, there))
+        process.start()
+        there.close()
+        try:
+            first = here.recv()
+        except EOFError:
+            process.join()
+            raise RuntimeError(f"the engine process exited (code {process.exitcode}) before it opened the model") from None
+        if isinstance(first, BaseException):
+            process.join()
+            raise first
+        self._conn, self._process, self.stats = here, process, first.stats
+        return first
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                if self._stopping or not self._restart():
+                    return
+                continue
+            self._take(message)
+
+    def _take(self, message: dict) -> None:
+        if "stats" in message:
+            self.stats = message["stats"]
+        if message.get("error"):
+            self.error = message["error"]
+        tokens = 0
+        for key, event in message["events"]:
+            with self._lock:
+                job = self._jobs.get(key)
+                if job is None:
+                    continue
+                if key in self._waiting:
+                    self._waiting.discard(key)
+                    if isinstance(event, Tokens):
+                        self.metrics.admitted += 1
+                        self.metrics.prompt_tokens += len(job.prompt)
+                last = isinstance(event, (Finished, Failed))
+                if last:
+                    del self._jobs[key], self._key_of[job]
+            if isinstance(event, Tokens):
+                tokens += len(event.ids)
+            elif last:
+                self.metrics.finished[event.reason if isinstance(event, Finished) else event.status] += 1
+            if not (isinstance(event, Finished) and event.reason == "cancelled"):  # nobody listens
+                job.deliver(event)
+        if tokens:
+            self.metrics.record_step(tokens, time.monotonic())
+
+    def _restart(self) -> bool:
+        """(the child died) Fails its jobs with 500, then spawns a new one; False if that fails."""
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        log.error("the engine process exited (code %s); failing its requests with 500 and starting a new one", code)
+        with self._lock:
+            self.error = f"the engine process exited (code {code}); a new one is loading the model"
+            jobs, self._jobs, self._key_of, self._waiting = list(self._jobs.values()), {}, {}, set()
+        for job in jobs:
+            self.metrics.finished[500] += 1
+            job.deliver(Failed(500, internal_error(job.id)))
+        try:
+            ready = self._spawn()
+        except Exception as exc:  # noqa: BLE001  (reported on /health; nothing is served)
+            log.exception("the new engine process failed")
+            self.error = f"the engine process exited and a new one failed: {type(exc).__name__}: {exc}"
+            return False
+        self.ready, self.error = ready, None
+        return True
+
+
+# -- the child process ----------------------------------------------------------------------------
+class Outbox:
+    """The child's events, sent once per engine turn by a thread of their own (a slow reader
+    never stalls a step), with the Session's stats every STATS_S."""
+
+    def __init__(self, conn, session, engine_error) -> None:
+        self.conn, self.session, self.engine_error = conn, session, engine_error
+        self._turn: list[tuple[int, object]] = []  # this turn's events so far
+        self._out: list[tuple[int, object]] = []  # whole turns' events, for the next message
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._send_all, name="ortspec-outbox", daemon=True)
+
+    def start(self) -> None:
+        """Sending begins (after the child's first message, Ready)."""
+        self._thread.start()
+
+    def poster(self, key: int):
+        return lambda event: self.post(key, event)
+
+    def post(self, key: int, event) -> None:
+        with self._wake:
+            self._turn.append((key, event))
+
+    def flush(self) -> None:
+        """(after each engine turn) This turn's events go out."""
+        with self._wake:
+            if self._turn:
+                self._out += self._turn
+                self._turn = []
+                self._wake.notify()
+
+    def close(self) -> None:
+        """Sends what is left, then the sender stops."""
+        self.flush()
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _send_all(self) -> None:
+        next_stats = 0.0
+        while True:
+            with self._wake:
+                if not (self._out or self._closing):
+                    self._wake.wait(max(0.0, next_stats - time.monotonic()))
+                events, self._out, closing = self._out, [], self._closing
+            message, now = {"events": events}, time.monotonic()
+            if now >= next_stats or closing:
+                message.update(stats=self.session.stats, error=self.engine_error())
+                next_stats = now + STATS_S
+            elif not events:
+                continue
+            try:
+                self.conn.send(message)
+            except OSError:  # the parent is gone
+                return
+            if closing:
+                return
+
+
+def child_main(model_dir, session_options: dict, max_batch_size: int, max_queue: int, conn) -> None:
+    """The child: a Session and its engine thread, driven by the parent's messages until "stop"
+    (or until the parent is gone)."""
+    from ..session import Session
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
+    try:
+        session = Session(model_dir, **session_options)
+    except BaseException as exc:  # noqa: BLE001  (the parent raises it)
+        conn.send(exc if _pickles(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"))
+        return
+    engine: Engine | None = None
+    outbox = Outbox(conn, session, lambda: engine.error if engine else None)
+    engine = Engine(session, max_batch_size, max_queue, after_turn=outbox.flush)
+    jobs: dict[int, Job] = {}
+
+    def deliver_to(key: int):
+        post = outbox.poster(key)
+
+        def deliver(event) -> None:
+            if isinstance(event, (Finished, Failed)):
+                jobs.pop(key, None)
+            post(event)
+
+        return deliver
+
+    try:
+        engine.start()
+        if engine.error:  # its batcher did not open
+            conn.send(RuntimeError(f"the engine did not start: {engine.error}"))
+            return
+        conn.send(Ready(session.exact.k if session.exact else 0, session.k, session.auto_k, session.stats))
+        outbox.start()
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            if message[0] == "submit":
+                made = [dataclasses.replace(job, deliver=deliver_to(key)) for key, job in message[1]]
+                jobs.update({key: job for (key, _), job in zip(message[1], made)})
+                try:
+                    engine.submit(*made)
+                except QueueFull as exc:  # the engine failed, or (a race the parent's count misses) full
+                    for job in made:
+                        job.deliver(Failed(503 if engine.error else 429, str(exc)))
+                    outbox.flush()
+            elif message[0] == "cancel" and message[1] in jobs:
+                engine.cancel(jobs[message[1]])
+            elif message[0] == "stop":
+                break
+    finally:
+        engine.stop()
+        outbox.close()
+        session.close()
+
+
+def _pickles(exc: BaseException) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001
+        return False
+    return True

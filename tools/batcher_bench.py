@@ -1,0 +1,93 @@
+"""The batcher against generate in one process, no HTTP: what continuous batching costs over
+generate before the server adds anything (tools/serve_bench.py measures the server).
+
+    python3 tools/batcher_bench.py MODEL_DIR [--provider cpu|cuda] [--threads N] [-k 0] [--batch 1,16]
+        [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2]
+
+Per batch size B: B x --requests held-out prompts (the model's stop tokens, greedy) as
+--requests generate calls of batch B, then through one batcher of B rows that admits the next
+request the moment a row is free; rounds interleave the two. Reported: tokens/s of each,
+batcher / generate, the batcher's steps and mean milliseconds per step() call, and whether every
+request's tokens equal generate's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import ortspec  # noqa: E402
+
+DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
+
+
+def through_generate(session, requests: list[list[int]], batch: int, max_tokens: int) -> tuple[float, list]:
+    start, outputs = time.perf_counter(), []
+    for i in range(0, len(requests), batch):
+        outputs += session.generate(requests[i:i + batch], max_new_tokens=max_tokens)
+    return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
+
+
+def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: int) -> tuple[float, list, int, float]:
+    """(tokens/s, outputs in request order, steps, seconds inside step())."""
+    with session.batcher(max_batch_size=batch) as batcher:
+        queue, ids, steps, stepping = list(enumerate(requests)), {}, 0, 0.0
+        start = time.perf_counter()
+        while queue or batcher.pending:
+            while queue and len(batcher.running) < batch:
+                index, prompt = queue.pop(0)
+                ids[index] = batcher.add_request(prompt, max_new_tokens=max_tokens)
+            began = time.perf_counter()
+            batcher.step()
+            stepping += time.perf_counter() - began
+            steps += 1
+        seconds = time.perf_counter() - start
+        outputs = [batcher.result(ids[i]) for i in range(len(requests))]
+    return sum(map(len, outputs)) / seconds, outputs, steps, stepping
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--provider", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("-k", default="0")
+    parser.add_argument("--batch", default="1,16")
+    parser.add_argument("--requests", type=int, default=4, help="requests per row (generate: calls per batch size)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    k = args.k if args.k == "auto" else int(args.k)
+    session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
+    texts = json.loads(args.prompts.read_text())
+    prompts = [session.tokenizer.encode(t).ids for t in texts]
+    print("| batch | generate tok/s | batcher tok/s | batcher / generate | steps | ms per step() | same tokens |\n"
+          "|---|---|---|---|---|---|---|")
+    for batch in (int(b) for b in args.batch.split(",")):
+        requests = [prompts[i % len(prompts)] for i in range(batch * args.requests)]
+        session.generate(requests[:batch], max_new_tokens=8)  # warm-up at this batch size (graphs)
+        through_batcher(session, requests[:batch], batch, 8)
+        rates = {"generate": [], "batcher": []}
+        for _ in range(args.rounds):
+            generated, want = through_generate(session, requests, batch, args.max_tokens)
+            batched, got, steps, stepping = through_batcher(session, requests, batch, args.max_tokens)
+            rates["generate"].append(generated)
+            rates["batcher"].append(batched)
+        g, b = statistics.median(rates["generate"]), statistics.median(rates["batcher"])
+        print(f"| {batch} | {g:.0f} | {b:.0f} | {b / g:.2f} | {steps} | {1e3 * stepping / steps:.3f} | {got == want} |",
+              flush=True)
+    session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
