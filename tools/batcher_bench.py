@@ -2,19 +2,22 @@
 generate before the server adds anything (tools/serve_bench.py measures the server).
 
     python3 tools/batcher_bench.py MODEL_DIR [--provider cpu|cuda] [--threads N] [-k 0] [--batch 1,16]
-        [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2]
+        [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2] [--profile N]
 
 Per batch size B: B x --requests held-out prompts (the model's stop tokens, greedy) as
 --requests generate calls of batch B, then through one batcher of B rows that admits the next
 request the moment a row is free; rounds interleave the two. Reported: tokens/s of each,
 batcher / generate, the batcher's steps and mean milliseconds per step() call, and whether every
-request's tokens equal generate's.
+request's tokens equal generate's. Then each side's seconds per phase (Stats.seconds) over its
+last round; --profile N: the N functions of most cumulative time in one more batcher pass.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -65,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, help="print the N functions of most cumulative time")
     args = parser.parse_args(argv)
     k = args.k if args.k == "auto" else int(args.k)
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
@@ -76,15 +80,25 @@ def main(argv=None) -> int:
         requests = [prompts[i % len(prompts)] for i in range(batch * args.requests)]
         session.generate(requests[:batch], max_new_tokens=8)  # warm-up at this batch size (graphs)
         through_batcher(session, requests[:batch], batch, 8)
-        rates = {"generate": [], "batcher": []}
+        rates, phases = {"generate": [], "batcher": []}, {}
         for _ in range(args.rounds):
+            session.reset_stats()
             generated, want = through_generate(session, requests, batch, args.max_tokens)
+            phases["generate"] = session.stats["seconds"]
+            session.reset_stats()
             batched, got, steps, stepping = through_batcher(session, requests, batch, args.max_tokens)
+            phases["batcher"] = session.stats["seconds"]
             rates["generate"].append(generated)
             rates["batcher"].append(batched)
         g, b = statistics.median(rates["generate"]), statistics.median(rates["batcher"])
         print(f"| {batch} | {g:.0f} | {b:.0f} | {b / g:.2f} | {steps} | {1e3 * stepping / steps:.3f} | {got == want} |",
               flush=True)
+        for side, seconds in phases.items():
+            print(f"  {side} phases: " + ", ".join(f"{name} {value:.3f} s" for name, value in seconds.items()), flush=True)
+        if args.profile:
+            profile = cProfile.Profile()
+            profile.runcall(through_batcher, session, requests, batch, args.max_tokens)
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
     session.close()
     return 0
 
