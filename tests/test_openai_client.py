@@ -2,7 +2,8 @@
 streamed and not, stop strings (one that spans tokens, streamed too), logprobs (equal to a
 log-softmax of a forced decode's logits), n choices (equal to generate's rows for the seed),
 echo, an unknown model (404 model_not_found), text parts, seeds; every answer's tokens equal
-Session.generate's."""
+Session.generate's. Each test runs against the engine in a process of its own (what ortspec
+serve runs) and in a thread beside uvicorn."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from ortspec.runtime.model import TargetModel
 from ortspec.runtime.states import Rows
 from ortspec.serve import chat as chat_module
+from ortspec.serve.engine_process import EngineProcess
 from ortspec.serve.server import Server
 from ortspec.speculative.logprobs import log_softmax
 
@@ -21,11 +23,13 @@ TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfo
 PROMPT = "def main("
 
 
-@pytest.fixture(scope="module")
-def server(session):
+@pytest.fixture(scope="module", params=["process", "thread"])
+def server(request, session):
     with pytest.MonkeyPatch.context() as patch:  # the fixture model has no chat template: give it one
         patch.setattr(chat_module.ChatTemplate, "from_model_dir", classmethod(lambda cls, _: cls(TEMPLATE)))
-        with Server(session, port=0, max_batch_size=4, model_name="tiny") as s:
+        options = dict(port=0, max_batch_size=4, model_name="tiny")
+        with (Server.spawned(session.manifest.dir, dict(num_speculative_tokens=session.k), **options)
+              if request.param == "process" else Server(session, **options)) as s:
             yield s
 
 
@@ -171,14 +175,15 @@ def test_n_choices_equal_generate_rows_for_the_seed(client, session):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, n=5)
 
 
-def test_n_choices_share_one_prefill(client, session, monkeypatch):
+def test_n_choices_share_one_prefill(client, server, session, monkeypatch):
     """A request's n choices are admitted together and prefilled once (their rows start from
-    copies of its states), with the tokens of n separate rows."""
+    copies of its states; counted where the engine runs in this process), with the tokens of n
+    separate rows."""
     prompt, prefilled, prefill = session.tokenizer.encode(PROMPT).ids, [], TargetModel.prefill
     monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions: (
         prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions))[1])
     whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0.9, seed=3, n=4)
-    assert prefilled.count(tuple(prompt)) == 1
+    assert prefilled.count(tuple(prompt)) == (0 if isinstance(server.engine, EngineProcess) else 1)
     monkeypatch.undo()
     assert [c.token_ids for c in whole.choices] == session.generate([prompt] * 4, max_new_tokens=8, temperature=0.9,
                                                                     seed=3)
