@@ -2,14 +2,16 @@
 generate before the server adds anything (tools/serve_bench.py measures the server).
 
     python3 tools/batcher_bench.py MODEL_DIR [--provider cpu|cuda] [--threads N] [-k 0] [--batch 1,16]
-        [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2] [--profile N]
+        [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2] [--profile N] [--timing]
 
 Per batch size B: B x --requests held-out prompts (the model's stop tokens, greedy) as
 --requests generate calls of batch B, then through one batcher of B rows that admits the next
 request the moment a row is free; rounds interleave the two. Reported: tokens/s of each,
 batcher / generate, the batcher's steps and mean milliseconds per step() call, and whether every
 request's tokens equal generate's. Then each side's seconds per phase (Stats.seconds) over its
-last round; --profile N: the N functions of most cumulative time in one more batcher pass.
+last round; --profile N: the N functions of most cumulative time in one more batcher pass;
+--timing: host seconds and calls of the pieces of a join (drain, prefill, its Run, its download,
+a run's opening) in one more pass of each side.
 """
 
 from __future__ import annotations
@@ -57,6 +59,61 @@ def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: 
     return sum(map(len, outputs)) / seconds, outputs, steps, stepping
 
 
+TIMED = [("ortspec.speculative.decoder", "Decoder", ["admit", "drain", "_prefill", "_close_run", "step"]),
+         ("ortspec.runtime.model", "TargetModel", ["reset", "prefill", "_run"]),
+         ("ortspec.runtime.graphs", "GraphRunner", ["run_bound", "run"]),
+         ("ortspec.runtime.graphs", "GraphSet", ["begin_step"]),
+         ("ortspec.runtime.states", "StateSet", ["advance", "feeds"]),
+         ("ortspec.speculative.step_kinds", "StepKinds", ["open"]),
+         ("ortspec.speculative.sampler", None, ["pick"]),
+         ("ortspec.runtime.model", None, ["_forward"])]
+
+
+class Timing:
+    """Host seconds and calls per wrapped function, while active (``TIMED``)."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.seconds, self.calls, self._undo = {}, {}, []
+        for module_name, class_name, names in TIMED:
+            module = importlib.import_module(module_name)
+            owner = getattr(module, class_name) if class_name else module
+            for name in names:
+                self._wrap(owner, name, f"{class_name or module_name.rsplit('.', 1)[1]}.{name}")
+
+    def _wrap(self, owner, name: str, label: str) -> None:
+        original = owner.__dict__[name]
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
+                self.calls[label] = self.calls.get(label, 0) + 1
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, original))
+
+    def close(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+    def lines(self) -> list[str]:
+        return [f"    {label}: {self.seconds[label]:.4f} s / {self.calls[label]} calls = "
+                f"{1e3 * self.seconds[label] / self.calls[label]:.3f} ms" for label in sorted(self.seconds)]
+
+
+def timed_pass(run) -> list[str]:
+    timing = Timing()
+    try:
+        run()
+    finally:
+        timing.close()
+    return timing.lines()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path)
@@ -69,6 +126,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="print the N functions of most cumulative time")
+    parser.add_argument("--timing", action="store_true", help="host time of a join's pieces, per side")
     args = parser.parse_args(argv)
     k = args.k if args.k == "auto" else int(args.k)
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
@@ -95,6 +153,10 @@ def main(argv=None) -> int:
               flush=True)
         for side, seconds in phases.items():
             print(f"  {side} phases: " + ", ".join(f"{name} {value:.3f} s" for name, value in seconds.items()), flush=True)
+        if args.timing:
+            for side, run in [("generate", lambda: through_generate(session, requests, batch, args.max_tokens)),
+                              ("batcher", lambda: through_batcher(session, requests, batch, args.max_tokens))]:
+                print(f"  {side} timing:", *timed_pass(run), sep="\n", flush=True)
         if args.profile:
             profile = cProfile.Profile()
             profile.runcall(through_batcher, session, requests, batch, args.max_tokens)

@@ -74,8 +74,8 @@ for phase in "$@"; do
     batcher)
       model=$(trained)
       for k in ${BATCHER_KS:-0 2}; do
-        run 150 "batcher_k$k" python3 tools/batcher_bench.py "$model" --provider cuda -k $k --batch 1,16 --requests 4 \
-          --rounds 2
+        run 150 "batcher_k$k" python3 tools/batcher_bench.py "$model" --provider cuda -k $k --batch ${BATCHER_BATCHES:-1,16} \
+          --requests 4 --rounds 2 ${BATCHER_TIMING:+--timing}
       done ;;
     bench)
       model=$(trained)

@@ -11,7 +11,9 @@ loaded by C concurrent clients (threads with their own connections: tools/serve_
 each send --requests requests one after another; then, in this process, a Session of the same k
 runs the same requests as --requests generate calls of batch C. Both use the prompts of --prompts
 (a JSON list of texts; default the bench's held-out prompts), --max-tokens new tokens and the
-model's stop tokens, greedy. Reported per (k, clients): the median tokens/s of each over the
+model's stop tokens, greedy. Each server run also records the CPU cores its process (uvicorn and
+the routes; with --engine thread the engine too) and its children (the engine process) kept
+busy, from /proc. Reported per (k, clients): the median tokens/s of each over the
 rounds, server / generate, and each k's tokens/s over k = the first one's (speculation against
 greedy, through the server and through generate). Outputs are compared too: a request's tokens
 from the server must equal generate's.
@@ -31,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import ortspec  # noqa: E402
-from tools.serve_load import run_clients, served  # noqa: E402
+from tools.serve_load import cpu_seconds, run_clients, served  # noqa: E402
 
 DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
 
@@ -73,20 +75,23 @@ def generate_side(session, texts: list[list[str]], max_tokens: int) -> tuple[flo
 
 def measure(args, k: int | str, prompts: list[str], clients: list[int]) -> dict:
     """One round for one k: {(engine, clients): (server tok/s, generate tok/s, outputs equal)}."""
-    rows, server = {}, {}
+    rows, server, busy = {}, {}, {}
     for engine in args.engines.split(","):
         with served(args.model, k, args.provider, args.threads, max(clients), engine) as url:
             server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
             for c in clients:
+                before, start = cpu_seconds(url.pid), time.perf_counter()
                 server[(engine, c)] = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
                                                   args.stream == "yes")
+                after, wall = cpu_seconds(url.pid), time.perf_counter() - start
+                busy[(engine, c)] = tuple((a - b) / wall for a, b in zip(after, before))
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
     for c in clients:
         session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8)  # warm-up at this batch size
         rate, outputs = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens)
         for engine in args.engines.split(","):
             server_rate, served_outputs = server[(engine, c)]
-            rows[(engine, c)] = (server_rate, rate, served_outputs == outputs)
+            rows[(engine, c)] = (server_rate, rate, served_outputs == outputs, *busy[(engine, c)])
     session.close()
     return rows
 
@@ -117,7 +122,8 @@ def main(argv=None) -> int:
             for (e, c), row in measure(args, k, prompts, clients).items():
                 runs[(k, e, c)].append(row)
                 print(f"round {round_} k={k} engine {e} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
-                      f"outputs equal {row[2]}", flush=True)
+                      f"outputs equal {row[2]}; CPU cores busy: server process {row[3]:.2f}, its children "
+                      f"{row[4]:.2f}", flush=True)
     median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
                     all(r[2] for r in rows)) for key, rows in runs.items()}
     print("\n| k | engine | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "

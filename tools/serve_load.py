@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -172,9 +173,34 @@ def _range(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
+class ServedURL(str):
+    """The URL of a server `served` started; .pid: its process."""
+
+    pid: int
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds of process pid, of its child processes, alive ones) from /proc (Linux; 0 elsewhere)."""
+    def own(p: int) -> float:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def children(p: int) -> list[int]:
+        found = []
+        for task in Path(f"/proc/{p}/task").glob("*/children") if Path(f"/proc/{p}/task").exists() else []:
+            found += [int(c) for c in task.read_text().split()]
+        return found + [g for c in found for g in children(c)]
+
+    return own(pid), sum(own(c) for c in children(pid))
+
+
 @contextlib.contextmanager
 def served(model: Path, k: int, provider: str, threads: int | None, max_batch_size: int, engine: str = "process"):
-    """`python3 -m ortspec serve` of this tree in a child process; yields its URL, stops it with SIGINT."""
+    """`python3 -m ortspec serve` of this tree in a child process; yields its URL (a ServedURL),
+    stops it with SIGINT."""
     command = [sys.executable, "-m", "ortspec", "serve", str(model), "--port", "0", "-k", str(k), "--provider", provider,
                "--max-batch-size", str(max_batch_size), "--max-queue", "1024", "--engine", engine]
     if threads:
@@ -190,7 +216,9 @@ def served(model: Path, k: int, provider: str, threads: int | None, max_batch_si
         else:
             raise SystemExit(f"serve_load: the server did not start: {''.join(seen[-20:])}")
         threading.Thread(target=child.stderr.read, daemon=True).start()  # drain: a full pipe would block the server
-        yield found.group(1)
+        url = ServedURL(found.group(1))
+        url.pid = child.pid
+        yield url
     finally:
         child.send_signal(signal.SIGINT)
         child.wait(timeout=60)
