@@ -4,7 +4,8 @@ generate before the server adds anything (tools/serve_bench.py measures the serv
     python3 tools/batcher_bench.py MODEL_DIR [--provider cpu|cuda] [--threads N] [-k 0] [--batch 1,16]
         [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2] [--profile N] [--timing]
 
-Per batch size B: B x --requests held-out prompts (the model's stop tokens, greedy) as
+Per batch size B: B x --requests held-out prompts, each under a first line of its own
+(serve_bench.distinct: no prompt repeats, so generate forks none; the model's stop tokens, greedy) as
 --requests generate calls of batch B, then through one batcher of B rows that admits the next
 request the moment a row is free; rounds interleave the two. Reported: tokens/s of each,
 batcher / generate, the batcher's steps and mean milliseconds per step() call, and whether every
@@ -131,7 +132,10 @@ def main(argv=None) -> int:
     k = args.k if args.k == "auto" else int(args.k)
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
     texts = json.loads(args.prompts.read_text())
-    prompts = [session.tokenizer.encode(t).ids for t in texts]
+    from tools.serve_bench import distinct
+
+    count = max(int(b) for b in args.batch.split(",")) * args.requests
+    prompts = [session.tokenizer.encode(distinct(texts, i)).ids for i in range(count)]
     print("| batch | generate tok/s | batcher tok/s | batcher / generate | steps | ms per step() | same tokens |\n"
           "|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):

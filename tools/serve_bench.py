@@ -10,7 +10,8 @@ uvicorn),
 loaded by C concurrent clients (threads with their own connections: tools/serve_load.py) that
 each send --requests requests one after another; then, in this process, a Session of the same k
 runs the same requests as --requests generate calls of batch C. Both use the prompts of --prompts
-(a JSON list of texts; default the bench's held-out prompts), --max-tokens new tokens and the
+(a JSON list of texts; default the bench's held-out prompts), each request's under a first line
+of its own (no two requests share a prompt: ``distinct``), --max-tokens new tokens and the
 model's stop tokens, greedy. Each server run also records the CPU cores its process (uvicorn and
 the routes; with --engine thread the engine too) and its children (the engine process) kept
 busy, from /proc. Reported per (k, clients): the median tokens/s of each over the
@@ -44,9 +45,16 @@ def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def distinct(prompts: list[str], i: int) -> str:
+    """Request i's prompt: prompt i of the list (in turn) under a first line of its own, so that no
+    two requests share a prompt. With repeats, generate's batches would prefill each repeated prompt
+    once (forks) where the server, whose requests arrive apart, prefills every one."""
+    return f"# request {i}\n{prompts[i % len(prompts)]}"
+
+
 def requests_of(prompts: list[str], clients: int, per_client: int) -> list[list[str]]:
     """The prompt of each client's requests, in order: request r of client c takes prompt c * R + r."""
-    return [[prompts[(c * per_client + r) % len(prompts)] for r in range(per_client)] for c in range(clients)]
+    return [[distinct(prompts, c * per_client + r) for r in range(per_client)] for c in range(clients)]
 
 
 def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool) -> tuple[float, dict]:
