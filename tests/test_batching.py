@@ -7,7 +7,9 @@ import pytest
 
 import ortspec
 from ortspec.runtime.graphs import GraphSet
+from ortspec.runtime.graph_slots import batch_bucket
 from ortspec.speculative.batcher import run_arrivals
+from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.speculative.exactness import ExactnessError, plain_decode_states, row_state
 
@@ -73,6 +75,29 @@ def test_staggered_arrivals_with_fixed_rows(models):
     graphs = GraphSet(session.manifest)
     outputs, checked = run_staggered(session, refs=solo_references(graphs, 3), fixed_rows=True)
     assert outputs == solo and len(checked) > 60
+
+
+def test_fixed_rows_step_the_rows_up_to_the_last_running_one_bucketed(models, monkeypatch):
+    """The CUDA batching steps rows 0.. up to the last running request's, rounded up to a batch
+    bucket (1, 2, 4, then the engine's 6): a server with one request steps one row. States are
+    checked after every commit while the runs grow and shrink."""
+    out = models.converted("mixed")
+    solo = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    stepped, step_rows = [], Decoder._step_rows
+
+    def recorded(decoder, running):
+        rows = step_rows(decoder, running)
+        last = max(r.row for r in running)
+        assert [r.row for r in rows] == list(range(min(batch_bucket(last + 1), len(decoder.occupants))))
+        stepped.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(Decoder, "_step_rows", recorded)
+    outputs, checked = run_staggered(session, refs=solo_references(GraphSet(session.manifest), 2), fixed_rows=True,
+                                     max_batch_size=6)
+    assert outputs == solo and len(checked) > 60
+    assert {1, 2, 4, 6} <= set(stepped)
 
 
 def test_batcher_errors(models):

@@ -6,6 +6,7 @@
 #   bash tools/gpu_visit.sh check     identity and states on CUDA: tools/gpu.py check --no-bench,
 #                                     then greedy_loop / spec_loop / auto_loop without timing rounds
 #   bash tools/gpu_visit.sh gdn       tools/gpu.py gdn_verify (the CUDA verify's GDN forms)
+#   bash tools/gpu_visit.sh batching  tools/gpu.py batch --checks-only (staggered batcher, buckets, stages)
 #   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16 (SERVE_ENGINES: process,thread)
 #   bash tools/gpu_visit.sh batcher   tools/batcher_bench.py: the batcher against generate, no HTTP
 #   bash tools/gpu_visit.sh bench     ortspec bench, held-out prompts, trained model fp16, k 0..3 and auto
@@ -65,6 +66,7 @@ for phase in "$@"; do
       run 150 greedy_loop python3 tools/gpu.py greedy_loop --rounds 0 --json "$out/greedy_loop.json"
       run 200 spec_loop python3 tools/gpu.py spec_loop --rounds 0 --json "$out/spec_loop.json"
       run 200 auto_loop python3 tools/gpu.py auto_loop --rounds 0 --json "$out/auto_loop.json" ;;
+    batching) run 240 batching python3 tools/gpu.py batch --checks-only --json "$out/batching.json" ;;
     gdn) run 330 gdn_verify python3 tools/gpu.py gdn_verify --budget-s 280 --json "$out/gdn_verify.json" ;;
     serve)
       model=$(trained)

@@ -12,9 +12,10 @@ A new request is prefilled into a free row when it is added (which makes its fir
 takes part from the next step on; a finished or cancelled request's row is freed for the next
 arrival. step() reports every token exactly once, the first included, so the tokens a client
 collects from step() are result(). Every request's tokens equal what it gets decoded alone
-(with the same seed when it samples). On CUDA every row always runs (rows stay one contiguous range at
-fixed addresses, so the captured graphs keep replaying): a free row holds a finished
-placeholder whose results are dropped. In exact mode too, and its engine has whole groups of
+(with the same seed when it samples). On CUDA a step runs the rows from 0 up to the last running
+request's, rounded up to a CUDA-graph batch bucket (one contiguous range at fixed addresses, so
+the captured graphs keep replaying; new requests take the lowest free rows): a free row among
+them holds a finished placeholder whose results are dropped. In exact mode too, and its engine has whole groups of
 exact_batch_size rows: rows past max_batch_size hold placeholders for good.
 
 A batcher holds one engine (state buffers for max_batch_size rows) from its creation until

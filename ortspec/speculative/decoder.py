@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import InputError
 from ..runtime.engines import Engine
 from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
+from ..runtime.graph_slots import batch_bucket
 from ..runtime.graphs import GraphSet
 from ..runtime.model import MTPHead
 from ..runtime.states import Rows
@@ -87,8 +88,8 @@ class Decoder:
 
     make_drafts: the draft source (tests script drafts with it). on_commit(decoder, batch)
     (tests): called after a step's commit wherever no step is in flight, with the requests
-    that took part in it. fixed_rows: every step runs every row (CUDA, exact mode), else the
-    running rows only (the CPU). exact: every target forward at that one fixed shape.
+    that took part in it. fixed_rows: a step runs rows 0.. up to the last running one, bucketed
+    (CUDA; every row in exact mode), else the running rows only (the CPU). exact: every target forward at that one fixed shape.
     k_chooser: auto k (k is then the most drafts a step verifies). pipelined: depth 1 (None:
     on CUDA where the stream is shared with ONNX Runtime; True: also on the CPU, for tests;
     False: depth 0). fused_verify=False: never the fused graph (A/B runs).
@@ -156,11 +157,23 @@ class Decoder:
         if self.next_k > 0 and self.head.waiting:
             with self.engine.step(), self.stats.timed("prefill"):
                 self.head.catch_up_deferred(self.next_k)
-        requests = [r for r in self.occupants if r is not None] if self.fixed_rows else running
+        requests = self._step_rows(running)
         room = self.max_length - 1 - max(r.processed for r in running)  # last writable position - T
         k = self.next_k if room >= self.next_k else 0
         drafts, self._chosen = self._chosen if self._chosen is not None else self._ask(requests), None
         return Plan(self.kinds.choose(requests, k, drafts), k, drafts, tuple(r.row for r in requests)), requests
+
+    def _step_rows(self, running: list[Request]) -> list[Request]:
+        """The requests a step runs: the running ones (the CPU); with fixed rows (CUDA) the rows
+        from 0 up to the last running one, rounded up to a CUDA-graph batch bucket (a free row
+        among them holds a finished placeholder), so a server with one request steps one row;
+        in exact mode every row (whole groups of exact_batch_size)."""
+        if not self.fixed_rows:
+            return running
+        if isinstance(self.kinds.forwards, FixedShape):
+            return [r for r in self.occupants if r is not None]
+        rows = min(batch_bucket(max(r.row for r in running) + 1), len(self.occupants))
+        return [r for r in self.occupants[:rows] if r is not None]
 
     def _plan_ahead(self, flight: Flight) -> tuple[Plan, list[Request]] | None:
         """Step n+1 where it goes on with step n's run, decided before step n is read (the host
@@ -256,7 +269,9 @@ class Decoder:
             self._prefill(group, copies)
         if self.head is not None and fresh:
             live = [r for r in self.occupants if r is not None]
-            self.next_k = self.policy.next_k(len(self.occupants), self._tail(live), fresh=self.static)
+            running = [r for r in live if not r.done] or live
+            rows = len(self._step_rows(running)) if self.fixed_rows else len(self.occupants)
+            self.next_k = self.policy.next_k(rows, self._tail(live), fresh=self.static)
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Runs of requests in consecutive rows with prompts of one length, at most
@@ -353,8 +368,9 @@ class Decoder:
     # -- bookkeeping -------------------------------------------------------------------------
     def _ask(self, requests: list[Request]) -> int:
         """The policy's k for the step after the one being planned (0 without a head), for an
-        engine of this many rows."""
-        return self.policy.next_k(len(self.occupants), self._tail(requests)) if self.head is not None else 0
+        engine of this many rows (with fixed rows: the rows the step runs)."""
+        rows = len(requests) if self.fixed_rows else len(self.occupants)
+        return self.policy.next_k(rows, self._tail(requests)) if self.head is not None else 0
 
     def _tail(self, requests: list[Request]) -> Tail | None:
         """A generate call's tail (its slowest request sets the steps); none in a batcher, whose rows are refilled."""
