@@ -100,6 +100,26 @@ def test_fixed_rows_step_the_rows_up_to_the_last_running_one_bucketed(models, mo
     assert {1, 2, 4, 6} <= set(stepped)
 
 
+@pytest.mark.parametrize("fixed_rows", [False, True])
+def test_warm_up_leaves_no_request_and_no_counters(models, fixed_rows):
+    """Batcher.warm_up (a server's first turn on CUDA) steps every batch bucket, then serves as if
+    it had not run: no request, the Session's stats as they were, requests equal solo decoding."""
+    out = models.converted("base")
+    solo = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    with session.batcher(max_batch_size=5, fixed_rows=fixed_rows) as batcher:
+        before = session.stats
+        steps = []
+        original = batcher.step
+        batcher.step = lambda: (steps.append(len(batcher.running)), original())[1]
+        batcher.warm_up()
+        assert sorted(set(steps)) == [1, 2, 4, 5] and batcher.requests == {} and batcher.pending == []
+        assert {key: session.stats[key] for key in ("steps", "requests", "generated_tokens")} == \
+            {key: before[key] for key in ("steps", "requests", "generated_tokens")}
+        del batcher.step
+        assert run_arrivals(batcher, REQUESTS) == solo
+
+
 def test_batcher_errors(models):
     session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
     batcher = session.batcher(max_batch_size=1)

@@ -16,7 +16,8 @@ model's stop tokens, greedy. Each server run also records the CPU cores its proc
 the routes; with --engine thread the engine too) and its children (the engine process) kept
 busy, from /proc. Reported per (k, clients): the median tokens/s of each over the
 rounds, server / generate, and each k's tokens/s over k = the first one's (speculation against
-greedy, through the server and through generate). Outputs are compared too: a request's tokens
+greedy, through the server and through generate). Both sides warm up at each client count
+first (C requests of 8 tokens), as a server does at its start on CUDA (Batcher.warm_up). Outputs are compared too: a request's tokens
 from the server must equal generate's.
 """
 
@@ -88,6 +89,7 @@ def measure(args, k: int | str, prompts: list[str], clients: list[int]) -> dict:
         with served(args.model, k, args.provider, args.threads, max(clients), engine) as url:
             server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
             for c in clients:
+                server_side(url, requests_of(prompts, c, 1), 8, args.stream == "yes")  # warm-up at this load, as generate's
                 before, start = cpu_seconds(url.pid), time.perf_counter()
                 server[(engine, c)] = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
                                                   args.stream == "yes")

@@ -38,6 +38,7 @@ import weakref
 
 from .. import validation
 from ..errors import ClosedError, ConcurrentUseError, InputError
+from ..runtime.graph_slots import BATCH_BUCKETS
 from .decoder import Decoder
 from .logprobs import TokenLogprob
 from .requests import Request
@@ -55,6 +56,7 @@ class Batcher:
         self._reported: dict[int, int] = {}  # request id -> output tokens step() has returned
         self._next_id = 0
         self._in_use = threading.RLock()  # held by the thread inside a call (re-entrant: a callback's own calls)
+        self._recording = True  # calls add their counters to the Session's stats (not warm_up's)
         self.decoder: Decoder | None = None
         lease = session.lease_engine(rows)
         self._give_back = weakref.finalize(self, lease.release)  # at close(), or when dropped unclosed
@@ -102,7 +104,9 @@ class Batcher:
                     yield engine
                 finally:
                     if self.decoder is not None:
-                        self.session.record_stats(self.decoder.take_stats())
+                        stats = self.decoder.take_stats()
+                        if self._recording:
+                            self.session.record_stats(stats)
 
     @contextlib.contextmanager
     def _one_thread(self):
@@ -205,6 +209,22 @@ class Batcher:
                 report[rid] = self.requests[rid].output(self._reported[rid])
                 self._reported[rid] += len(report[rid])
             return report
+
+    def warm_up(self, max_new_tokens: int = 4) -> None:
+        """A few steps at each CUDA-graph batch bucket up to max_batch_size, over one-token prompts,
+        so that the graphs a server's first requests need are captured before they arrive (a
+        capture takes tens of milliseconds; a step, a fraction of one). Leaves no request behind
+        and nothing in the Session's stats."""
+        self._recording = False
+        try:
+            for size in sorted({b for b in BATCH_BUCKETS if b < self.max_batch_size} | {self.max_batch_size}):
+                ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[])] * size)
+                while self.pending:
+                    self.step()
+                for rid in ids:
+                    self.forget(rid)
+        finally:
+            self._recording = True
 
     def cancel(self, request_id: int) -> None:
         """Stops a request now (a client went away): its row is free for the next add_request,
