@@ -117,8 +117,8 @@ def record_hand_overs(monkeypatch) -> list:
 
     def recorded(self, flight):
         planned = ahead(self, flight)
-        if planned is None and self._chosen is not None:
-            handed.append(self._chosen)
+        if planned is None and self._pipe.chosen is not None:
+            handed.append(self._pipe.chosen)
         return planned
 
     monkeypatch.setattr(Decoder, "_plan_ahead", recorded)
@@ -210,7 +210,7 @@ def ask_twice_at_a_hand_over(monkeypatch) -> None:
     plan = Decoder._plan
 
     def asking_again(self):
-        self._chosen = None
+        self._pipe.chosen = None
         return plan(self)
 
     monkeypatch.setattr(Decoder, "_plan", asking_again)
@@ -222,8 +222,8 @@ def run_on_past_a_change(monkeypatch) -> None:
 
     def running_on(self, flight):
         planned = ahead(self, flight)
-        if planned is None and self._chosen is not None and flight.plan.k:
-            self._chosen = None
+        if planned is None and self._pipe.chosen is not None and flight.plan.k:
+            self._pipe.chosen = None
             return flight.plan, flight.run.requests
         return planned
 

@@ -83,6 +83,17 @@ class Flight(NamedTuple):
     ahead: bool  # enqueued before the step before it was read
 
 
+@dataclasses.dataclass
+class Pipeline:
+    """What the loop has going: the open run, the step enqueued ahead of the read (depth 1), and
+    the policy's answer for a step not planned yet (it was asked a step early)."""
+
+    depth: int  # 0: each step read right after it is enqueued; 1: a step ahead of the reads
+    run: Run | None = None
+    flight: Flight | None = None
+    chosen: int | None = None
+
+
 class Decoder:
     """The loop over one engine's rows (module docstring).
 
@@ -104,26 +115,36 @@ class Decoder:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
         arrays = graphs.arrays
-        self.graphs, self.stats, self.on_commit = graphs, stats, on_commit
+        self.stats, self.on_commit = stats, on_commit
         self.engine = engine or Engine.create(graphs, batch_size, k, stages)
         self.policy = policy_for(k, k_chooser)
         self.fixed_rows = (arrays.device != "cpu" or exact is not None) if fixed_rows is None else fixed_rows
         forwards = FixedShape(self.engine.target, exact) if exact else ShapePerCall(self.engine.target)
         mtp = self.engine.mtp
-        self.head = Head(mtp, arrays, pad_lengths=pads_prompts(graphs)) if mtp is not None else None
+        head = Head(mtp, arrays, pad_lengths=pads_prompts(graphs)) if mtp is not None else None
         source = make_drafts(mtp) if mtp is not None else None
         device = stages == 1 and exact is None and (arrays.device == "cpu" or arrays.shared_stream)
         fused = fusable_ks(graphs.manifest, commit, exact is not None, stages) if fused_verify else frozenset()
-        self.kinds = StepKinds(self.engine, forwards, COMMITS[commit](forwards), source, self.head, stats,
+        self.kinds = StepKinds(self.engine, forwards, COMMITS[commit](forwards), source, head, stats,
                                device, fused, sampling_ks(graphs.manifest, fused, source) if device else frozenset())
-        self.depth = int(device and (arrays.device != "cpu" if pipelined is None else pipelined))
         self.occupants: list[Request | None] = [None] * batch_size  # by row
         self.static = False  # a generate call's requests: no request joins (auto k weighs their tail)
         self.next_k = 0  # the drafts the rows hold: what the next step verifies
-        self._chosen: int | None = None  # the policy's answer for a step not yet planned (asked a step early)
-        self._run: Run | None = None  # the open run
-        self._flight: Flight | None = None  # the step enqueued ahead, not read yet
-        self._clock = StepClock(graphs, self.depth)
+        self._pipe = Pipeline(int(device and (arrays.device != "cpu" if pipelined is None else pipelined)))
+        self._clock = StepClock(graphs, self._pipe.depth)
+
+    @property
+    def graphs(self) -> GraphSet:
+        return self.engine.target.graphs
+
+    @property
+    def head(self) -> Head | None:
+        """The MTP head's side of the steps (None without one): its deferred entries."""
+        return self.kinds.head
+
+    @property
+    def depth(self) -> int:
+        return self._pipe.depth
 
     @property
     def max_length(self) -> int:
@@ -141,10 +162,10 @@ class Decoder:
     def step(self) -> bool:
         """Reads one step, the next enqueued first where it goes on with the run; False when no row runs."""
         with self._clock.inside():
-            flight = self._flight or self._enqueue(self._plan())
+            flight = self._pipe.flight or self._enqueue(self._plan())
             if flight is None:
                 return False
-            self._flight = self._enqueue(self._plan_ahead(flight), ahead=True) if self.depth else None
+            self._pipe.flight = self._enqueue(self._plan_ahead(flight), ahead=True) if self._pipe.depth else None
             self._record(flight, flight.run.steps.read(flight.n))
             return True
 
@@ -160,7 +181,7 @@ class Decoder:
         requests = self._step_rows(running)
         room = self.max_length - 1 - max(r.processed for r in running)  # last writable position - T
         k = self.next_k if room >= self.next_k else 0
-        drafts, self._chosen = self._chosen if self._chosen is not None else self._ask(requests), None
+        drafts, self._pipe.chosen = self._pipe.chosen if self._pipe.chosen is not None else self._ask(requests), None
         return Plan(self.kinds.choose(requests, k, drafts), k, drafts, tuple(r.row for r in requests)), requests
 
     def _step_rows(self, running: list[Request]) -> list[Request]:
@@ -186,7 +207,7 @@ class Decoder:
         drafts = self._ask(run.requests)  # step n+1's head drafts for step n+2
         plan = Plan(self.kinds.choose(run.requests, k, drafts), k, drafts, run.plan.rows)
         if not plan.continues(run.plan):
-            self._chosen = drafts  # the policy was asked for that step: its answer holds
+            self._pipe.chosen = drafts  # the policy was asked for that step: its answer holds
             return None
         return plan, run.requests
 
@@ -196,7 +217,7 @@ class Decoder:
         if planned is None:
             return None
         plan, requests = planned
-        run = self._run
+        run = self._pipe.run
         if run is not None and run.steps.ahead and plan.continues(run.plan):
             run.n += 1
             run.steps.enqueue(run.n)
@@ -205,7 +226,7 @@ class Decoder:
             batch = Batch(requests)
             batch.park_finished(self.max_length - self.kinds.forwards.positions_used(plan.k))
             self._clock.start_run()
-            run = self._run = Run(plan, self.kinds.open(plan.kind, batch, plan.k, plan.drafts), requests, batch.rows)
+            run = self._pipe.run = Run(plan, self.kinds.open(plan.kind, batch, plan.k, plan.drafts), requests, batch.rows)
             run.steps.enqueue(0, batch)
         return Flight(run, run.n, plan, ahead)
 
@@ -238,11 +259,11 @@ class Decoder:
         elapsed, seconds, setup = self._clock.read(flight.n, plan)
         self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live],
                                       self.stats.generated_tokens - generated, elapsed, seconds, setup))
-        if self.on_commit and self._flight is None:
+        if self.on_commit and self._pipe.flight is None:
             self.on_commit(self, Batch([r for r, was_live in zip(requests, live) if was_live]))
 
     def _count(self, plan: Plan, accepted: np.ndarray, flight: Flight) -> None:
-        overlapped = flight.ahead or self._flight is not None  # the GPU had this step or the next queued
+        overlapped = flight.ahead or self._pipe.flight is not None  # the GPU had this step or the next queued
         if plan.k == 0:
             self.stats.record_decode_step()
             self.stats.pipelined_steps += overlapped
@@ -327,20 +348,20 @@ class Decoder:
     def drain(self) -> None:
         """Reads the step in flight (its tokens are emitted) and closes the open run."""
         with self._clock.inside():
-            while self._flight is not None:
-                flight, self._flight = self._flight, None
+            while self._pipe.flight is not None:
+                flight, self._pipe.flight = self._pipe.flight, None
                 self._record(flight, flight.run.steps.read(flight.n))
             self._close_run()
 
     def _close_run(self) -> None:
-        run, self._run = self._run, None
+        run, self._pipe.run = self._pipe.run, None
         if run is not None:
             run.steps.close()
 
     def close(self) -> None:
         """Drops the step in flight, unread (a caller that stops or failed wants none of it), and
         closes the open run: its device work done, its page-locked memory freed."""
-        self._flight = None
+        self._pipe.flight = None
         self._close_run()
 
     # -- a generate call ---------------------------------------------------------------------
