@@ -22,7 +22,7 @@ from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead, TargetModel
 from ortspec.runtime.sampling_inputs import SamplingInputs
 from ortspec.runtime.states import Rows
-from ortspec.speculative import sampler, sampling
+from ortspec.speculative import sampler, sampling, step_kinds
 from ortspec.speculative.requests import Request
 from tests.test_fused_verify import drafts_accepting, verify_feeds
 from tools.gpu_suite import sample_dist
@@ -446,6 +446,100 @@ def test_device_speculative_sampling_keeps_the_joint_distribution(spread):
     for k in (1, 3):
         assert sample_dist.homogeneity_p_value(plain, sample_dist.continuations(model, k, 4000, config, 100 + k)) > alpha
     assert sample_dist.homogeneity_p_value(plain, sample_dist.continuations(planted, 3, 4000, config, 200)) < alpha
+
+
+def portable(graphs, name: str):
+    """graph ``name`` as the GPU runs it (not its CPU variant), run on the CPU: feeds -> {output: value}."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(graphs.manifest.graph_path(name)), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return lambda feeds: dict(zip(names, session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
+
+
+def untruncated_feeds(rng, B: int, uniforms: int) -> dict:
+    """Rows that ask for neither top-k nor top-p: greedy, plain temperature, min-p, temperature 2."""
+    return {"temperature": np.array([0.0, 0.8, 1.0, 2.0][:B], np.float32), "top_k": np.zeros(B, np.int64),
+            "top_p": np.ones(B, np.float32), "min_p": np.array([0.0, 0.0, 0.1, 0.02][:B], np.float32),
+            "uniforms": rng.random((B, uniforms), dtype=np.float32)}
+
+
+def test_the_tempered_decode_draws_the_sorting_graphs_tokens_bit_for_bit(graphs):
+    """decode_tempered (no sort: a captured graph's choice where no row asks for top-k / top-p)
+    beside the portable decode_sample: for rows without top-k / top-p every output equal, bit for
+    bit, over many uniforms; a row with top-p is where the two part (what the runtime never
+    gives the tempered graph)."""
+    rng = np.random.default_rng(5)
+    positions = np.array([[3], [40], [17], [99]], np.int64)
+    feeds = verify_feeds(graphs, rng.integers(0, graphs.manifest.spec.vocab_size, (4, 1)), positions, rng)
+    feeds = {n: v for n, v in feeds.items() if not n.endswith(".mtp")}
+    sort, tempered = portable(graphs, "decode_sample"), portable(graphs, "decode_tempered")
+    parted = 0
+    for _ in range(20):
+        sampled = untruncated_feeds(rng, 4, 1)
+        want, got = sort({**feeds, **sampled}), tempered({**feeds, **sampled})
+        assert all(np.array_equal(want[n], got[n]) for n in want), "rows without top-k / top-p"
+        sampled["top_p"][1] = 0.3
+        parted += not np.array_equal(sort({**feeds, **sampled})["tokens"], tempered({**feeds, **sampled})["tokens"])
+    assert parted > 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_tempered_verify_accepts_and_drafts_as_the_sorting_one(graphs, k):
+    """verify_mtp_tempered_k{k} beside the portable verify_mtp_sample_k{k}: rows without top-k /
+    top-p get every output bit for bit (accept lengths, emitted tokens, drafts and their q)."""
+    rng = np.random.default_rng(10 + k)
+    V = graphs.manifest.spec.vocab_size
+    positions = np.array([[t + i for i in range(k + 1)] for t in (3, 40, 17, 99)], np.int64)
+    feeds = verify_feeds(graphs, rng.integers(0, V, (4, k + 1)), positions, rng)
+    feeds["input_ids"] = drafts_accepting(graphs, k, feeds, [0, k, k // 2, min(1, k)])
+    q = rng.dirichlet(np.ones(V), (4, k)).astype(np.float32)
+    sort, tempered = portable(graphs, f"verify_mtp_sample_k{k}"), portable(graphs, f"verify_mtp_tempered_k{k}")
+    for _ in range(5):
+        sampled = {**untruncated_feeds(rng, 4, 2 * k + 1), "draft_probs": q}
+        want, got = sort({**feeds, **sampled}), tempered({**feeds, **sampled})
+        assert all(np.array_equal(want[n], got[n]) for n in want)
+
+
+def test_runs_take_the_tempered_graphs_only_where_no_live_row_truncates():
+    tempered_ks = frozenset({0, 2})
+    plain, top_p, top_k = (sampling.SamplingParams(temperature=0.8, **extra)
+                           for extra in ({}, {"top_p": 0.9}, {"top_k": 40}))
+    assert step_kinds.runs_tempered(requests([plain, sampling.GREEDY]), 2, tempered_ks)
+    assert not step_kinds.runs_tempered(requests([plain, top_p]), 2, tempered_ks)
+    assert not step_kinds.runs_tempered(requests([top_k]), 0, tempered_ks)
+    assert not step_kinds.runs_tempered(requests([plain]), 1, tempered_ks)  # no tempered graph for k = 1
+    assert not step_kinds.runs_tempered(requests([sampling.GREEDY]), 0, tempered_ks)  # nothing samples
+    done = requests([plain, top_p])
+    done[1].cancel()
+    assert step_kinds.runs_tempered(done, 0, tempered_ks)  # a finished row's parameters do not count
+
+
+def test_the_cpu_never_runs_the_tempered_graphs_and_a_gpu_loop_would(models, monkeypatch):
+    """The CPU's own decode_sample skips its search where no row needs it: a CPU Decoder has no
+    tempered k. A Decoder given them (as on CUDA) opens a run of plain temperature on
+    decode_tempered, and one with a top-p row on decode_sample."""
+    out = models.converted("base")
+    with ortspec.Session(out, num_speculative_tokens=2).batcher(max_batch_size=2) as batcher:
+        kinds = batcher.decoder.kinds
+        assert kinds.tempered_ks == frozenset()
+        assert step_kinds.sampling_ks(batcher.session.manifest, kinds.fused_ks, kinds.draft_source, "tempered") == \
+            kinds.sampled_ks != frozenset()
+    graphs, original = [], step_kinds.DecodeRun.__init__
+
+    def recorded(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        graphs.append(self.graph)
+
+    monkeypatch.setattr(step_kinds.DecodeRun, "__init__", recorded)
+    with ortspec.Session(out).batcher(max_batch_size=2) as batcher:
+        batcher.decoder.kinds.tempered_ks = frozenset({0})
+        for top_p in (1.0, 0.9):
+            rid = batcher.add_request([5, 6, 7], max_new_tokens=4, temperature=0.8, top_p=top_p, seed=1)
+            while batcher.pending:
+                batcher.step()
+            assert len(batcher.result(rid)) == 4
+    assert [g.split(".")[0] for g in graphs] == ["decode_tempered", "decode_sample"]
 
 
 def test_a_conversion_may_leave_the_sampling_graphs_out(models, tmp_path):

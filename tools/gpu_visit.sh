@@ -17,7 +17,8 @@
 #   bash tools/gpu_visit.sh transform tools/sampling_transform_cost.py on CUDA (a token's choice alone)
 #   bash tools/gpu_visit.sh ops       the same, the sampling graphs' ops one by one (--ops)
 # Several phases in one call: bash tools/gpu_visit.sh setup check gdn. Results under $OUT (default /tmp/out).
-# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
+# Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_TOP_PS, SAMPLE_KS, SAMPLE_ROUNDS,
+# SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
 # SAMPLE_DIST_PARTS, SAMPLE_DIST_CONFIGS,
 # AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip).
 set -uo pipefail
@@ -91,9 +92,11 @@ for phase in "$@"; do
         --json "$out/agree_q08b.json" ;;
     sample)
       model=$(trained)
-      for batch in ${SAMPLE_BATCHES:-1 16}; do
-        run 150 "sample_b$batch" python3 tools/sampling_cost.py "$model" --provider cuda -k 0,2,3 --batch $batch \
-          --new-tokens 128 --rounds 3 --top-p 0.95
+      for top_p in ${SAMPLE_TOP_PS:-0.95}; do  # 1.0: no row truncates, the tempered graphs
+        for batch in ${SAMPLE_BATCHES:-1 16}; do
+          run 150 "sample_b${batch}_p$top_p" python3 tools/sampling_cost.py "$model" --provider cuda -k "${SAMPLE_KS:-0,2,3}" \
+            --batch $batch --new-tokens 128 --rounds "${SAMPLE_ROUNDS:-3}" --top-p $top_p
+        done
       done ;;
     sample_dist)
       run "${SAMPLE_DIST_S:-330}" sample_dist python3 tools/gpu.py sample_dist --samples "${SAMPLE_DIST_SAMPLES:-20000}" \

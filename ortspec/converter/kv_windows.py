@@ -35,8 +35,8 @@ from .builder import GraphBuilder
 
 WINDOW_BUCKETS_FROM = 256  # the smallest window; each next one doubles, up to (not including) max_length
 KV_SLOT_AXIS = {"key": 3, "value": 2}  # key [B, kvh, hd, L] (transposed), value [B, kvh, L, hd]
-WINDOWED_PER_K = ("verify_k", "verify_select_k", "verify_mtp_k", "verify_mtp_sample_k", "mtp_propose_k",
-                  "mtp_sample_k")  # and decode, decode_sample
+WINDOWED_PER_K = ("verify_k", "verify_select_k", "verify_mtp_k", "verify_mtp_sample_k", "verify_mtp_tempered_k",
+                  "mtp_propose_k", "mtp_sample_k")  # and decode, decode_sample, decode_tempered
 
 
 def window_buckets(max_length: int) -> list[int]:
@@ -52,7 +52,7 @@ def window_buckets(max_length: int) -> list[int]:
 def has_window_variants(name: str) -> bool:
     """Whether graph ``name`` gets window variants (module docstring: captured on CUDA, attends;
     a pipeline stage, decode.stage0, does not)."""
-    return "." not in name and (name in ("decode", "decode_sample") or name.startswith(WINDOWED_PER_K))
+    return "." not in name and (name in ("decode", "decode_sample", "decode_tempered") or name.startswith(WINDOWED_PER_K))
 
 
 def narrow_to_window(g: GraphBuilder, slots: int, max_length: int) -> GraphBuilder:

@@ -19,6 +19,10 @@ find it among the largest C values (TopK(C), CANDIDATE_TIERS), which hold it unl
 is wider; an ``If`` widens the candidates only for a batch where a row needs it, and sorts all V
 only past the last tier; a batch with no top-k / top-p / min-p skips all of it. A captured CUDA
 graph cannot branch, so the portable graphs sort (``SORT``). Both find the reference's threshold.
+The portable graphs also come ``TEMPERED`` (``decode_tempered``, ``verify_mtp_tempered_k{k}``): the
+same ops with min-p as the only threshold, for batches where no row asks for top-k or top-p (the
+OpenAI API's default), whose rows get the sorting graphs' probabilities bit for bit (a row that
+keeps every token has the smallest z as its top-k / top-p threshold: the same mask).
 
 Exact speculative sampling (speculative.sampling's docstring) over a verify's k+1 rows: accept
 d_{i+1} while u_i q_{i+1}(d_{i+1}) < p_i(d_{i+1}); at the first rejection a draw from
@@ -36,6 +40,7 @@ from .builder import CPU, GraphBuilder
 
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
+TEMPERED = "tempered"  # no top-k / top-p: temperature and min-p alone (decode_tempered, verify_mtp_tempered_k{k})
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
 EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
 
@@ -100,7 +105,7 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
         weights = sub.op("Where", [sub.op("GreaterOrEqual", [z, threshold]), probs, sub.const(0.0, "float32")])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
 
-    if method == SORT:
+    if method in (SORT, TEMPERED):
         return masked(g)[0]
 
     def thresholded(sub: GraphBuilder) -> list[str]:
@@ -174,12 +179,14 @@ def _keeps_all(g: GraphBuilder, params: RowParams, vocab: int, with_min_p: bool)
 def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab: int, method: str, top: str) -> str:
     """threshold [B, N, 1]: the kept tokens are those with z >= threshold (module docstring);
     probs [B, N, V]: Softmax(z), the mass of every token; top: row_max(z)."""
+    min_p = g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
+    if method == TEMPERED:
+        return g.op("Identity", [min_p], hint="threshold")
     kept_by_k = _kept_by_k(g, params, vocab)
     if method == SORT:
         top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, None)
     else:
         top_kp = _candidate_threshold(g, z, probs, params, kept_by_k, vocab)
-    min_p = g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
     return g.op("Max", [top_kp, min_p], hint="threshold")
 
 
@@ -357,12 +364,12 @@ def block_size(vocab: int) -> tuple[int, int]:
 
 
 def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, vocab: int,
-                      truncated: bool = True) -> tuple[str, str]:
+                      truncated: bool = True, method: str | None = None) -> tuple[str, str]:
     """One token per row of logits [B, N, V]: drawn where temperature > 0, else the argmax.
     u [B, N]. Returns (tokens int64 [B, N], probs [B, N, V] the draws came from): the sampling
     transform's, or (truncated False) Softmax(logits / T) alone. The CPU graphs skip the argmax
     (an If) where no row is greedy."""
-    probs = make_sampling_probs(g, logits, params, vocab) if truncated else _softmax(
+    probs = make_sampling_probs(g, logits, params, vocab, method) if truncated else _softmax(
         g, make_scaled_logits(g, logits, params))
     drawn = make_draw(g, probs, u, vocab)
     greedy_rows = params.once(g, "greedy", lambda g: g.op("LessOrEqual", [params.temperature,
@@ -371,7 +378,7 @@ def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, v
     def argmax(sub: GraphBuilder) -> list[str]:
         return [sub.op("ArgMax", [logits], axis=-1, keepdims=0)]  # [B, N]
 
-    greedy = (argmax(g)[0] if method_for(g) == SORT else
+    greedy = (argmax(g)[0] if method_for(g) == SORT or method == TEMPERED else
               g.if_else(_any(g, greedy_rows), argmax, lambda sub: [drawn], [I64]))
     return g.op("Where", [g.op("Unsqueeze", [greedy_rows, g.const([1])]), greedy, drawn]), probs
 
@@ -417,14 +424,14 @@ def make_speculative_acceptance(g: GraphBuilder, p: str, q: str, drafts: str, u:
 
 
 def make_sampled_step_ids(g: GraphBuilder, ids: str, tokens: str, logits: str, params: RowParams, q: str, u: str,
-                          greedy_accepted: str, k: int, vocab: int) -> tuple[str, str]:
+                          greedy_accepted: str, k: int, vocab: int, method: str | None = None) -> tuple[str, str]:
     """A verify's emitted tokens e [B, k+1] and accept lengths a [B]: sampled rows by exact
     speculative sampling over ids [B, k+1] = (x_T, d_1..d_k), greedy rows by the greedy rule
     (greedy_accepted) with e = the argmaxes tokens [B, k+1], bit for bit verify_mtp_k{k}'s.
     e_i = d_{i+1} for i < a and e_a the emitted token, so e_a is the next pending token; for
     greedy rows that is g_a, and for i <= a e_i = g_i (the accepted drafts equal the argmaxes)."""
     drafts = g.op("Slice", [ids, g.const([1]), g.const([k + 1]), g.const([1])])  # [B, k]
-    p = make_sampling_probs(g, logits, params, vocab)  # [B, k+1, V]
+    p = make_sampling_probs(g, logits, params, vocab, method)  # [B, k+1, V]
     sampled_a, sampled_token = make_speculative_acceptance(g, p, q, drafts, u, k, vocab)
     samples = g.op("Greater", [params.temperature, g.const(0.0, "float32")])  # [B]
     accepted = g.op("Where", [samples, sampled_a, greedy_accepted], hint="accepted")  # [B]

@@ -28,7 +28,7 @@ from .kv_window import RunBound, attention_window
 from .model import TargetModel
 from .states import Rows
 
-GRAPH, SAMPLED_GRAPH = "decode", "decode_sample"
+GRAPH, SAMPLED_GRAPH, TEMPERED_GRAPH = "decode", "decode_sample", "decode_tempered"
 
 
 class DecodeRun:
@@ -40,11 +40,11 @@ class DecodeRun:
     given its sampling inputs (``runtime.sampling_inputs``: the rows' parameters and uniforms)."""
 
     def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None,
-                 sampled: bool = False) -> None:
+                 sampled: bool = False, tempered: bool = False) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
         self.arrays = self.graphs.arrays
         self.last_position = self.graphs.manifest.max_length - 1
-        graph = SAMPLED_GRAPH if sampled else GRAPH
+        graph = (TEMPERED_GRAPH if tempered else SAMPLED_GRAPH) if sampled else GRAPH
         self.graph = graph if bound is None else self.graphs.kv_windows.graph(graph, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._readbacks = target.step_readbacks("tokens", (len(rows), 1), np.int64)
