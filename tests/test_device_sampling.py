@@ -567,7 +567,7 @@ def test_the_gpu_hosts_subcommand_runs_on_the_cpu(monkeypatch, tmp_path):
     status = gpu.main(["sample_dist", "--samples", "1000", "--provider", "cpu", "--out", str(tmp_path / "work"),
                        "--json", str(tmp_path / "result.json")])
     result = json.loads((tmp_path / "result.json").read_text())
-    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 4 + 3 + 1
+    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 4 + 3 + 1 + 2
     assert result["checks"]["planted model"] < result["alpha_per_test"]
 
 
