@@ -149,3 +149,33 @@ def test_a_dead_child_fails_its_requests_and_a_new_one_serves(tokenized_model, s
         assert answered and all(len(r.token_ids) == 30 for r in answered)
         after = complete(server.url, {"prompt": PROMPT, "max_tokens": 6})
         assert after.status == 200 and after.token_ids == generated(session, PROMPT, 6)
+
+
+def test_the_parent_keeps_the_queue_and_the_counts_from_the_childs_events():
+    """EngineProcess's own bookkeeping, without a child: a queue over max_queue is QueueFull before
+    anything crosses; a job's first event moves it from the queue to running (admitted, prompt
+    tokens), its last one ends it (finished, by reason); a cancelled job's end is not delivered."""
+    from ortspec.serve.engine import Finished, Job, QueueFull, Tokens
+    from ortspec.serve.engine_process import EngineProcess
+    from ortspec.speculative.sampling import GREEDY
+
+    engine, sent, delivered = EngineProcess("unused", {}, max_batch_size=1, max_queue=2), [], []
+    engine._conn = type("Pipe", (), {"send": lambda self, message: sent.append(message)})()  # noqa: SLF001
+
+    def job(i):
+        return Job([1, 2, 3], 4, GREEDY, time.monotonic() + 60, deliver=lambda event: delivered.append((i, event)))
+
+    first, second = job(0), job(1)
+    engine.submit(first, second)
+    with pytest.raises(QueueFull, match="all 2 queue slots are taken"):
+        engine.submit(job(2))
+    assert [m[0] for m in sent] == ["submit"] and engine.queue_depth == 2 and engine.running == 0
+    engine._take({"events": [(0, Tokens([7, 8]))]})  # noqa: SLF001
+    assert engine.queue_depth == 1 and engine.running == 1 and engine.metrics.admitted == 1
+    assert engine.metrics.prompt_tokens == 3 and engine.metrics.generated == 2
+    engine.submit(job(3))  # the slot the first job left
+    engine._take({"events": [(0, Finished("length")), (1, Finished("cancelled"))]})  # noqa: SLF001
+    assert engine.metrics.finished == {"length": 1, "cancelled": 1} and engine.running == 0
+    assert [(i, type(e).__name__) for i, e in delivered] == [(0, "Tokens"), (0, "Finished")]
+    engine.cancel(first)  # ended: nothing crosses
+    assert len(sent) == 2
