@@ -113,7 +113,8 @@ def test_warm_up_leaves_no_request_and_no_counters(models, fixed_rows):
         original = batcher.step
         batcher.step = lambda: (steps.append(len(batcher.running)), original())[1]
         batcher.warm_up()
-        assert sorted(set(steps)) == [1, 2, 4, 5] and batcher.requests == {} and batcher.pending == []
+        assert sorted(set(steps)) == [1, 2, 4, 5] and len(steps) >= 3 * 4 and batcher.requests == {}
+        assert batcher.pending == []
         assert {key: session.stats[key] for key in ("steps", "requests", "generated_tokens")} == \
             {key: before[key] for key in ("steps", "requests", "generated_tokens")}
         del batcher.step

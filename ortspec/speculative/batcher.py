@@ -210,19 +210,24 @@ class Batcher:
                 self._reported[rid] += len(report[rid])
             return report
 
+    WARM_UP = (dict(), dict(temperature=1.0, seed=0), dict(temperature=1.0, top_p=0.9, seed=0))  # greedy, sampled
+
     def warm_up(self, max_new_tokens: int = 4) -> None:
         """A few steps at each CUDA-graph batch bucket up to max_batch_size, over one-token prompts,
+        greedy, sampled, and sampled with top-p (on CUDA: the graphs without and with the sort),
         so that the graphs a server's first requests need are captured before they arrive (a
         capture takes tens of milliseconds; a step, a fraction of one). Leaves no request behind
         and nothing in the Session's stats."""
         self._recording = False
         try:
             for size in sorted({b for b in BATCH_BUCKETS if b < self.max_batch_size} | {self.max_batch_size}):
-                ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[])] * size)
-                while self.pending:
-                    self.step()
-                for rid in ids:
-                    self.forget(rid)
+                for sampling in self.WARM_UP:
+                    ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[],
+                                                  **sampling)] * size)
+                    while self.pending:
+                        self.step()
+                    for rid in ids:
+                        self.forget(rid)
         finally:
             self._recording = True
 
