@@ -123,16 +123,16 @@ class Stats:
         """These counters as a copy, then zero again (in place: the loop's step kinds keep a
         reference; a batcher reports its counters to the Session after each call)."""
         taken = copy.copy(self)  # it keeps the lists and dicts; these counters get new ones below
-        for f in dataclasses.fields(self):
-            if not f.name.startswith("_"):
-                setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
+        for name in _COUNTERS:
+            setattr(self, name, 0)
+        for name, factory in _CONTAINERS:
+            setattr(self, name, factory())
         return taken
 
     def merge(self, other: "Stats") -> None:
         """Adds another call's counters to these (every int counter, the histogram, the phase times)."""
-        for f in dataclasses.fields(self):
-            if not f.name.startswith("_") and isinstance(getattr(self, f.name), int):
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in _COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accept_histogram, other.accept_histogram), (self.steps_by_k, other.steps_by_k)):
             for index, count in enumerate(theirs):
                 _count(mine, index, count)
@@ -170,6 +170,9 @@ class Stats:
 
 
 DERIVED = ("acceptance_rate", "mean_tokens_per_step", "tokens_per_second")
+_PUBLIC = [f for f in dataclasses.fields(Stats) if not f.name.startswith("_")]  # once: take/merge run every call
+_COUNTERS = tuple(f.name for f in _PUBLIC if f.default is not dataclasses.MISSING)  # the int counters (default 0)
+_CONTAINERS = tuple((f.name, f.default_factory) for f in _PUBLIC if f.default is dataclasses.MISSING)
 
 
 def _count(histogram: list, index: int, n: int) -> None:
