@@ -91,7 +91,14 @@ def past_window_name(state: str, rows: int) -> str:
 def has_state_windows(graph: str) -> bool:
     """Whether a target graph emits the GDN states after each row (the select verifies, their
     pipeline stages and KV window variants): the graphs ``gdn_verify`` describes."""
-    return graph.startswith(("verify_select_k", "verify_mtp_k", "verify_mtp_sample_k"))
+    return graph.startswith(("verify_select_k", "verify_mtp_k", "verify_mtp_sample_k", "verify_mtp_tempered_k"))
+
+
+def runs_on_gpus_only(graph: str) -> bool:
+    """The graphs without a CPU variant in any conversion: the tempered sampling graphs
+    (converter/sampling_graph.py), which only CUDA runs (the CPU's decode_sample skips its
+    threshold search by itself where no row needs it)."""
+    return graph.split(".")[0].startswith(("decode_tempered", "verify_mtp_tempered_k"))
 
 
 def stage_graph_name(graph: str, stage: int) -> str:

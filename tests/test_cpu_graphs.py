@@ -7,7 +7,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from ortspec.manifest import Manifest
+from ortspec.manifest import Manifest, runs_on_gpus_only
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.exactness import ExactnessError, check_speculative, plain_decode_states
 from tests.small_models import convert_small
@@ -22,9 +22,13 @@ def op_types(manifest: Manifest, name: str, provider: str | None) -> set[str]:
 
 
 def test_float32_models_carry_a_cpu_variant_of_every_graph(models):
+    """Every graph but the tempered sampling graphs, which only CUDA runs."""
     manifest = Manifest.load(models.converted("base"))
+    gpu_only = {name for name in manifest.graphs if runs_on_gpus_only(name)}
+    assert gpu_only == {"decode_tempered"} | {f"verify_mtp_tempered_k{k}" for k in range(1, manifest.num_speculative_tokens + 1)}
     for name, entry in manifest.graphs.items():
-        assert entry["cpu"]["file"] == f"{name}.cpu.onnx" and entry["file"] == f"{name}.onnx"
+        assert ("cpu" not in entry) if name in gpu_only else (entry["cpu"]["file"] == f"{name}.cpu.onnx")
+        assert entry["file"] == f"{name}.onnx"
         assert manifest.graph_entry(name, "cuda") is entry  # CUDA runs the portable graph
     for name in ("decode", "verify_k2", "verify_select_k2"):
         assert not op_types(manifest, name, "cpu") & (FUSED_GDN | {"ScaledSiLU"})
@@ -45,6 +49,7 @@ def test_float16_models_have_portable_graphs_only(tmp_path, models):
     assert default.gdn_verify == "transition"
     assert {name for name, entry in default.graphs.items() if "cpu" in entry} == {
         name for name in default.graphs if name.startswith(("verify_select_k", "verify_mtp_k", "verify_mtp_sample_k"))}
+    assert any(runs_on_gpus_only(name) for name in default.graphs)  # the tempered verifies: no CPU twin
 
 
 def test_a_model_without_cpu_variants_still_runs_exact_on_the_cpu(models):
@@ -52,7 +57,7 @@ def test_a_model_without_cpu_variants_still_runs_exact_on_the_cpu(models):
     runs the portable set, which is exact on its own."""
     manifest = Manifest.load(models.converted("base"))
     for entry in manifest.graphs.values():
-        del entry["cpu"]
+        entry.pop("cpu", None)
     check_speculative(GraphSet(manifest), PROMPTS, 16, 3, "select", p=0.6)
 
 
@@ -75,7 +80,7 @@ def test_cpu_and_portable_graphs_agree_on_tokens(models):
     manifest = Manifest.load(models.converted("base"))
     cpu, _ = plain_decode_states(GraphSet(manifest), PROMPTS, 12, 1)
     for entry in manifest.graphs.values():
-        del entry["cpu"]
+        entry.pop("cpu", None)
     portable, _ = plain_decode_states(GraphSet(manifest), PROMPTS, 12, 1)
     assert portable == cpu
 

@@ -121,7 +121,7 @@ def transition_pair(models, tmp_path_factory):
                               mtp_quant="none", gdn_verify=form, progress=False)
         manifests[form] = Manifest.load(out)
         for entry in manifests[form].graphs.values():
-            entry.pop("cpu")
+            entry.pop("cpu", None)
     return manifests
 
 

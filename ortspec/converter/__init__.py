@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ConvertOptionError, UnsupportedModelError
 from ..manifest import (MANIFEST_FILE, TOKENIZER_FILES, WEIGHTS_FILE, Manifest, graph_file, graph_name,
-                        has_state_windows, split_window_name, stage_graph_name, window_graph_name)
+                        has_state_windows, runs_on_gpus_only, split_window_name, stage_graph_name, window_graph_name)
 from ..model_spec import ModelSpec, read_hf_config
 from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader, check_tokenizer
@@ -214,7 +214,7 @@ def _cpu_per_row_builders(spec: ModelSpec, store: WeightStore, max_length: int, 
     bitwise its decode's (a transition replay on the host rounds apart, ~1e-7)."""
     return {(name, CPU): build for name, build in _graph_builders(spec, store, max_length, K, with_mtp, boundaries,
                                                                  PORTABLE, "per_row").items()
-            if has_state_windows(name)}
+            if has_state_windows(name) and not runs_on_gpus_only(name)}
 
 
 def is_sampling_graph(name: str) -> bool:
