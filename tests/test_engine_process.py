@@ -173,9 +173,19 @@ def test_the_parent_keeps_the_queue_and_the_counts_from_the_childs_events():
     engine._take({"events": [(0, Tokens([7, 8]))]})  # noqa: SLF001
     assert engine.queue_depth == 1 and engine.running == 1 and engine.metrics.admitted == 1
     assert engine.metrics.prompt_tokens == 3 and engine.metrics.generated == 2
-    engine.submit(job(3))  # the slot the first job left
+    third = job(3)
+    engine.submit(third)  # the slot the first job left
     engine._take({"events": [(0, Finished("length")), (1, Finished("cancelled"))]})  # noqa: SLF001
     assert engine.metrics.finished == {"length": 1, "cancelled": 1} and engine.running == 0
     assert [(i, type(e).__name__) for i, e in delivered] == [(0, "Tokens"), (0, "Finished")]
     engine.cancel(first)  # ended: nothing crosses
     assert len(sent) == 2
+
+    def gone(message):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    engine._conn.send = gone  # noqa: SLF001  (the child died; the reader has not seen it yet)
+    with pytest.raises(QueueFull, match="the engine process exited") as refused:
+        engine.submit(job(4))
+    assert refused.value.status == 503 and engine.queue_depth == 1  # job 3 waits; nothing of job 4 is kept
+    engine.cancel(third)  # a cancel into a dead pipe is dropped: the restart fails its jobs

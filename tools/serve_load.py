@@ -68,9 +68,14 @@ def complete(base_url: str, body: dict, timeout: float = 120.0, route: str = "/v
 
 
 def _whole(response, start: float) -> Completion:
-    doc = json.loads(response.read() or b"{}")
-    if response.status != 200:
-        return Completion(response.status, error=doc.get("error", {}).get("message"), seconds=time.perf_counter() - start)
+    body = response.read()
+    if response.status != 200:  # an error body is ours (JSON), or a proxy's or server's own (any text)
+        try:
+            message = json.loads(body or b"{}").get("error", {}).get("message")
+        except (ValueError, AttributeError):
+            message = body.decode(errors="replace")[:200] or None
+        return Completion(response.status, error=message, seconds=time.perf_counter() - start)
+    doc = json.loads(body)
     choice = doc["choices"][0]
     text = choice["message"]["content"] if "message" in choice else choice["text"]
     return Completion(200, text, choice["token_ids"], choice["finish_reason"], seconds=time.perf_counter() - start)

@@ -110,7 +110,7 @@ class Routes:
         try:
             self.engine.submit(*jobs)
         except QueueFull as exc:
-            return error(429 if not self.engine.error else 503, str(exc))
+            return error(503 if self.engine.error else exc.status, str(exc))
         answer = Answer(req, self.model, len(prompt), self.session.tokenizer if self.has_tokenizer else None,
                         self._token_texts(), self._echo(req, prompt))
         if req.stream:

@@ -19,7 +19,8 @@ running requests with 500, and the thread closes its batcher and opens a new one
 committed states are never stepped again), then goes on. Only a batcher that cannot be opened
 stops the thread: every waiting job then fails, and /health answers 503.
 
-The queue is bounded: ``submit`` raises ``QueueFull`` (HTTP 429) when max_queue jobs wait
+The queue is bounded: ``submit`` raises ``QueueFull`` (HTTP 429) when max_queue jobs wait, and
+``Unavailable`` (503) when no engine takes jobs
 (a request of n choices submits n jobs, all or none). Events reach a job through
 ``job.deliver`` (the handler posts them into its event loop): ``Tokens(ids, logprobs)``,
 ``Finished(reason)`` ("stop", "length", "timeout"; the last event) or ``Failed(status,
@@ -51,6 +52,15 @@ def internal_error(request_id: str) -> str:
 
 class QueueFull(Exception):
     """Every queue slot is taken (HTTP 429)."""
+
+    status = 429
+
+
+class Unavailable(QueueFull):
+    """No engine takes jobs: the server is stopping, the engine failed, or (engine_process) its
+    process is being replaced (HTTP 503)."""
+
+    status = 503
 
 
 @dataclasses.dataclass
@@ -132,7 +142,7 @@ class Engine:
         """Queues the jobs (a request's choices), all of them or none."""
         with self._wake:
             if self._stopping or self.error:
-                raise QueueFull("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
+                raise Unavailable("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
             if len(self._queue) + len(jobs) > self.max_queue:
                 running, free = self.running, self.max_queue - len(self._queue)
                 taken = (f"all {self.max_queue} queue slots are taken" if not free else

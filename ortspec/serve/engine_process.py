@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 
-from .engine import Engine, Failed, Finished, Job, Metrics, QueueFull, Tokens, internal_error
+from .engine import Engine, Failed, Finished, Job, Metrics, QueueFull, Tokens, Unavailable, internal_error
 
 STATS_S = 0.25  # how often the child sends its Session's stats (for /metrics)
 log = logging.getLogger("ortspec.serve")
@@ -91,26 +91,31 @@ class EngineProcess:
         """Sends the jobs (a request's choices) to the child, all of them or none."""
         with self._lock:
             if self._stopping or self.error:
-                raise QueueFull("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
+                raise Unavailable("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
             if len(self._waiting) + len(jobs) > self.max_queue:
                 free = self.max_queue - len(self._waiting)
                 taken = (f"all {self.max_queue} queue slots are taken" if free <= 0 else
                          f"{free} of {self.max_queue} queue slots are free, for {len(jobs)} choices")
                 raise QueueFull(f"{taken} ({self.running} requests running); retry later.")
-            specs = []
-            for job in jobs:
-                key, self._next_key = self._next_key, self._next_key + 1
+            keys = list(range(self._next_key, self._next_key + len(jobs)))
+            try:
+                self._conn.send(("submit", [(key, dataclasses.replace(job, deliver=None)) for key, job in zip(keys, jobs)]))
+            except OSError:  # the child died a moment ago: the reader has not seen it yet
+                raise Unavailable("the engine process exited; a new one is loading the model: retry shortly.") from None
+            self._next_key += len(jobs)
+            for key, job in zip(keys, jobs):
                 self._jobs[key], self._key_of[job] = job, key
                 self._waiting.add(key)
-                specs.append((key, dataclasses.replace(job, deliver=None)))
-            self._conn.send(("submit", specs))
 
     def cancel(self, job: Job) -> None:
         """The client went away: the child ends the job at its engine's next turn."""
         with self._lock:
             key = self._key_of.get(job)
             if key is not None and not self._stopping:
-                self._conn.send(("cancel", key))
+                try:
+                    self._conn.send(("cancel", key))
+                except OSError:  # the child is gone: its jobs fail with it
+                    pass
 
     def stop(self) -> None:
         """The child fails waiting and running jobs with 503, closes its Session and exits."""
@@ -326,7 +331,7 @@ def child_main(model_dir, session_options: dict, max_batch_size: int, max_queue:
                     engine.submit(*made)
                 except QueueFull as exc:  # the engine failed, or (a race the parent's count misses) full
                     for job in made:
-                        job.deliver(Failed(503 if engine.error else 429, str(exc)))
+                        job.deliver(Failed(503 if engine.error else exc.status, str(exc)))
                     outbox.flush()
             elif message[0] == "cancel" and message[1] in jobs:
                 engine.cancel(jobs[message[1]])
