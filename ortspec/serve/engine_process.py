@@ -63,6 +63,11 @@ class Front:
 
 
 class EngineProcess:
+    """The Engine's interface over a child process (module docstring). Jobs are keyed here; a key
+    is waiting from its submit to its first event (the parent's queue count) and known until its
+    last (Finished or Failed); the Metrics are counted from the events as they arrive, the
+    Session's stats come from the child every STATS_S."""
+
     def __init__(self, model_dir, session_options: dict, max_batch_size: int, max_queue: int) -> None:
         self.model_dir, self.session_options = model_dir, dict(session_options)
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
