@@ -68,8 +68,9 @@ class EngineProcess:
     last (Finished or Failed); the Metrics are counted from the events as they arrive, the
     Session's stats come from the child every STATS_S."""
 
-    def __init__(self, model_dir, session_options: dict, max_batch_size: int, max_queue: int) -> None:
-        self.model_dir, self.session_options = model_dir, dict(session_options)
+    def __init__(self, model_dir, session_options: dict, max_batch_size: int, max_queue: int,
+                 log_level: str = "warning") -> None:
+        self.model_dir, self.session_options, self.log_level = model_dir, dict(session_options), log_level
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.metrics = Metrics()
         self.error: str | None = None  # set while no child serves (it died, or cannot load the model)
@@ -156,7 +157,8 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")  # never fork: ONNX Runtime's and CUDA's threads
         here, there = context.Pipe()
         process = context.Process(target=child_main, name="ortspec-engine", daemon=True,
-                                  args=(self.model_dir, self.session_options, self.max_batch_size, self.max_queue, there))
+                                  args=(self.model_dir, self.session_options, self.max_batch_size, self.max_queue, there,
+                                        self.log_level))
         process.start()
         there.close()
         try:
@@ -291,11 +293,15 @@ class Outbox:
                 return
 
 
-def child_main(model_dir, session_options: dict, max_batch_size: int, max_queue: int, conn) -> None:
+def child_main(model_dir, session_options: dict, max_batch_size: int, max_queue: int, conn,
+               log_level: str = "warning") -> None:
     """The child: a Session and its engine thread, driven by the parent's messages until "stop"
-    (or until the parent is gone)."""
+    (or until the parent is gone). Its log lines (a failed turn's traceback) go to the stderr it
+    shares with the parent, at the server's level and in its format."""
     from ..session import Session
+    from .server import log_to_stderr
 
+    log_to_stderr(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
     try:
         session = Session(model_dir, **session_options)

@@ -65,7 +65,7 @@ def check_options(max_batch_size, max_queue, log_level, **limits) -> Limits:
     return Limits(**limits)
 
 
-def _log_to_stderr(level: str) -> None:
+def log_to_stderr(level: str) -> None:
     """ortspec.serve's lines (disconnects, 500 tracebacks) beside uvicorn's, at its level."""
     log = logging.getLogger("ortspec.serve")
     log.setLevel(level.upper())
@@ -89,7 +89,7 @@ class Service:
         from .engine import Engine
 
         self.limits = check_options(max_batch_size, max_queue, log_level, **limits).with_model(session)
-        _log_to_stderr(log_level)
+        log_to_stderr(log_level)
         self.engine = engine if engine is not None else Engine(session, int(max_batch_size), int(max_queue))
         self.model_name = model_name or session.manifest.dir.name
         self.app = create_app(session, self.engine, self.model_name, self.limits,
@@ -135,7 +135,8 @@ class Server:
         check_options(settings["max_batch_size"], settings["max_queue"], settings["log_level"],
                       **{name: settings[name] for name in LIMIT_OPTIONS})
         manifest = Manifest.load(validation.model_dir(model_dir))
-        engine = EngineProcess(manifest.dir, session_options, settings["max_batch_size"], settings["max_queue"])
+        engine = EngineProcess(manifest.dir, session_options, settings["max_batch_size"], settings["max_queue"],
+                               settings["log_level"])
         ready = engine.start()
         try:
             return cls(Front(Prompts(manifest, ready.reserved), engine), engine=engine, **options)
