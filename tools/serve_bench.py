@@ -17,7 +17,8 @@ the routes; with --engine thread the engine too) and its children (the engine pr
 busy, from /proc. Reported per (k, clients): the median tokens/s of each over the
 rounds, server / generate, and each k's tokens/s over k = the first one's (speculation against
 greedy, through the server and through generate). Both sides warm up at each client count
-first (C requests of 8 tokens), as a server does at its start on CUDA (Batcher.warm_up). Outputs are compared too: a request's tokens
+first (C requests of 8 tokens), as a server does at its start on CUDA (Batcher.warm_up), and odd
+rounds run generate's side first. Outputs are compared too: a request's tokens
 from the server must equal generate's.
 """
 
@@ -82,28 +83,48 @@ def generate_side(session, texts: list[list[str]], max_tokens: int) -> tuple[flo
     return tokens / (time.perf_counter() - start), outputs
 
 
-def measure(args, k: int | str, prompts: list[str], clients: list[int]) -> dict:
-    """One round for one k: {(engine, clients): (server tok/s, generate tok/s, outputs equal)}."""
-    rows, server, busy = {}, {}, {}
+def measure(args, k: int | str, prompts: list[str], clients: list[int], generate_first: bool = False) -> dict:
+    """One round for one k: {(engine, clients): (server tok/s, generate tok/s, outputs equal, CPU
+    cores busy: server process, its children)}; generate_first: generate's side runs first (rounds
+    alternate the order, so a machine that speeds up or slows down favours neither side)."""
+    if generate_first:
+        generated = generate_runs(args, k, prompts, clients)
+        server = server_runs(args, k, prompts, clients)
+    else:
+        server = server_runs(args, k, prompts, clients)
+        generated = generate_runs(args, k, prompts, clients)
+    rows = {}
+    for (engine, c), (server_rate, served_outputs, busy) in server.items():
+        rate, outputs = generated[c]
+        rows[(engine, c)] = (server_rate, rate, served_outputs == outputs, *busy)
+    return rows
+
+
+def server_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
+    """{(engine, clients): (tok/s, outputs, CPU cores busy)} through `ortspec serve --engine E`."""
+    runs = {}
     for engine in args.engines.split(","):
         with served(args.model, k, args.provider, args.threads, max(clients), engine) as url:
             server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
             for c in clients:
                 server_side(url, requests_of(prompts, c, 1), 8, args.stream == "yes")  # warm-up at this load, as generate's
                 before, start = cpu_seconds(url.pid), time.perf_counter()
-                server[(engine, c)] = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
-                                                  args.stream == "yes")
+                rate, outputs = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
+                                            args.stream == "yes")
                 after, wall = cpu_seconds(url.pid), time.perf_counter() - start
-                busy[(engine, c)] = tuple((a - b) / wall for a, b in zip(after, before))
+                runs[(engine, c)] = (rate, outputs, tuple((a - b) / wall for a, b in zip(after, before)))
+    return runs
+
+
+def generate_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
+    """{clients: (tok/s, outputs)} of the same requests through generate calls of batch C."""
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
+    runs = {}
     for c in clients:
         session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8)  # warm-up at this batch size
-        rate, outputs = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens)
-        for engine in args.engines.split(","):
-            server_rate, served_outputs = server[(engine, c)]
-            rows[(engine, c)] = (server_rate, rate, served_outputs == outputs, *busy[(engine, c)])
+        runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens)
     session.close()
-    return rows
+    return runs
 
 
 def main(argv=None) -> int:
@@ -129,7 +150,7 @@ def main(argv=None) -> int:
     runs = {(k, e, c): [] for k in ks for e in engines for c in clients}
     for round_ in range(args.rounds):
         for k in (ks if round_ % 2 == 0 else ks[::-1]):
-            for (e, c), row in measure(args, k, prompts, clients).items():
+            for (e, c), row in measure(args, k, prompts, clients, generate_first=round_ % 2 == 1).items():
                 runs[(k, e, c)].append(row)
                 print(f"round {round_} k={k} engine {e} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
                       f"outputs equal {row[2]}; CPU cores busy: server process {row[3]:.2f}, its children "
