@@ -121,6 +121,23 @@ def test_warm_up_leaves_no_request_and_no_counters(models, fixed_rows):
         assert run_arrivals(batcher, REQUESTS) == solo
 
 
+def test_report_hands_over_the_first_tokens_before_a_step(models):
+    """report(): what step() would report, without a step; the tokens are not reported twice."""
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
+    [prompt, n] = REQUESTS[0]
+    with session.batcher(max_batch_size=2) as batcher:
+        rid = batcher.add_request(prompt, max_new_tokens=n)
+        steps = session.stats["steps"]
+        first = batcher.report()
+        assert first == {rid: batcher.result(rid)} and len(first[rid]) == 1 and session.stats["steps"] == steps
+        assert batcher.report() == {rid: []}
+        tokens = list(first[rid])
+        while batcher.pending:
+            tokens += batcher.step()[rid]
+        assert tokens == batcher.result(rid) == ortspec.Session(models.converted("base")).generate(prompt,
+                                                                                                  max_new_tokens=n)
+
+
 def test_batcher_errors(models):
     session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
     batcher = session.batcher(max_batch_size=1)

@@ -7,7 +7,7 @@ checked and tokenized) and read the events the thread hands them. Each turn the 
        deadline (batcher.cancel frees the row at once); a queued job past its deadline fails
        with 503 when no row is free for it this turn (with one free, it is admitted: every
        admitted request gets at least its first token);
-    2. admits queued jobs into free rows (add_request prefills: the first token);
+    2. admits queued jobs into free rows (add_request prefills: the first token, sent at once);
     3. steps the batcher once and gives every job the tokens step() reported, and its finish
        reason when it is done.
 
@@ -274,9 +274,13 @@ class Engine:
             self._running[rid] = job
             self.metrics.admitted += 1
             self.metrics.prompt_tokens += len(job.prompt)
+        self._publish(self.batcher.report())  # their first tokens now, not after the next step
 
     def _step(self) -> None:
-        report = self.batcher.step()
+        self._publish(self.batcher.step())
+
+    def _publish(self, report: dict[int, list[int]]) -> None:
+        """A step's (or an admission's) tokens to their jobs, counted."""
         self.metrics.record_step(sum(map(len, report.values())), time.monotonic())
         for rid, tokens in report.items():
             self._deliver(rid, tokens)

@@ -204,11 +204,21 @@ class Batcher:
         with self._call():
             owed = self.pending
             self.decoder.step()
-            report = {}
-            for rid in owed:
-                report[rid] = self.requests[rid].output(self._reported[rid])
-                self._reported[rid] += len(report[rid])
-            return report
+            return self._report(owed)
+
+    def report(self) -> dict[int, list[int]]:
+        """What step() would report now, without a step: the first tokens of requests added since
+        (their prefill made them), and what finished requests still owe. A server sends a new
+        request's first token with this, a step sooner."""
+        with self._one_thread():
+            return self._report(self.pending)
+
+    def _report(self, owed: list[int]) -> dict[int, list[int]]:
+        report = {}
+        for rid in owed:
+            report[rid] = self.requests[rid].output(self._reported[rid])
+            self._reported[rid] += len(report[rid])
+        return report
 
     WARM_UP = (dict(), dict(temperature=1.0, seed=0), dict(temperature=1.0, top_p=0.9, seed=0))  # greedy, sampled
 
