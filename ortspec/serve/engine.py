@@ -118,9 +118,10 @@ class Metrics:
 
 
 class Engine:
-    def __init__(self, session, max_batch_size: int, max_queue: int, after_turn: Callable[[], None] | None = None) -> None:
+    def __init__(self, session, max_batch_size: int, max_queue: int, flush: Callable[[], None] | None = None) -> None:
         self.session, self.max_batch_size, self.max_queue = session, max_batch_size, max_queue
-        self.after_turn = after_turn  # called on the engine thread after each turn (engine_process: sends its events)
+        self.flush = flush  # called on the engine thread once events are out: after admissions and each turn
+        # (engine_process: sends them to the parent)
         self.metrics = Metrics()
         self.error: str | None = None  # set when the thread died of an unexpected error
         self.batcher = None  # the engine thread's; replaced after a failed turn
@@ -202,13 +203,14 @@ class Engine:
             self._cancels = False
         try:
             self._end(time.monotonic())
-            self._admit()
+            if self._admit() and self.flush is not None:
+                self.flush()  # the first tokens go out before the step
             if self._running:
                 self._step()
         except Exception:  # noqa: BLE001  (the batcher's states may be half-committed: start afresh)
             self._recover()
-        if self.after_turn is not None:
-            self.after_turn()
+        if self.flush is not None:
+            self.flush()
         return True
 
     def _end(self, now: float) -> None:
@@ -232,13 +234,15 @@ class Engine:
                     self._queue.remove(job)
                     self._fail(job, 503, "timed out waiting for a free row; retry later or raise the timeout.")
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
         """Admits queued jobs while rows are free; a request's choices that fit go in together
-        (one prefill for all: Batcher.add_requests)."""
+        (one prefill for all: Batcher.add_requests). Whether any job left the queue."""
+        admitted = False
         while len(self._running) < self.max_batch_size:
             with self._wake:
                 if not self._queue:
-                    return
+                    return admitted
+                admitted = True
                 jobs = [self._queue.popleft()]
                 while (self._queue and self._queue[0].id == jobs[0].id
                        and len(self._running) + len(jobs) < self.max_batch_size):
@@ -246,6 +250,7 @@ class Engine:
                 self._admitting = jobs
             self._admit_together(jobs)
             self._admitting = []
+        return admitted
 
     def _admit_together(self, jobs: list[Job]) -> None:
         for job in jobs:

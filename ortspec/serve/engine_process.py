@@ -233,8 +233,8 @@ class EngineProcess:
 
 # -- the child process ----------------------------------------------------------------------------
 class Outbox:
-    """The child's events, sent once per engine turn by a thread of their own (a slow reader
-    never stalls a step), with the Session's stats every STATS_S."""
+    """The child's events, sent after each engine turn (and after admissions: first tokens) by a
+    thread of their own (a slow reader never stalls a step), with the Session's stats every STATS_S."""
 
     def __init__(self, conn, session, engine_error) -> None:
         self.conn, self.session, self.engine_error = conn, session, engine_error
@@ -256,7 +256,7 @@ class Outbox:
             self._turn.append((key, event))
 
     def flush(self) -> None:
-        """(after each engine turn) This turn's events go out."""
+        """(the engine's flush: after admissions and after each turn) The events so far go out."""
         with self._wake:
             if self._turn:
                 self._out += self._turn
@@ -310,7 +310,7 @@ def child_main(model_dir, session_options: dict, max_batch_size: int, max_queue:
         return
     engine: Engine | None = None
     outbox = Outbox(conn, session, lambda: engine.error if engine else None)
-    engine = Engine(session, max_batch_size, max_queue, after_turn=outbox.flush)
+    engine = Engine(session, max_batch_size, max_queue, flush=outbox.flush)
     jobs: dict[int, Job] = {}
 
     def deliver_to(key: int):
