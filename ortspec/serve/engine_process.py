@@ -8,7 +8,8 @@ never forked) and keeps uvicorn, the routes, the tokenizer and the detokenizer h
 
 One pipe carries both ways: jobs (checked token ids, ready to admit), cancels and stop go
 down; each engine turn's events (engine.Tokens / Finished / Failed, keyed by job) come up in
-one message, with the Session's stats every STATS_S. A sender thread in the child writes
+one message (admissions' first tokens in one of their own, before the turn's step), with the
+Session's stats every STATS_S. A sender thread in the child writes
 them, so a slow reader never stalls a step. ``EngineProcess`` has the Engine's interface
 (submit, cancel, start, stop, error, metrics, queue_depth, running), and answers a queue
 over max_queue with QueueFull here, before anything crosses.
