@@ -2,7 +2,8 @@
 /v1/chat/completions, well-formed or hostile (wrong types, huge and non-finite numbers, unpaired
 surrogates, nesting), against a live server on the tiny model. Every answer is a 2xx with a valid
 body or a 4xx with an OpenAI error body, never a 5xx, and afterwards the server answers as
-Session.generate does. Bounded: a few seconds on two cores."""
+Session.generate does; with the engine in its own process and in a thread. Bounded: a few
+seconds on two cores."""
 
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfo
 FINISH_REASONS = {"stop", "length", "timeout"}
 
 
-@pytest.fixture(scope="module")
-def server(tokenized_model):
+@pytest.fixture(scope="module", params=["process", "thread"])
+def server(request, tokenized_model):
+    """The engine in a process of its own (ortspec serve's default) and in a thread."""
     with pytest.MonkeyPatch.context() as patch:  # the fixture model has no chat template: give it one
         patch.setattr(chat_module.ChatTemplate, "from_model_dir", classmethod(lambda cls, _: cls(TEMPLATE)))
+        options = dict(port=0, max_batch_size=2, max_queue=8)
         with ortspec.Session(tokenized_model, num_speculative_tokens=2) as session, \
-                Server(session, port=0, max_batch_size=2, max_queue=8) as s:
+                (Server.spawned(tokenized_model, dict(num_speculative_tokens=2), **options) if request.param == "process"
+                 else Server(session, **options)) as s:
             yield s, session
 
 
