@@ -63,6 +63,19 @@ class Unavailable(QueueFull):
     status = 503
 
 
+def refusal(stopping: bool, error: str | None, max_queue: int, queued: int, jobs: int, running: int) -> QueueFull | None:
+    """Why a submit of `jobs` jobs is refused (Unavailable, QueueFull), or None: what the engine
+    thread and the engine process (engine_process.py) answer alike."""
+    if stopping or error:
+        return Unavailable("the server is shutting down" if stopping else f"the engine failed: {error}")
+    if queued + jobs <= max_queue:
+        return None
+    free = max_queue - queued
+    taken = (f"all {max_queue} queue slots are taken" if free <= 0 else
+             f"{free} of {max_queue} queue slots are free, for {jobs} choices")
+    return QueueFull(f"{taken} ({running} request{'s' if running != 1 else ''} running); retry later.")
+
+
 @dataclasses.dataclass
 class Tokens:
     ids: list[int]
@@ -142,13 +155,9 @@ class Engine:
     def submit(self, *jobs: Job) -> None:
         """Queues the jobs (a request's choices), all of them or none."""
         with self._wake:
-            if self._stopping or self.error:
-                raise Unavailable("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
-            if len(self._queue) + len(jobs) > self.max_queue:
-                running, free = self.running, self.max_queue - len(self._queue)
-                taken = (f"all {self.max_queue} queue slots are taken" if not free else
-                         f"{free} of {self.max_queue} queue slots are free, for {len(jobs)} choices")
-                raise QueueFull(f"{taken} ({running} request{'s' if running != 1 else ''} running); retry later.")
+            refused = refusal(self._stopping, self.error, self.max_queue, len(self._queue), len(jobs), self.running)
+            if refused is not None:
+                raise refused
             self._queue.extend(jobs)
             self._wake.notify()
 

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 
-from .engine import Engine, Failed, Finished, Job, Metrics, QueueFull, Tokens, Unavailable, internal_error
+from .engine import Engine, Failed, Finished, Job, Metrics, QueueFull, Tokens, Unavailable, internal_error, refusal
 
 STATS_S = 0.25  # how often the child sends its Session's stats (for /metrics)
 log = logging.getLogger("ortspec.serve")
@@ -97,13 +97,9 @@ class EngineProcess:
     def submit(self, *jobs: Job) -> None:
         """Sends the jobs (a request's choices) to the child, all of them or none."""
         with self._lock:
-            if self._stopping or self.error:
-                raise Unavailable("the server is shutting down" if self._stopping else f"the engine failed: {self.error}")
-            if len(self._waiting) + len(jobs) > self.max_queue:
-                free = self.max_queue - len(self._waiting)
-                taken = (f"all {self.max_queue} queue slots are taken" if free <= 0 else
-                         f"{free} of {self.max_queue} queue slots are free, for {len(jobs)} choices")
-                raise QueueFull(f"{taken} ({self.running} requests running); retry later.")
+            refused = refusal(self._stopping, self.error, self.max_queue, len(self._waiting), len(jobs), self.running)
+            if refused is not None:
+                raise refused
             keys = list(range(self._next_key, self._next_key + len(jobs)))
             try:
                 self._conn.send(("submit", [(key, dataclasses.replace(job, deliver=None)) for key, job in zip(keys, jobs)]))
@@ -139,10 +135,15 @@ class EngineProcess:
             self._process.join(timeout=60)
             if self._process.is_alive():
                 self._process.kill()
-        with self._lock:  # a child killed, or gone, before it answered them
+        self._fail_all(503, "the server is shutting down")  # a child killed, or gone, before it answered them
+
+    def _fail_all(self, status: int, message: str | None = None) -> None:
+        """Every job the child was given ends with this failure (message None: the 500 naming its id)."""
+        with self._lock:
             jobs, self._jobs, self._key_of, self._waiting = list(self._jobs.values()), {}, {}, set()
         for job in jobs:
-            job.deliver(Failed(503, "the server is shutting down"))
+            self.metrics.finished[status] += 1
+            job.deliver(Failed(status, message or internal_error(job.id)))
 
     @property
     def queue_depth(self) -> int:
@@ -216,12 +217,8 @@ class EngineProcess:
         self._process.join(timeout=5)
         code = self._process.exitcode
         log.error("the engine process exited (code %s); failing its requests with 500 and starting a new one", code)
-        with self._lock:
-            self.error = f"the engine process exited (code {code}); a new one is loading the model"
-            jobs, self._jobs, self._key_of, self._waiting = list(self._jobs.values()), {}, {}, set()
-        for job in jobs:
-            self.metrics.finished[500] += 1
-            job.deliver(Failed(500, internal_error(job.id)))
+        self.error = f"the engine process exited (code {code}); a new one is loading the model"
+        self._fail_all(500)
         try:
             ready = self._spawn()
         except Exception as exc:  # noqa: BLE001  (reported on /health; nothing is served)
