@@ -38,7 +38,7 @@ import weakref
 
 from .. import validation
 from ..errors import ClosedError, ConcurrentUseError, InputError
-from ..runtime.graph_slots import BATCH_BUCKETS
+from ..runtime.graph_slots import batch_bucket
 from .decoder import Decoder
 from .logprobs import TokenLogprob
 from .requests import Request
@@ -230,7 +230,7 @@ class Batcher:
         and nothing in the Session's stats."""
         self._recording = False
         try:
-            for size in sorted({b for b in BATCH_BUCKETS if b < self.max_batch_size} | {self.max_batch_size}):
+            for size in sorted({min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)}):
                 for sampling in self.WARM_UP:
                     ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[],
                                                   **sampling)] * size)

@@ -302,8 +302,7 @@ def runs_tempered(requests, k: int, tempered_ks: frozenset[int]) -> bool:
     """Whether a run of k over these requests samples with the graphs without top-k / top-p: a live
     row samples and none asks for top-k or top-p (the tempered graphs give such rows the sorting
     graphs' draws bit for bit, so a request's tokens do not depend on the rows beside it)."""
-    live = [r for r in requests if not r.done and not r.sampling.greedy]
-    return k in tempered_ks and bool(live) and all(r.sampling.top_k <= 0 and r.sampling.top_p >= 1.0 for r in live)
+    return k in tempered_ks and sampler.samples(requests) and not sampler.truncates(requests)
 
 
 def acceptance_mismatch(k: int, graph: np.ndarray, host: np.ndarray, drafts: np.ndarray, tokens: np.ndarray,
