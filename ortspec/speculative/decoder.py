@@ -292,9 +292,8 @@ class Decoder:
             self._prefill(group, copies)
         if self.head is not None and fresh:
             live = [r for r in self.occupants if r is not None]
-            running = [r for r in live if not r.done] or live
-            rows = len(self._step_rows(running)) if self.fixed_rows else len(self.occupants)
-            self.next_k = self.policy.next_k(rows, self._tail(live), fresh=self.static)
+            stepped = self._step_rows([r for r in live if not r.done] or live)
+            self.next_k = self.policy.next_k(self._policy_rows(stepped), self._tail(live), fresh=self.static)
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Runs of requests in consecutive rows with prompts of one length, at most
@@ -392,8 +391,11 @@ class Decoder:
     def _ask(self, requests: list[Request]) -> int:
         """The policy's k for the step after the one being planned (0 without a head), for an
         engine of this many rows (with fixed rows: the rows the step runs)."""
-        rows = len(requests) if self.fixed_rows else len(self.occupants)
-        return self.policy.next_k(rows, self._tail(requests)) if self.head is not None else 0
+        return self.policy.next_k(self._policy_rows(requests), self._tail(requests)) if self.head is not None else 0
+
+    def _policy_rows(self, requests: list[Request]) -> int:
+        """The batch size the k policy weighs: the rows a step runs (fixed rows), else the engine's."""
+        return len(requests) if self.fixed_rows else len(self.occupants)
 
     def _tail(self, requests: list[Request]) -> Tail | None:
         """A generate call's tail (its slowest request sets the steps); none in a batcher, whose rows are refilled."""
