@@ -17,7 +17,7 @@ from onnx import TensorProto
 import ortspec
 from ortspec.converter import sampling_graph
 from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore
-from ortspec.converter.sampling_graph import BISECT, CANDIDATES, SORT, RowParams
+from ortspec.converter.sampling_graph import CANDIDATES, SORT, RowParams
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead, TargetModel
 from ortspec.runtime.sampling_inputs import SamplingInputs
@@ -125,87 +125,6 @@ def test_ties_past_the_candidates_are_kept(monkeypatch, method):
         assert (want[0] > 0).sum() == 30 and (want[1] > 0).sum() >= (30 if top_k[1] == 16 else 40)
         np.testing.assert_array_equal(probs > 0, want > 0)
         np.testing.assert_allclose(probs, want, atol=2e-6)
-
-
-# BISECT against SORT: (method, ways) of make_sampling_probs, and the rows of a batch of 4 (top_p, min_p)
-BISECTIONS = [(BISECT, 1), (BISECT, 3)]
-BISECT_ROWS = [(p, m) for m in (0.0, 0.05) for p in (0.5, 0.9, 0.95, 0.99, 1.0)] + [(0.7, 0.0), (0.999, 0.05)]
-ROUNDING_PER_TOKEN = 1e-9  # float32 mass sums of V tokens stray from float64 by up to ~4e-10 V here
-
-
-def method_session(vocab: int, method: str, ways: int = 1) -> ort.InferenceSession:
-    """logits [B, 1, V] -> probs [B, 1, V] with that threshold method, tokens [B, U] drawn from them
-    with U uniforms a row: sampling_transform_cost.choice_model's graph, its probs an output too."""
-    g = GraphBuilder("choice", WeightStore(), PORTABLE)
-    logits, params = g.input("logits", F32, ["B", 1, vocab]), RowParams.inputs(g)
-    probs = sampling_graph.make_sampling_probs(g, logits, params, vocab, method, ways)
-    g.output(sampling_graph.make_draw(g, probs, g.input("u", F32, ["B", "U"]), vocab), "tokens", I64, ["B", "U"])
-    g.output(probs, "probs", F32, ["B", 1, vocab])
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(g.build({}).SerializeToString(), options)
-
-
-def mass_before(z: np.ndarray) -> np.ndarray:
-    """float64 [V]: Softmax(z)'s mass of the tokens above each token of row z (ties in index order)."""
-    p = np.exp(z.astype(np.float64) - z.max())
-    order = np.argsort(-z, kind="stable")
-    before = np.empty_like(p)
-    before[order] = np.cumsum(p[order] / p.sum()) - p[order] / p.sum()
-    return before
-
-
-@pytest.mark.parametrize("vocab", [4096, 65536])
-def test_bisection_keeps_the_sorting_graphs_tokens(vocab):
-    """BISECT (ways 1 and 3) against SORT on random logits (scales 0.5, 3, 10), top-p 0.5 .. 1 with
-    min-p 0 and 0.05: a row whose kept set is the sort's gets its probabilities bit for bit, and so
-    its draws (32 uniforms a row). The two sum the mass in different float32 orders, so a kept set
-    may differ by tokens whose mass before them lies within that rounding of top_p, and by no other;
-    most rows do not differ at all."""
-    sessions = {m: method_session(vocab, *m) for m in [(SORT, 1), *BISECTIONS]}
-    rng, differing, rows = np.random.default_rng(vocab), 0, 0
-    for scale in (0.5, 3.0, 10.0):
-        for first in range(0, len(BISECT_ROWS), 4):
-            top_p, min_p = (np.array(x, np.float32) for x in zip(*BISECT_ROWS[first:first + 4]))
-            feeds = {"logits": rng.normal(0, scale, (4, 1, vocab)).astype(np.float32),
-                     "temperature": np.full(4, 0.8, np.float32), "top_k": np.zeros(4, np.int64), "top_p": top_p,
-                     "min_p": min_p, "u": rng.random((4, 32), dtype=np.float32)}
-            want_tokens, want = sessions[SORT, 1].run(None, feeds)
-            z = feeds["logits"][:, 0] * np.float32(1 / np.float32(0.8))  # the graphs' z: logits * (1 / T)
-            for method in BISECTIONS:
-                tokens, probs = sessions[method].run(None, feeds)
-                for b in range(4):
-                    rows += 1
-                    moved = (probs[b, 0] > 0) != (want[b, 0] > 0)
-                    if moved.any():
-                        differing += 1
-                        near = np.abs(mass_before(z[b])[moved] - np.float64(top_p[b]))
-                        assert near.max() <= ROUNDING_PER_TOKEN * vocab, (scale, top_p[b], method)
-                    else:
-                        np.testing.assert_array_equal(probs[b], want[b])
-                        np.testing.assert_array_equal(tokens[b], want_tokens[b])
-    assert differing <= rows // 10
-
-
-def test_bisection_keeps_the_tied_top_set_where_it_holds_top_p():
-    """Rows whose largest value (tied 3, 1, 2 and 4 times) holds more than top_p keep exactly those
-    tokens, with BISECT (both ways) as with SORT. BISECT reads no top_k (the runtime sends top-k
-    batches to the sorting graphs): top_k 2 changes none of its probabilities."""
-    vocab = 4096
-    logits = np.random.default_rng(2).normal(0, 1, (4, 1, vocab)).astype(np.float32)
-    tops = [(range(10, 13), 12.0, 0.5), ([7], 15.0, 0.9), ([100, 101], 14.0, 0.3), (range(5, 9), 13.0, 0.95)]
-    for row, (tokens, value, _) in enumerate(tops):
-        logits[row, 0, list(tokens)] = value
-    feeds = {"logits": logits, "temperature": np.ones(4, np.float32), "top_k": np.zeros(4, np.int64),
-             "top_p": np.array([p for *_, p in tops], np.float32), "min_p": np.zeros(4, np.float32),
-             "u": np.random.default_rng(3).random((4, 8), dtype=np.float32)}
-    for method in [(SORT, 1), *BISECTIONS]:
-        session = method_session(vocab, *method)
-        _, probs = session.run(None, feeds)
-        for row, (tokens, *_) in enumerate(tops):
-            assert np.flatnonzero(probs[row, 0]).tolist() == list(tokens), method
-        if method[0] == BISECT:
-            np.testing.assert_array_equal(session.run(None, {**feeds, "top_k": np.full(4, 2)})[1], probs)
 
 
 def test_the_cpu_graphs_widen_the_candidates_only_where_a_row_needs_it(monkeypatch, tmp_path):

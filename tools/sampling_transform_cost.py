@@ -1,22 +1,19 @@
 """What choosing a token costs on ONNX Runtime's CPU EP, apart from the model: the argmax (greedy),
-the sampling transform and draw as the portable graphs build it (a full sort, ``sort``), as the
-CPU graphs do (``candidates``) and by bisection (no sort: ``bisect`` halving, ``bisect4`` three
-cuts a pass; sampling_graph.BISECT), and the numpy reference (speculative.sampling), on random
+the sampling transform and draw as the portable graphs build it (a full sort, ``sort``) and as
+the CPU graphs do (``candidates``), and the numpy reference (speculative.sampling), on random
 logits [B, 1, V].
 
     python3 tools/sampling_transform_cost.py --vocab 248320 --batch 1,4 --threads 1
     python3 tools/sampling_transform_cost.py --provider cuda --vocab 4096,248320 --batch 1,16,64
 
 On CUDA each variant runs as a captured CUDA graph over device-bound inputs, as the sampling
-graphs do in a step, and the variants are: the argmax, the portable transform and draw (sort,
-bisect, bisect4), the head's draft choice (Softmax(z / T) and the draw, no truncation:
-``tempered``), and two cumulative sums over [B, 1, V] alone: ONNX Runtime's CumSum (``cumsum``)
-and the blocked one the portable graphs use (``blocked``, sampling_graph.prefix_sums).
+graphs do in a step, and the variants are: the argmax, the portable transform and draw (sort),
+the head's draft choice (Softmax(z / T) and the draw, no truncation: ``tempered``), and two
+cumulative sums over [B, 1, V] alone: ONNX Runtime's CumSum (``cumsum``) and the blocked one the
+portable graphs use (``blocked``, sampling_graph.prefix_sums).
 
 Per sampling configuration (temperature only, top-p, top-k, min-p) and batch: the median
-milliseconds per call over --repeats calls, each variant timed in turn round by round. BISECT
-treats top-k as off (its graphs are for batches without it): in a top-k configuration it runs
-the same passes and keeps what top-p alone keeps.
+milliseconds per call over --repeats calls, each variant timed in turn round by round.
 --scale is the standard deviation of the logits: a random model's are nearly flat (a wide top-p
 nucleus: the candidates fall back to sorting), a trained model's peaked (a narrow one).
 """
@@ -37,15 +34,14 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore  # noqa: E402
-from ortspec.converter.sampling_graph import (BISECT, CANDIDATES, SORT, RowParams, make_draw,  # noqa: E402
-                                             make_sampling_probs, make_token_choice, prefix_sums)
+from ortspec.converter.sampling_graph import (CANDIDATES, SORT, RowParams, make_draw, make_sampling_probs,  # noqa: E402
+                                             make_token_choice, prefix_sums)
 from ortspec.speculative import sampling  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 CONFIGS = {"temperature": dict(top_k=0, top_p=1.0, min_p=0.0), "top_p 0.95": dict(top_k=0, top_p=0.95, min_p=0.0),
            "top_k 50": dict(top_k=50, top_p=1.0, min_p=0.0), "min_p 0.05": dict(top_k=0, top_p=1.0, min_p=0.05),
            "top_k 50 top_p 0.9": dict(top_k=50, top_p=0.9, min_p=0.0)}
-BISECT_WAYS = {"bisect": 1, "bisect4": 3}  # variant -> sampling_graph.BISECT's cuts per pass
 
 
 def token_graph(vocab: int, method: str | None, threads: int) -> ort.InferenceSession:
@@ -55,8 +51,7 @@ def token_graph(vocab: int, method: str | None, threads: int) -> ort.InferenceSe
 
 def choice_model(vocab: int, variant: str | None) -> bytes:
     """logits [B, 1, V] -> token [B, 1] (the argmax for variant None, a draw with that threshold
-    search, ``bisect`` / ``bisect4`` among them, or ``tempered``: the head's untruncated draw), or
-    -> [B, 1, V] (``cumsum``, ``blocked``)."""
+    search, or ``tempered``: the head's untruncated draw), or -> [B, 1, V] (``cumsum``, ``blocked``)."""
     g = GraphBuilder("choice", WeightStore(), CPU if variant == CANDIDATES else PORTABLE)
     logits = g.input("logits", F32, ["B", 1, vocab])
     if variant is None:
@@ -67,9 +62,8 @@ def choice_model(vocab: int, variant: str | None) -> bytes:
         g.output(sums, "sums", F32, ["B", 1, vocab])
     else:
         params, u = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
-        method, ways = (BISECT, BISECT_WAYS[variant]) if variant in BISECT_WAYS else (variant, 1)
         token = (make_token_choice(g, logits, params, u, vocab, truncated=False)[0] if variant == "tempered" else
-                 make_draw(g, make_sampling_probs(g, logits, params, vocab, method, ways), u, vocab))
+                 make_draw(g, make_sampling_probs(g, logits, params, vocab, variant), u, vocab))
         g.output(token, "token", I64, ["B", 1])
     return g.build({}).SerializeToString()
 
@@ -171,10 +165,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for vocab in (int(v) for v in args.vocab.split(",")):
-        bisects = {name: name for name in BISECT_WAYS}
-        names = ({"argmax": None, SORT: SORT, **bisects, "tempered": "tempered", "cumsum": "cumsum",
-                  "blocked": "blocked"} if args.provider == "cuda" else
-                 {"argmax": None, SORT: SORT, CANDIDATES: CANDIDATES, **bisects})
+        names = ({"argmax": None, SORT: SORT, "tempered": "tempered", "cumsum": "cumsum", "blocked": "blocked"}
+                 if args.provider == "cuda" else {"argmax": None, SORT: SORT, CANDIDATES: CANDIDATES})
         models = op_models(vocab) if args.ops else {name: choice_model(vocab, variant) for name, variant in names.items()}
         print(f"V={vocab} provider={args.provider} threads={args.threads} logits scale={args.scale}; ms per call "
               f"(median of {args.repeats}, {args.clock} time)")

@@ -19,11 +19,6 @@ find it among the largest C values (TopK(C), CANDIDATE_TIERS), which hold it unl
 is wider; an ``If`` widens the candidates only for a batch where a row needs it, and sorts all V
 only past the last tier; a batch with no top-k / top-p / min-p skips all of it. A captured CUDA
 graph cannot branch, so the portable graphs sort (``SORT``). Both find the reference's threshold.
-``BISECT`` (not in a graph set yet: measured by tools/sampling_transform_cost.py) finds the top-p
-threshold without a sort or a branch, for batches without top-k: a fixed number of bisection
-passes over the cut c in [max z + EXP_FLOOR, max z], each summing the mass above its cuts
-(_bisected_threshold). A graph of this method treats top_k as off; the runtime must send a batch
-where a row asks for top-k to the sorting graphs.
 The portable graphs also come ``TEMPERED`` (``decode_tempered``, ``verify_mtp_tempered_k{k}``): the
 same ops with min-p as the only threshold, for batches where no row asks for top-k or top-p (the
 OpenAI API's default), whose rows get the sorting graphs' probabilities bit for bit (a row that
@@ -46,8 +41,6 @@ from .builder import CPU, GraphBuilder
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
 TEMPERED = "tempered"  # no top-k / top-p: temperature and min-p alone (decode_tempered, verify_mtp_tempered_k{k})
-BISECT = "bisect"  # top-p (and min-p) by bisection over the cut: no sort, no If; top_k is off (module docstring)
-BISECT_RESOLUTION = 40  # bisection passes of plain halving: the final cut interval is -EXP_FLOOR * 2^-40 wide
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
 EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
 
@@ -98,22 +91,21 @@ def make_scaled_logits(g: GraphBuilder, logits: str, params: RowParams) -> str:
     return g.op("Mul", [logits, params.once(g, "1/T", inverse)], hint="scaled")
 
 
-def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: int, method: str | None = None,
-                        ways: int = 1) -> str:
+def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: int, method: str | None = None) -> str:
     """logits [B, N, V] -> the transformed distributions [B, N, V] (float32, each row sums to 1):
     Softmax(z) over the kept tokens, renormalised. The CPU graphs skip the masking (an If) for a
-    batch whose rows keep every token. ways: BISECT's cuts per pass (1: halving, 3: quarters)."""
+    batch whose rows keep every token."""
     method = method or method_for(g)
     z = make_scaled_logits(g, logits, params)
 
     def masked(sub: GraphBuilder) -> list[str]:
         top = row_max(sub, z)
         probs = _softmax(sub, z, top)  # [B, N, V]: every token
-        threshold = make_threshold(sub, z, probs, params, vocab, method, top, ways)
+        threshold = make_threshold(sub, z, probs, params, vocab, method, top)
         weights = sub.op("Where", [sub.op("GreaterOrEqual", [z, threshold]), probs, sub.const(0.0, "float32")])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
 
-    if method in (SORT, TEMPERED, BISECT):
+    if method in (SORT, TEMPERED):
         return masked(g)[0]
 
     def thresholded(sub: GraphBuilder) -> list[str]:
@@ -184,80 +176,18 @@ def _keeps_all(g: GraphBuilder, params: RowParams, vocab: int, with_min_p: bool)
     return keeps
 
 
-def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab: int, method: str, top: str,
-                   ways: int = 1) -> str:
+def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab: int, method: str, top: str) -> str:
     """threshold [B, N, 1]: the kept tokens are those with z >= threshold (module docstring);
-    probs [B, N, V]: Softmax(z), the mass of every token; top: row_max(z); ways: BISECT's cuts per pass."""
+    probs [B, N, V]: Softmax(z), the mass of every token; top: row_max(z)."""
     min_p = g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
     if method == TEMPERED:
         return g.op("Identity", [min_p], hint="threshold")
-    if method == BISECT:
-        top_kp = _bisected_threshold(g, z, probs, params.top_p, top, ways)
-    elif method == SORT:
-        top_kp, _ = _sorted_threshold(g, z, probs, vocab, _kept_by_k(g, params, vocab), params.top_p, None)
+    kept_by_k = _kept_by_k(g, params, vocab)
+    if method == SORT:
+        top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, None)
     else:
-        top_kp = _candidate_threshold(g, z, probs, params, _kept_by_k(g, params, vocab), vocab)
+        top_kp = _candidate_threshold(g, z, probs, params, kept_by_k, vocab)
     return g.op("Max", [top_kp, min_p], hint="threshold")
-
-
-def _bisected_threshold(g: GraphBuilder, z: str, probs: str, top_p: str, top: str, ways: int) -> str:
-    """BISECT's top-p threshold [B, N, 1], top-k off: t* = min{v among z : mass(z > v) < top_p},
-    the sorting graphs' smallest kept value (-inf where top_p >= 1). mass(z > c) < top_p holds
-    exactly for the cuts c >= t*, so every pass keeps lo < t* <= hi, from [max + EXP_FLOOR, max]
-    (top-p < 1 keeps no token below: together they hold < V e^-64) down to a width
-    <= -EXP_FLOOR * 2^-40 (or adjacent floats: then hi = t*); t* is then the smallest z above lo.
-    The one inexactness: z values within that width below t* count as its ties (kept). The mass
-    is summed in float32 in another order than the sort's prefix sums, so a token whose mass
-    before it lies within their rounding of top_p (~1e-9 V) may fall on the other side."""
-    total = g.op("ReduceSum", [probs, g.const([-1])])  # [B, N, 1]: the sort's mass is renormalised by it
-    target = g.op("Mul", [per_row(g, top_p), total])
-    lo, hi = g.op("Add", [top, g.const(EXP_FLOOR, "float32")]), top
-    if ways == 1:
-        for _ in range(bisection_passes(ways)):
-            lo, hi = _halve(g, z, probs, target, lo, hi)
-    else:
-        z_cuts, probs_cuts = (g.op("Unsqueeze", [x, g.const([2])]) for x in (z, probs))  # [B, N, 1, V]
-        for _ in range(bisection_passes(ways)):
-            lo, hi = _split(g, z_cuts, probs_cuts, target, lo, hi, ways)
-    above = g.op("Where", [g.op("Greater", [z, lo]), z, g.const(np.inf, "float32")])
-    smallest = g.op("GatherElements", [above, g.op("ArgMin", [above], axis=-1, keepdims=1)], axis=-1)  # see row_max
-    keeps_all = g.op("GreaterOrEqual", [per_row(g, top_p), g.const(1.0, "float32")])
-    return g.op("Where", [keeps_all, g.const(-np.inf, "float32"), smallest])
-
-
-def bisection_passes(ways: int) -> int:
-    """Passes of ``ways`` cuts each (ways + 1 parts) that narrow the cut interval as much as
-    BISECT_RESOLUTION halvings: the fewest n with (ways + 1)^n >= 2^BISECT_RESOLUTION."""
-    n = 0
-    while (ways + 1) ** n < 2 ** BISECT_RESOLUTION:
-        n += 1
-    return n
-
-
-def _halve(g: GraphBuilder, z: str, probs: str, target: str, lo: str, hi: str) -> tuple[str, str]:
-    """One bisection pass (ways 1): the midpoint m of [lo, hi] (in it, rounded: fl(lo + hi) / 2)
-    becomes hi where the mass above it is short of the target (m >= t*), else lo."""
-    mid = g.op("Mul", [g.op("Add", [lo, hi]), g.const(0.5, "float32")])  # [B, N, 1]
-    above = g.op("Where", [g.op("Greater", [z, mid]), probs, g.const(0.0, "float32")])
-    short = g.op("Less", [g.op("ReduceSum", [above, g.const([-1])]), target])  # [B, N, 1]
-    return g.op("Where", [short, lo, mid]), g.op("Where", [short, mid, hi])
-
-
-def _split(g: GraphBuilder, z_cuts: str, probs_cuts: str, target: str, lo: str, hi: str,
-           ways: int) -> tuple[str, str]:
-    """One pass of ``ways`` cuts over [B, N, ways, V] (z_cuts, probs_cuts [B, N, 1, V]): cuts
-    lo + fl(width * i / (ways + 1)), non-decreasing and within [lo, hi] however they round, so
-    the n cuts whose mass reaches the target come first (they lie below t*): [lo, cuts, hi][n]
-    and [n + 1] are the new bounds, values that were tested."""
-    fractions = g.const(np.arange(1, ways + 1) / (ways + 1), "float32")  # [ways]
-    cuts = g.op("Add", [lo, g.op("Mul", [g.op("Sub", [hi, lo]), fractions])])  # [B, N, ways]
-    above = g.op("Where", [g.op("Greater", [z_cuts, g.op("Unsqueeze", [cuts, g.const([3])])]), probs_cuts,
-                           g.const(0.0, "float32")])  # [B, N, ways, V]
-    mass = g.op("ReduceSum", [above, g.const([-1])], keepdims=0)  # [B, N, ways]
-    below = g.op("Cast", [_count(g, g.op("GreaterOrEqual", [mass, target]))], to=I64)  # [B, N, 1]
-    bounds = g.op("Concat", [lo, cuts, hi], axis=-1)  # [B, N, ways + 2]
-    return (g.op("GatherElements", [bounds, below], axis=-1),
-            g.op("GatherElements", [bounds, g.op("Add", [below, g.const(1)])], axis=-1))
 
 
 def _kept_by_k(g: GraphBuilder, params: RowParams, vocab: int) -> str:
