@@ -8,6 +8,9 @@
 #   bash tools/gpu_visit.sh gdn       tools/gpu.py gdn_verify (the CUDA verify's GDN forms)
 #   bash tools/gpu_visit.sh batching  tools/gpu.py batch --checks-only (staggered batcher, buckets, stages)
 #   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16 (SERVE_ENGINES: process,thread)
+#   bash tools/gpu_visit.sh guidellm  tools/guidellm_bench.py on the trained model, fp16: guidellm (wheels in
+#                                     .whl-gl/, into /tmp/glsite) loading `ortspec serve`, a concurrency sweep
+#                                     and a constant rate per k (needs setup's .whl: starlette, uvicorn)
 #   bash tools/gpu_visit.sh batcher   tools/batcher_bench.py: the batcher against generate, no HTTP
 #   bash tools/gpu_visit.sh bench     ortspec bench, held-out prompts, trained model fp16, k 0..3 and auto
 #   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
@@ -20,7 +23,7 @@
 # Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_TOP_PS, SAMPLE_KS, SAMPLE_ROUNDS,
 # SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
 # SAMPLE_DIST_PARTS, SAMPLE_DIST_CONFIGS,
-# AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip).
+# AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip), GL_KS, GL_CONCURRENCY, GL_SECONDS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -59,6 +62,18 @@ trained() {  # the trained model converted once per visit (fp16, max_length 1024
   echo "$models/trained_fp16"
 }
 
+guidellm_install() {  # guidellm 0.8.1 and what the image lacks of its needs, once per visit; its wrapper last
+  if [ ! -x /tmp/glsite/guidellm-run ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/glsite \
+      .whl-gl/*.whl || return 1
+    printf '%s\n' '#!/usr/bin/env bash' 'PYTHONPATH=/tmp/glsite${PYTHONPATH:+:$PYTHONPATH} exec python3 -m guidellm "$@"' \
+      > /tmp/glsite/guidellm-run.new && chmod +x /tmp/glsite/guidellm-run.new || return 1
+    /tmp/glsite/guidellm-run.new --help > /dev/null || return 1
+    mv /tmp/glsite/guidellm-run.new /tmp/glsite/guidellm-run
+  fi
+  /tmp/glsite/guidellm-run --version
+}
+
 for phase in "$@"; do
   case "$phase" in
     setup) setup ;;
@@ -74,6 +89,15 @@ for phase in "$@"; do
       run 420 serve_bench python3 tools/serve_bench.py "$model" -k "${SERVE_KS:-0,2,auto}" --provider cuda \
         --clients "${SERVE_CLIENTS:-1,16}" --requests 4 --max-tokens 128 --rounds "${SERVE_ROUNDS:-2}" \
         --engines "${SERVE_ENGINES:-process}" --json "$out/serve_bench.json" ;;
+    guidellm)
+      model=$(trained)
+      if guidellm_install; then
+        run 420 guidellm python3 tools/guidellm_bench.py "$model" -k "${GL_KS:-0,2}" --provider cuda \
+          --concurrency "${GL_CONCURRENCY:-1,16}" --max-seconds "${GL_SECONDS:-15}" --max-batch-size 16 --threads 0 \
+          --guidellm /tmp/glsite/guidellm-run --json "$out/guidellm.json"
+      else
+        echo "!!! guidellm: the install from .whl-gl failed"; status=1
+      fi ;;
     batcher)
       model=$(trained)
       for k in ${BATCHER_KS:-0 2}; do
