@@ -7,8 +7,9 @@ Per k, a server in a child process (tools/serve_load.py's `served`), warmed up, 
 /v1/completions, streamed, with the prompts of --prompts and --output-tokens per request: a
 concurrency sweep, then (server restarted) one constant rate, by default half the lowest k's best
 sweep requests/s. Reported from guidellm's JSON report per benchmark: requests/s, output tokens/s,
-TTFT, ITL and request latency p50/p95, completed / incomplete / errored, and `short` (requests the
-stop token ended early: the server does not serve guidellm's `ignore_eos`).
+TTFT, ITL and request latency p50/p95, completed / incomplete / errored, and `short` (completed
+requests with fewer than --output-tokens tokens: guidellm sends `ignore_eos`, which the server has
+served since c7f40e1 (session 7), so a nonzero count means a request stopped early).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def rows_of(report: dict, k, output_tokens: int) -> list[dict]:
             "latency_p50_s": _stat(m, "request_latency", "successful", "p50"),
             "latency_p95_s": _stat(m, "request_latency", "successful", "p95"),
             "output_tokens_mean": _stat(m, "output_token_count", "successful", "mean"),
-            # completed requests that ended before output_tokens (the stop token: ignore_eos is not served)
+            # completed requests that ended before output_tokens (ignore_eos is served: expected 0)
             "short": sum(1 for r in done if (r["output_metrics"].get("text_tokens") or 0) < output_tokens),
             "warnings": [w["code"] for w in bench.get("warnings") or []],
         })
