@@ -16,6 +16,7 @@ import pytest
 
 from ortspec import cli
 from ortspec.errors import ConfigurationError
+from ortspec.serve.app import INLINE_CHECK_BYTES
 from ortspec.serve.server import Server
 from ortspec.speculative.batcher import Batcher
 from tools.serve_load import complete, get
@@ -249,7 +250,9 @@ def test_a_prompt_over_the_character_bound_gets_413_before_tokenizing(server, se
     serving(server, session)
 
 
-def test_tokenizing_runs_off_the_event_loop(server, session, monkeypatch):
+def test_tokenizing_a_long_body_runs_off_the_event_loop(server, session, monkeypatch):
+    """A body over INLINE_CHECK_BYTES is checked in a worker thread (a short one's check, bounded
+    by its size, runs on the loop: a thread hop would cost it more)."""
     tokenize = session.prompts.token_prompts
 
     def slow_tokenize(prompt):
@@ -257,7 +260,8 @@ def test_tokenizing_runs_off_the_event_loop(server, session, monkeypatch):
         return tokenize(prompt)
 
     monkeypatch.setattr(session.prompts, "token_prompts", slow_tokenize)
-    slow = threading.Thread(target=complete, args=(server.url, {"prompt": "a", "max_tokens": 2}), kwargs={"timeout": 30})
+    body = b'{"prompt": "a", "max_tokens": 2}' + b" " * INLINE_CHECK_BYTES  # JSON's whitespace: over the bound
+    slow = threading.Thread(target=post, args=(server.port, body))
     slow.start()
     time.sleep(0.3)  # the request is being tokenized now
     start = time.monotonic()

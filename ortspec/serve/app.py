@@ -41,6 +41,7 @@ from .logprobs import TokenTexts
 from .metrics import prometheus_text
 
 log = logging.getLogger("ortspec.serve")
+INLINE_CHECK_BYTES = 4096  # bodies up to this size are checked on the event loop (Routes._check)
 
 
 def error(status: int, message: str, close: bool = False, code: str | None = None,
@@ -93,7 +94,8 @@ class Routes:
         request_id = protocol.new_id()
         try:
             raw = await self._body(request)
-            req, prompt = await asyncio.to_thread(self._check, raw, chat, request_id)
+            req, prompt = (self._check(raw, chat, request_id) if len(raw) <= INLINE_CHECK_BYTES else
+                           await asyncio.to_thread(self._check, raw, chat, request_id))
         except protocol.HTTPError as exc:  # the rest of a body is not read past 408 and 413
             return error(exc.status, str(exc), close=exc.status in (408, 413), code=exc.code, param=exc.param)
         except ClientDisconnect:
@@ -162,8 +164,10 @@ class Routes:
                                        "(--body-timeout); send it whole.") from None
 
     def _check(self, raw: bytes, chat: bool, request_id: str) -> tuple[protocol.Completion, list[int]]:
-        """(in a worker thread) The checked request and its prompt's token ids: parsing, the chat
-        template and the tokenizer take time in proportion to the body, which the loop must not."""
+        """The checked request and its prompt's token ids. Parsing, the chat template and the
+        tokenizer take time in proportion to the body, which the loop must not spend: a body over
+        INLINE_CHECK_BYTES is checked in a worker thread, a smaller one on the loop (a hop to a
+        thread and back costs a short request more than its check)."""
         req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id, self.names,
                                   self.max_n)
         if chat:
