@@ -9,8 +9,9 @@
 #   bash tools/gpu_visit.sh batching  tools/gpu.py batch --checks-only (staggered batcher, buckets, stages)
 #   bash tools/gpu_visit.sh serve     tools/serve_bench.py on the trained model, fp16 (SERVE_ENGINES: process,thread)
 #   bash tools/gpu_visit.sh guidellm  tools/guidellm_bench.py on the trained model, fp16: guidellm (wheels in
-#                                     .whl-gl/, into /tmp/glsite) loading `ortspec serve`, a concurrency sweep
-#                                     and a constant rate per k (needs setup's .whl: starlette, uvicorn)
+#                                     .whl-gl/, made from tools/guidellm_host_wheels.txt; into /tmp/glsite)
+#                                     loading `ortspec serve`, a concurrency sweep and a constant rate per k
+#                                     (needs setup's .whl: starlette, uvicorn)
 #   bash tools/gpu_visit.sh batcher   tools/batcher_bench.py: the batcher against generate, no HTTP
 #   bash tools/gpu_visit.sh bench     ortspec bench, held-out prompts, trained model fp16, k 0..3 and auto
 #   bash tools/gpu_visit.sh agree     tools/gpu.py agree: LARGE and the Qwen3.5-0.8B shape at p = 0.8
