@@ -35,22 +35,28 @@ import ortspec  # noqa: E402
 DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
 
 
-def through_generate(session, requests: list[list[int]], batch: int, max_tokens: int) -> tuple[float, list]:
+def through_generate(session, requests: list[list[int]], batch: int, max_tokens: int,
+                     stop_tokens=None) -> tuple[float, list]:
+    """(tokens/s, outputs): the requests as generate calls of `batch` (stop_tokens: generate's)."""
     start, outputs = time.perf_counter(), []
     for i in range(0, len(requests), batch):
-        outputs += session.generate(requests[i:i + batch], max_new_tokens=max_tokens)
+        outputs += session.generate(requests[i:i + batch], max_new_tokens=max_tokens, stop_tokens=stop_tokens)
     return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
 
 
-def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: int) -> tuple[float, list, int, float]:
-    """(tokens/s, outputs in request order, steps, seconds inside step())."""
+def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: int, stop_tokens=None,
+                    warm_up: bool = False) -> tuple[float, list, int, float]:
+    """(tokens/s, outputs in request order, steps, seconds inside step()): one batcher of `batch`
+    rows, a row refilled the moment it is free; warm_up: Batcher.warm_up first, as a server does."""
     with session.batcher(max_batch_size=batch) as batcher:
+        if warm_up:
+            batcher.warm_up()
         queue, ids, steps, stepping = list(enumerate(requests)), {}, 0, 0.0
         start = time.perf_counter()
         while queue or batcher.pending:
             while queue and len(batcher.running) < batch:
                 index, prompt = queue.pop(0)
-                ids[index] = batcher.add_request(prompt, max_new_tokens=max_tokens)
+                ids[index] = batcher.add_request(prompt, max_new_tokens=max_tokens, stop_tokens=stop_tokens)
             began = time.perf_counter()
             batcher.step()
             stepping += time.perf_counter() - began

@@ -41,6 +41,7 @@ from ortspec.prompts import Prompts  # noqa: E402
 from ortspec.serve.engine import Engine, Failed, Finished, Job  # noqa: E402
 from ortspec.serve.engine_process import EngineProcess  # noqa: E402
 from ortspec.speculative.sampling import GREEDY  # noqa: E402
+from tools.batcher_bench import through_batcher, through_generate  # noqa: E402
 from tools.serve_load import complete, served  # noqa: E402
 
 
@@ -84,32 +85,6 @@ def through_engine(engine, prompts: list[list[int]], clients: int, max_tokens: i
     return state["tokens"] / (time.perf_counter() - start)
 
 
-def through_generate(session, prompts: list[list[int]], clients: int, max_tokens: int) -> float:
-    start, tokens = time.perf_counter(), 0
-    for b in range(len(prompts) // clients):
-        out = session.generate(prompts[b * clients:(b + 1) * clients], max_new_tokens=max_tokens, stop_tokens=[])
-        tokens += sum(map(len, out))
-    return tokens / (time.perf_counter() - start)
-
-
-def through_batcher(session, prompts: list[list[int]], clients: int, max_tokens: int) -> float:
-    queues = [prompts[c::clients] for c in range(clients)]
-    with session.batcher(max_batch_size=clients) as batcher:
-        if session.graphs.arrays.device != "cpu":
-            batcher.warm_up()
-        owner, tokens, start = {}, 0, time.perf_counter()
-        for c in range(clients):
-            owner[batcher.add_request(queues[c].pop(0), max_new_tokens=max_tokens, stop_tokens=[])] = c
-        while batcher.pending:
-            tokens += sum(map(len, batcher.step().values()))
-            for rid in [r for r in owner if r not in batcher.pending]:
-                c = owner.pop(rid)
-                batcher.forget(rid)
-                if queues[c]:
-                    owner[batcher.add_request(queues[c].pop(0), max_new_tokens=max_tokens, stop_tokens=[])] = c
-        return tokens / (time.perf_counter() - start)
-
-
 def alone(engine, prompt: list[int], max_tokens: int) -> float:
     """Seconds from submit to the last event of one request."""
     done = threading.Event()
@@ -125,14 +100,16 @@ def p50_ms(seconds: list[float]) -> float:
 
 def throughput(args, options: dict, prompts: Prompts) -> dict:
     session = ortspec.Session(args.model, **options)
+    on_cuda = session.graphs.arrays.device != "cpu"
     rows: dict[str, dict[str, list[float]]] = {}
     for clients in args.clients:
         n = clients * args.requests
         for r in range(-1, args.rounds):  # round -1 warms every layer up (the first generate call is cold) and is dropped
             ids = token_ids(prompts, texts(n, f"round {r} clients {clients}"))
             row = rows.setdefault(str(clients), {}) if r >= 0 else {}
-            row.setdefault("generate", []).append(through_generate(session, ids, clients, args.max_tokens))
-            row.setdefault("batcher", []).append(through_batcher(session, ids, clients, args.max_tokens))
+            row.setdefault("generate", []).append(through_generate(session, ids, clients, args.max_tokens, [])[0])
+            row.setdefault("batcher", []).append(through_batcher(session, ids, clients, args.max_tokens, [],
+                                                                 warm_up=on_cuda)[0])
             engine = Engine(session, clients, 1024)
             engine.start()
             row.setdefault("engine thread", []).append(through_engine(engine, ids, clients, args.max_tokens))
