@@ -277,3 +277,28 @@ def test_the_choices_of_a_request_are_queued_all_or_none(session):
     with pytest.raises(QueueFull, match=r"1 of 3 queue slots are free, for 2 choices"):
         engine.submit(*jobs[2:])
     assert engine.queue_depth == 2
+
+
+
+def test_a_request_is_counted_running_once_when_its_first_token_goes_out(session):
+    """The first token leaves with the admission (Batcher.report); by then the job counts once in
+    ``running`` (it had counted twice, being admitted and running, until the admission returned)."""
+    from ortspec.serve.engine import Finished, Job, Tokens
+    from ortspec.speculative.sampling import GREEDY
+
+    seen, done = [], threading.Event()
+    engine = Engine(session, max_batch_size=1, max_queue=4)
+
+    def deliver(event):
+        if isinstance(event, Tokens) and not seen:
+            seen.append(engine.running)  # on the engine thread, inside the admission
+        elif isinstance(event, Finished):
+            done.set()
+
+    engine.start()
+    try:
+        engine.submit(Job([5, 6, 7], 3, GREEDY, time.monotonic() + 60, deliver=deliver))
+        assert done.wait(30)
+    finally:
+        engine.stop()
+    assert seen == [1]

@@ -288,6 +288,7 @@ class Engine:
             self._running[rid] = job
             self.metrics.admitted += 1
             self.metrics.prompt_tokens += len(job.prompt)
+        self._admitting = []  # running now: counted once (``running``) before any client hears of them
         self._publish(self.batcher.report())  # their first tokens now, not after the next step
 
     def _step(self) -> None:
