@@ -19,6 +19,7 @@ import ortspec
 from ortspec.cli import main as cli_main
 from ortspec.converter import builder
 from ortspec.manifest import Manifest
+from ortspec.runtime import custom_ops
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.auto_k import ScriptedK
 from ortspec.speculative.exactness import check_speculative, plain_decode_states
@@ -174,7 +175,8 @@ def test_bfloat16_graphs_are_well_typed(models, tmp_path):
     assert Manifest.load(out).activations == "bfloat16"
     for graph in ("decode", "verify_select_k1", "mtp_propose_k1", "mtp_sample_k1", "verify_mtp_k1", "prefill"):
         with pytest.raises(Exception, match="Could not find an implementation"):
-            ort.InferenceSession(str(out / f"{graph}.onnx"), providers=["CPUExecutionProvider"])
+            ort.InferenceSession(str(out / f"{graph}.onnx"), custom_ops.session_options(),
+                                 providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("option,match", [

@@ -17,7 +17,8 @@ from onnx import TensorProto
 import ortspec
 from ortspec.converter import sampling_graph
 from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore
-from ortspec.converter.sampling_graph import CANDIDATES, SORT, RowParams
+from ortspec.converter.sampling_graph import CANDIDATES, NATIVE, SORT, RowParams
+from ortspec.runtime import custom_ops
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead, TargetModel
 from ortspec.runtime.sampling_inputs import SamplingInputs
@@ -31,17 +32,19 @@ F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
 def run_graph(g: GraphBuilder, feeds: dict) -> list:
-    options = ort.SessionOptions()
+    options = custom_ops.session_options()
     options.log_severity_level = 3
     session = ort.InferenceSession(g.build({}).SerializeToString(), options)
     return session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
 
 
 def transform_graph(vocab: int, rows: int, method: str) -> GraphBuilder:
-    """logits [B, N, V] -> probs [B, N, V], tokens [B, N] (drawn, argmax on greedy rows)."""
+    """logits [B, N, V] -> probs [B, N, V], tokens [B, N] (drawn, argmax on greedy rows); method:
+    CANDIDATES (the CPU graphs), NATIVE (the portable graphs' ai.ortspec ops) or SORT (ONNX ops only)."""
     g = GraphBuilder("transform", WeightStore(), CPU if method == CANDIDATES else PORTABLE)
     logits, params = g.input("logits", F32, ["B", rows, vocab]), RowParams.inputs(g)
-    tokens, probs = sampling_graph.make_token_choice(g, logits, params, g.input("u", F32, ["B", rows]), vocab)
+    tokens, probs = sampling_graph.make_token_choice(g, logits, params, g.input("u", F32, ["B", rows]), vocab,
+                                                     method=method)
     g.output(probs, "probs", F32, ["B", rows, vocab])
     g.output(tokens, "tokens", I64, ["B", rows])
     return g
@@ -94,7 +97,7 @@ ROWS = {
 }
 
 
-@pytest.mark.parametrize("method", [SORT, CANDIDATES])
+@pytest.mark.parametrize("method", [NATIVE, SORT, CANDIDATES])
 @pytest.mark.parametrize("case", list(ROWS))
 def test_the_kept_set_is_the_references(monkeypatch, method, case):
     """The graphs' kept set equals speculative.sampling.transform's (ties included) for every kind
@@ -111,7 +114,7 @@ def test_the_kept_set_is_the_references(monkeypatch, method, case):
     np.testing.assert_array_equal(tokens, sampling.draw(want.reshape(6, 300), feeds["u"].reshape(-1)).reshape(3, 2))
 
 
-@pytest.mark.parametrize("method", [SORT, CANDIDATES])
+@pytest.mark.parametrize("method", [NATIVE, SORT, CANDIDATES])
 def test_ties_past_the_candidates_are_kept(monkeypatch, method):
     """30 tokens tie for the largest logit: top-k 5 and 16 keep all 30 (ties with the k-th value are
     kept), though the first tier (16 candidates, where both top-k sets lie) holds only 16 of them;
@@ -137,7 +140,7 @@ def test_the_cpu_graphs_widen_the_candidates_only_where_a_row_needs_it(monkeypat
     model = transform_graph(300, 2, CANDIDATES).build({}).SerializeToString()
 
     def topk_count(rows) -> int:
-        options = ort.SessionOptions()
+        options = custom_ops.session_options()
         options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "profile")
         session = ort.InferenceSession(model, options)
         top_k, p_rank, m_rank = zip(*rows)
@@ -158,7 +161,7 @@ def test_wide_logits_give_no_subnormal_probabilities():
     logits = (np.random.default_rng(3).normal(0, 60, (2, 1, 4096))).astype(np.float32)
     feeds = {"logits": logits, "temperature": np.array([1.0, 0.5], np.float32), "top_k": np.zeros(2, np.int64),
              "top_p": np.ones(2, np.float32), "min_p": np.zeros(2, np.float32), "u": np.zeros((2, 1), np.float32)}
-    for method in (SORT, CANDIDATES):
+    for method in (NATIVE, SORT, CANDIDATES):
         probs, _ = run_graph(transform_graph(4096, 1, method), feeds)
         assert not ((probs > 0) & (probs < np.finfo(np.float32).tiny)).any()
         z = logits * (1 / feeds["temperature"])[:, None, None]
@@ -173,7 +176,7 @@ def test_greedy_rows_take_the_argmax(monkeypatch):
     monkeypatch.setattr(sampling_graph, "CANDIDATE_TIERS", (16, 64))
     feeds = robust_feeds(np.random.default_rng(9), 3, 2, 300, (0, 5, 0), (None, None, 3), (None,) * 3)
     feeds["temperature"][[0, 2]] = 0.0
-    for method in (SORT, CANDIDATES):
+    for method in (NATIVE, SORT, CANDIDATES):
         _, tokens = run_graph(transform_graph(300, 2, method), feeds)
         np.testing.assert_array_equal(tokens[[0, 2]], feeds["logits"][[0, 2]].argmax(axis=2))
 
@@ -450,7 +453,7 @@ def test_device_speculative_sampling_keeps_the_joint_distribution(spread):
 
 def portable(graphs, name: str):
     """graph ``name`` as the GPU runs it (not its CPU variant), run on the CPU: feeds -> {output: value}."""
-    options = ort.SessionOptions()
+    options = custom_ops.session_options()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(graphs.manifest.graph_path(name)), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

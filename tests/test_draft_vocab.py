@@ -13,6 +13,7 @@ import pytest
 import ortspec
 from ortspec.errors import ConvertOptionError, ModelDirError
 from ortspec.manifest import Manifest
+from ortspec.runtime import custom_ops
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.drafts import MTPDrafts
 from ortspec.speculative.exactness import check_speculative
@@ -101,7 +102,7 @@ def _run_head(model, graph: str, provider) -> dict:
     requests of 3 catch-up rows, zero caches and seeded hidden rows; row 0 samples at T = 1."""
     m = Manifest.load(model)
     path = model / m.graph_entry(graph, provider)["file"]
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), custom_ops.session_options(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {"input_ids": np.array([[5, 9, 3], [7, 1, 2]]), "positions": np.tile(np.arange(4, 7), (2, 1)),
              "hidden": rng.standard_normal((2, 3, m.spec.hidden_size)).astype(np.float32), "last": np.array([2, 1]),

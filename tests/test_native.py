@@ -636,7 +636,8 @@ def test_native_ctest_suites_pass(tmp_path):
 
 # ---- no native code for tests only -------------------------------------------------------
 
-DIAGNOSTICS = {"build_info", "cuda_available", "device_count"}  # for users and tests, not the step
+DIAGNOSTICS = {"build_info", "cuda_available", "device_count",
+               "last_custom_op_stream"}  # for users and tests, not the step (the last: the GPU check of the custom ops)
 
 
 def test_every_native_function_is_called_by_the_runtime():

@@ -17,6 +17,7 @@ from onnx import TensorProto
 import ortspec
 from ortspec.converter.builder import GraphBuilder, WeightStore
 from ortspec.converter.sampling_graph import RowParams, make_draw, make_sampling_probs
+from ortspec.runtime import custom_ops
 from ortspec.runtime.states import Rows
 from ortspec.speculative import sampling
 from ortspec.speculative.decoder import Decoder
@@ -61,7 +62,7 @@ def sampling_graph(vocab):
     probs = make_sampling_probs(g, logits, RowParams.inputs(g), vocab)
     g.output(make_draw(g, probs, g.input("u", F32, ["B", 1]), vocab), "token", I64, ["B", 1])
     g.output(probs, "probs", F32, ["B", 1, vocab])
-    return ort.InferenceSession(g.build({}).SerializeToString())
+    return ort.InferenceSession(g.build({}).SerializeToString(), custom_ops.session_options())
 
 
 def test_onnx_transform_and_draw_equal_the_numpy_ones():

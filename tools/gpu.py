@@ -18,8 +18,9 @@ floor), kv_windows (the KV window variants against the portable graphs: tokens, 
 counters, tokens/s), gdn_verify (the CUDA verify's GDN forms, convert --gdn-verify: the native
 transition kernels, state and token checks per form, and verify/decode per form at 1B),
 sample_dist (exact speculative sampling on the device: chi-square tests of its distributions,
-planted acceptance rules caught) and sample_cost (sampling on the device against greedy per
-step: decode_sample, verify_mtp_sample_k{k}). Every
+planted acceptance rules caught), sample_cost (sampling on the device against greedy per
+step: decode_sample, verify_mtp_sample_k{k}) and sampling_ops (the ai.ortspec sampling ops on CUDA
+against the CPU's, bit for bit). Every
 subcommand takes --json FILE for its results and --activations auto|float32|model for the models it
 converts (convert --activations); a failed identity check makes the exit status 1.
 """
@@ -42,7 +43,7 @@ SUBCOMMANDS = {"check": "check", "batch": "batch", "pipeline": "pipeline", "scal
                "soak": "soak", "exact": "exact", "agree": "agree", "stream_probe": "stream_probe",
                "greedy_loop": "greedy_loop", "spec_loop": "spec_loop", "auto_loop": "auto_loop", "kernels": "kernels",
                "kv_windows": "kv_windows", "gdn_verify": "gdn_verify", "sample_dist": "sample_dist",
-               "sample_cost": "sample_cost"}
+               "sample_cost": "sample_cost", "sampling_ops": "sampling_ops"}
 
 
 def subcommand_module(name: str):

@@ -128,6 +128,7 @@ for phase in "$@"; do
         --parts "${SAMPLE_DIST_PARTS:-acceptance,greedy,model,planted}" --configs "${SAMPLE_DIST_CONFIGS:-0,1,2,3,4}" \
         --json "$out/sample_dist.json" ;;
     sample_cost) run 240 sample_cost python3 tools/gpu.py sample_cost --rounds 2 --json "$out/sample_cost.json" ;;
+    sampling_ops) run 120 sampling_ops python3 tools/gpu.py sampling_ops --json "$out/sampling_ops.json" ;;
     transform)
       run 120 transform_4096 python3 tools/sampling_transform_cost.py --provider cuda --vocab 4096 --batch 1,16,64 \
         --configs "temperature,top_p 0.95" --repeats 20

@@ -1,13 +1,14 @@
 """What choosing a token costs on ONNX Runtime's CPU EP, apart from the model: the argmax (greedy),
-the sampling transform and draw as the portable graphs build it (a full sort, ``sort``) and as
-the CPU graphs do (``candidates``), and the numpy reference (speculative.sampling), on random
-logits [B, 1, V].
+the sampling transform and draw as the portable graphs build it (the ai.ortspec ops, ``native``),
+with ONNX ops alone (a full sort and blocked cumulative sums, ``sort``) and as the CPU graphs do
+(``candidates``), and the numpy reference (speculative.sampling), on random logits [B, 1, V].
 
     python3 tools/sampling_transform_cost.py --vocab 248320 --batch 1,4 --threads 1
     python3 tools/sampling_transform_cost.py --provider cuda --vocab 4096,248320 --batch 1,16,64
 
 On CUDA each variant runs as a captured CUDA graph over device-bound inputs, as the sampling
-graphs do in a step, and the variants are: the argmax, the portable transform and draw (sort),
+graphs do in a step, and the variants are: the argmax, the portable transform and draw (native),
+the same with ONNX ops alone (sort),
 the head's draft choice (Softmax(z / T) and the draw, no truncation: ``tempered``), and two
 cumulative sums over [B, 1, V] alone: ONNX Runtime's CumSum (``cumsum``) and the blocked one the
 portable graphs use (``blocked``, sampling_graph.prefix_sums).
@@ -34,9 +35,10 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore  # noqa: E402
-from ortspec.converter.sampling_graph import (CANDIDATES, SORT, RowParams, make_draw, make_sampling_probs,  # noqa: E402
+from ortspec.converter.sampling_graph import (CANDIDATES, NATIVE, SORT, RowParams, make_draw, make_sampling_probs,  # noqa: E402
                                              make_token_choice, prefix_sums)
 from ortspec.speculative import sampling  # noqa: E402
+from ortspec.runtime import custom_ops  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 CONFIGS = {"temperature": dict(top_k=0, top_p=1.0, min_p=0.0), "top_p 0.95": dict(top_k=0, top_p=0.95, min_p=0.0),
@@ -63,7 +65,7 @@ def choice_model(vocab: int, variant: str | None) -> bytes:
     else:
         params, u = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
         token = (make_token_choice(g, logits, params, u, vocab, truncated=False)[0] if variant == "tempered" else
-                 make_draw(g, make_sampling_probs(g, logits, params, vocab, variant), u, vocab))
+                 make_draw(g, make_sampling_probs(g, logits, params, vocab, variant), u, vocab, variant))
         g.output(token, "token", I64, ["B", 1])
     return g.build({}).SerializeToString()
 
@@ -96,7 +98,7 @@ def op_models(vocab: int) -> dict[str, bytes]:
 
 
 def cpu_session(model: bytes, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
+    options = custom_ops.session_options()
     options.intra_op_num_threads, options.log_severity_level = threads, 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model, options)
@@ -105,7 +107,8 @@ def cpu_session(model: bytes, threads: int) -> ort.InferenceSession:
 def cuda_call(model: bytes, feeds: dict):
     """A call of the model as a captured CUDA graph over inputs and outputs bound on the device
     (the first call captures it); each call waits for the GPU."""
-    session = ort.InferenceSession(model, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    session = ort.InferenceSession(model, custom_ops.session_options(),
+                                   providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
     binding, held = session.io_binding(), []
     for i in session.get_inputs():
         held.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(feeds[i.name]), "cuda", 0))
@@ -165,8 +168,9 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for vocab in (int(v) for v in args.vocab.split(",")):
-        names = ({"argmax": None, SORT: SORT, "tempered": "tempered", "cumsum": "cumsum", "blocked": "blocked"}
-                 if args.provider == "cuda" else {"argmax": None, SORT: SORT, CANDIDATES: CANDIDATES})
+        names = ({"argmax": None, NATIVE: NATIVE, SORT: SORT, "tempered": "tempered", "cumsum": "cumsum",
+                  "blocked": "blocked"}
+                 if args.provider == "cuda" else {"argmax": None, NATIVE: NATIVE, SORT: SORT, CANDIDATES: CANDIDATES})
         models = op_models(vocab) if args.ops else {name: choice_model(vocab, variant) for name, variant in names.items()}
         print(f"V={vocab} provider={args.provider} threads={args.threads} logits scale={args.scale}; ms per call "
               f"(median of {args.repeats}, {args.clock} time)")

@@ -8,6 +8,7 @@
 
 #include "core/device_memory.h"
 #include "core/errors.h"
+#include "core/ort_custom_ops.h"
 #include "python/bindings.h"
 
 #ifdef ORTSPEC_WITH_CUDA
@@ -95,6 +96,11 @@ PYBIND11_MODULE(_native, module) {
       },
       py::arg("stream") = 0, py::arg("device_index") = 0,
       "Waits for all work on a CUDA stream (raises RuntimeError without a device).");
+
+  module.def("last_custom_op_stream", [] { return ortspec::ort::g_last_cuda_stream.load(); },
+             "The CUDA stream (an int) the last ai.ortspec op on the CUDA provider ran on; 0: none yet. "
+             "The custom ops themselves are loaded by ONNX Runtime from this module's file "
+             "(ortspec/runtime/custom_ops.py).");
 
   bind_buffers(module);
   bind_state_kernels(module);

@@ -19,6 +19,7 @@ from ..manifest import WEIGHTS_FILE
 
 OPSET = 18
 MS_DOMAIN = "com.microsoft"
+ORTSPEC_DOMAIN = "ai.ortspec"  # ortspec's own ops, loaded by runtime/custom_ops.py
 PORTABLE, CPU = "portable", "cpu"  # GraphBuilder.target: the formulations a graph is built with (see GraphBuilder)
 IR_VERSION = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 would default to 14
 _ALIGN = 64
@@ -231,9 +232,20 @@ class GraphBuilder:
         initializers = [self.weights.external_tensor(n, weight_layout[n]) for n in self.used_weights]
         initializers += list(self.constants.values())
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializers)
+        domains = {node.domain for node in _all_nodes(self.nodes)} - {"", MS_DOMAIN}  # ORTSPEC_DOMAIN where used
         return helper.make_model(
             graph,
-            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1),
+                           *(helper.make_opsetid(domain, 1) for domain in sorted(domains))],
             ir_version=IR_VERSION,
             producer_name="ortspec",
         )
+
+
+def _all_nodes(nodes):
+    """nodes and those of every If branch inside them."""
+    for node in nodes:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attribute.g.node)

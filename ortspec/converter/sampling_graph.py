@@ -18,7 +18,12 @@ op of a CPU step at Qwen3.5's vocabulary (tools/sampling_transform_cost.py), so 
 find it among the largest C values (TopK(C), CANDIDATE_TIERS), which hold it unless the kept set
 is wider; an ``If`` widens the candidates only for a batch where a row needs it, and sorts all V
 only past the last tier; a batch with no top-k / top-p / min-p skips all of it. A captured CUDA
-graph cannot branch, so the portable graphs sort (``SORT``). Both find the reference's threshold.
+graph cannot branch, and ONNX Runtime's TopK over all V sorts row by row (2 ms for 16 rows of
+248,320 on an H200), so the portable graphs (``NATIVE``) find the threshold and make the draw with
+ortspec's own ops, ai.ortspec.SamplingThreshold and ai.ortspec.Draw: one kernel per row, exact
+integer sums (csrc/core/sampling_ops.h; runtime/custom_ops.py registers them). ``SORT`` builds the
+same steps from ONNX ops alone (TopK over all V, blocked cumulative sums), kept to measure against.
+All find the reference's threshold.
 The portable graphs also come ``TEMPERED`` (``decode_tempered``, ``verify_mtp_tempered_k{k}``): the
 same ops with min-p as the only threshold, for batches where no row asks for top-k or top-p (the
 OpenAI API's default), whose rows get the sorting graphs' probabilities bit for bit (a row that
@@ -36,10 +41,11 @@ import dataclasses
 import numpy as np
 from onnx import TensorProto, helper
 
-from .builder import CPU, GraphBuilder
+from .builder import CPU, ORTSPEC_DOMAIN, GraphBuilder
 
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
+NATIVE = "native"  # the portable graphs: ai.ortspec.SamplingThreshold and Draw, one kernel per row (module docstring)
 TEMPERED = "tempered"  # no top-k / top-p: temperature and min-p alone (decode_tempered, verify_mtp_tempered_k{k})
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
 EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
@@ -71,8 +77,8 @@ class RowParams:
 
 def method_for(g: GraphBuilder) -> str:
     """The threshold search a graph of this target runs: candidates with branches on the CPU, the
-    full sort where graphs are captured (module docstring)."""
-    return CANDIDATES if g.target == CPU else SORT
+    native op where graphs are captured (module docstring)."""
+    return CANDIDATES if g.target == CPU else NATIVE
 
 
 def per_row(g: GraphBuilder, value: str) -> str:
@@ -105,7 +111,7 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
         weights = sub.op("Where", [sub.op("GreaterOrEqual", [z, threshold]), probs, sub.const(0.0, "float32")])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
 
-    if method in (SORT, TEMPERED):
+    if method in (SORT, NATIVE, TEMPERED):
         return masked(g)[0]
 
     def thresholded(sub: GraphBuilder) -> list[str]:
@@ -182,6 +188,9 @@ def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab
     min_p = g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
     if method == TEMPERED:
         return g.op("Identity", [min_p], hint="threshold")
+    if method == NATIVE:
+        top_kp = g.op("SamplingThreshold", [z, probs, params.top_k, params.top_p], domain=ORTSPEC_DOMAIN)
+        return g.op("Max", [top_kp, min_p], hint="threshold")
     kept_by_k = _kept_by_k(g, params, vocab)
     if method == SORT:
         top_kp, _ = _sorted_threshold(g, z, probs, vocab, kept_by_k, params.top_p, None)
@@ -271,14 +280,18 @@ def _all(g: GraphBuilder, flags: str) -> str:
     return g.op("Cast", [g.op("ReduceMin", [g.op("Cast", [flags], to=I64)], keepdims=0)], to=BOOL)
 
 
-def make_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
-    """Inverse-CDF draws [B, N] int64 from non-negative weights [B, N, V] (need not sum to 1) with
+def make_draw(g: GraphBuilder, weights: str, u: str, vocab: int, method: str | None = None) -> str:
+    """Inverse-CDF draws [B, N] int64 from weights [B, N, V] in [0, 1] (need not sum to 1) with
     uniforms u [B, N] in [0, 1): speculative.sampling.draw. The CPU graphs draw in two levels
-    (_two_level_draw: no op over all V but one sum, where each costs), the portable ones over the
-    blocked cumulative sum of all V (_blocked_draw: half the kernels, where each launch costs)."""
-    if method_for(g) == CANDIDATES:
+    (_two_level_draw: no op over all V but one sum, where each costs), the portable ones with the
+    native op (one kernel per row), or (method SORT: the ONNX-only graphs) over the blocked
+    cumulative sum of all V (_blocked_draw)."""
+    method = method or method_for(g)
+    if method == CANDIDATES:
         return _two_level_draw(g, weights, u, vocab)
-    return _blocked_draw(g, weights, u, vocab)
+    if method == SORT:
+        return _blocked_draw(g, weights, u, vocab)
+    return g.op("Draw", [weights, u], domain=ORTSPEC_DOMAIN, hint="drawn")
 
 
 def _blocked_draw(g: GraphBuilder, weights: str, u: str, vocab: int) -> str:
@@ -371,14 +384,14 @@ def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, v
     (an If) where no row is greedy."""
     probs = make_sampling_probs(g, logits, params, vocab, method) if truncated else _softmax(
         g, make_scaled_logits(g, logits, params))
-    drawn = make_draw(g, probs, u, vocab)
+    drawn = make_draw(g, probs, u, vocab, SORT if method == SORT else None)
     greedy_rows = params.once(g, "greedy", lambda g: g.op("LessOrEqual", [params.temperature,
                                                                        g.const(0.0, "float32")]))  # [B]
 
     def argmax(sub: GraphBuilder) -> list[str]:
         return [sub.op("ArgMax", [logits], axis=-1, keepdims=0)]  # [B, N]
 
-    greedy = (argmax(g)[0] if method_for(g) == SORT or method == TEMPERED else
+    greedy = (argmax(g)[0] if method_for(g) != CANDIDATES or method == TEMPERED else
               g.if_else(_any(g, greedy_rows), argmax, lambda sub: [drawn], [I64]))
     return g.op("Where", [g.op("Unsqueeze", [greedy_rows, g.const([1])]), greedy, drawn]), probs
 

@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from ..errors import ClosedError, ModelDirError, ProviderError
 from ..manifest import Manifest, state_bytes
+from . import custom_ops
 from .fair_lock import FairLock
 from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
 from .kv_window import KVWindows
@@ -89,7 +90,7 @@ class SharedWeights:
         intra-op threads. On the CPU the thread pools do not spin: a speculative step alternates
         between the verify and the MTP sessions, and a pool left spinning after its Run takes the
         cores the other session's Run needs (docs/history.md, "Spinning thread pools")."""
-        options = ort.SessionOptions()
+        options = custom_ops.session_options()  # the sampling graphs' ai.ortspec ops
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads

@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 import ortspec
 from ortspec.bench import format_table, run_bench
+from ortspec.runtime import custom_ops
 from ortspec.runtime.graphs import GraphSet
 from ortspec.speculative.exactness import plain_decode_states
 
@@ -120,7 +121,8 @@ def memory_with_and_without_sharing(model_dir: Path) -> dict:
     del graphs
     gc.collect()
     base = used()
-    sessions = [ort.InferenceSession(str(model_dir / f"{n}.onnx"), providers=["CUDAExecutionProvider"]) for n in names]
+    sessions = [ort.InferenceSession(str(model_dir / f"{n}.onnx"), custom_ops.session_options(),
+                                     providers=["CUDAExecutionProvider"]) for n in names]
     private = used() - base
     del sessions
     weights = (model_dir / "weights.bin").stat().st_size / 2**20

@@ -36,6 +36,7 @@ import numpy as np
 import ortspec
 from ortspec.converter import sampling_graph
 from ortspec.manifest import Manifest
+from ortspec.runtime import custom_ops
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead, TargetModel
 from ortspec.runtime.sampling_inputs import SamplingInputs
@@ -149,7 +150,7 @@ def acceptance_session(vocab: int, k: int, provider: str):
     g.output(accepted, "accepted", I64, ["B"])
     g.output(emitted, "emitted", I64, ["B"])
     providers = ["CUDAExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    return ort.InferenceSession(g.build({}).SerializeToString(), providers=providers)
+    return ort.InferenceSession(g.build({}).SerializeToString(), custom_ops.session_options(), providers=providers)
 
 
 def acceptance_rows(samples: int, k: int, seed: int, vocab: int = 6) -> dict:

@@ -1,0 +1,121 @@
+// The two steps of a sampled token that ONNX ops cannot do in one kernel per row: the top-k /
+// top-p threshold (ONNX Runtime sorts all V for it, 2 ms for 16 rows of 248,320 on an H200) and
+// the inverse-CDF draw (a cumulative sum over all V). The sampling graphs for CUDA call them as
+// the custom ops ai.ortspec.SamplingThreshold and ai.ortspec.Draw (core/ort_custom_ops.cpp);
+// converter/sampling_graph.py says where they sit in a graph.
+//
+// Shapes (R rows = B requests x N rows each, V the vocabulary):
+//   sampling_threshold  z f32[R, V] (logits / T), probs f32[R, V] (Softmax(z), each <= 1),
+//                       top_k int64[B] (0: off), top_p f32[B] (>= 1: off) -> threshold f32[R]:
+//                       the smallest z kept by top-k, then top-p (speculative.sampling.transform:
+//                       kept while the mass before a rank is < top_p, ties with the last kept
+//                       value kept), read from the sorted values without sorting them.
+//   draw                weights f32[R, V] in [0, 1], u f32[R] in [0, 1) -> index int64[R]:
+//                       the first index whose cumulative weight exceeds u x the row's total
+//                       (speculative.sampling.draw); a row of zero weights gives V - 1.
+//
+// Masses are sums of fixed-point integers (each weight truncated to a multiple of 2^-F with
+// F = 61 - ceil(log2 V): 2^-43 at V = 248,320), so a sum does not depend on its order: the CPU
+// and CUDA ops give the same bits for the same inputs, run after run, and a seeded request's
+// tokens do not move with the GPU's scheduling. A weight below 2^-F counts as 0 (a token that
+// unlikely is never drawn; the graphs' float32 sums lose more than that at V = 248,320).
+//
+// The threshold in value terms (the numpy reference says it by ranks): with K = min(top_k, V)
+// (V when off), t_k is the K-th largest z and total the mass of the K largest; with P = top_p x
+// total, t_p is the z whose mass above it is < P and with its ties >= P; threshold = max(t_k,
+// t_p), t_k alone when top_p >= 1, and -inf (every token) when neither truncates. Keys are z's
+// bits made order-preserving as unsigned integers: both selects are radix selects over 32 bits
+// on CUDA, plain selects here.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define ORTSPEC_HOST_DEVICE __host__ __device__
+#else
+#define ORTSPEC_HOST_DEVICE
+#endif
+
+namespace ortspec::sampling {
+
+// 61 - ceil(log2 V): the fixed-point fraction bits, so V weights of at most 1 sum below 2^61.
+ORTSPEC_HOST_DEVICE inline int fraction_bits(std::int64_t vocab) {
+  int log2_ceil = 0;
+  while ((std::int64_t{1} << log2_ceil) < vocab) ++log2_ceil;
+  return 61 - log2_ceil;
+}
+
+// A weight in [0, 1] as a fixed-point integer (NaN and negatives count 0, above 1 counts 1):
+// weight x 2^bits is exact in double, the cast truncates.
+ORTSPEC_HOST_DEVICE inline std::uint64_t fixed_mass(float weight, int bits) {
+  if (!(weight > 0.0f)) return 0;
+  if (weight >= 1.0f) return std::uint64_t{1} << bits;
+  return static_cast<std::uint64_t>(static_cast<double>(weight) * static_cast<double>(std::uint64_t{1} << bits));
+}
+
+ORTSPEC_HOST_DEVICE inline std::uint32_t float_bits(float value) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(value);
+#else
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+#endif
+}
+
+ORTSPEC_HOST_DEVICE inline float bits_float(std::uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+#endif
+}
+
+// fraction x total rounded down (up: ceil) exactly, for fraction in [0, 1) and total < 2^62: the
+// draw's target (floor(u x total)) and top-p's (ceil(top_p x total)). fraction = m 2^-s with m
+// an integer of at most 24 bits, so the product is m x total (< 2^86, two 64-bit words) over 2^s.
+ORTSPEC_HOST_DEVICE inline std::uint64_t scale_mass(std::uint64_t total, float fraction, bool round_up) {
+  if (!(fraction > 0.0f)) return 0;
+  if (fraction >= 1.0f) return total;
+  const std::uint32_t bits = float_bits(fraction);
+  const int exponent = static_cast<int>((bits >> 23) & 0xFF);
+  const std::uint64_t m = exponent ? ((bits & 0x7FFFFFu) | 0x800000u) : (bits & 0x7FFFFFu);
+  const int shift = exponent ? 150 - exponent : 149;  // fraction = m x 2^-shift
+  const std::uint64_t a = m * (total >> 32), b = m * (total & 0xFFFFFFFFu);  // m x total = a 2^32 + b
+  std::uint64_t low = (a << 32) + b;
+  const std::uint64_t high = (a >> 32) + (low < b ? 1 : 0);
+  std::uint64_t result;
+  bool remainder;
+  if (shift >= 128) {
+    result = 0, remainder = (high | low) != 0;
+  } else if (shift >= 64) {
+    const int s = shift - 64;
+    result = s ? high >> s : high;
+    remainder = low != 0 || (s && (high & ((std::uint64_t{1} << s) - 1)) != 0);
+  } else {
+    result = shift ? (low >> shift) | (high << (64 - shift)) : low;
+    remainder = shift && (low & ((std::uint64_t{1} << shift) - 1)) != 0;
+  }
+  return result + (round_up && remainder ? 1 : 0);
+}
+
+// z's bits as an unsigned key ordered as the floats are (-inf lowest), and back.
+ORTSPEC_HOST_DEVICE inline std::uint32_t order_key(std::uint32_t bits) {
+  return bits ^ ((bits >> 31) ? 0xFFFFFFFFu : 0x80000000u);
+}
+ORTSPEC_HOST_DEVICE inline std::uint32_t key_bits(std::uint32_t key) {
+  return key ^ ((key >> 31) ? 0x80000000u : 0xFFFFFFFFu);
+}
+
+namespace cpu {
+
+// The reference both ops follow (module comment); rows_per_request = N.
+void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
+                        float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab);
+void draw(const float* weights, const float* u, std::int64_t* index, std::int64_t rows, std::int64_t vocab);
+
+}  // namespace cpu
+}  // namespace ortspec::sampling

@@ -1,0 +1,271 @@
+// CUDA twins of core/sampling_ops_cpu.cpp, bit for bit (integer sums, exact selects).
+//
+// sampling_threshold: one block of 1024 threads per row. Each select is a radix select over the
+// 32-bit order keys in three passes (12, 10, 10 bits, most significant first): a pass builds a
+// histogram in shared memory (counts for top-k, fixed-point masses for top-p) of the keys that
+// match the digits chosen so far, and one warp picks the digit where the count or mass from the
+// top reaches the target. A row is read three times per select (in L2 after the first); top-p
+// alone reads z and probs three times, top-k and top-p seven.
+//
+// draw: one block per row, each of its 32 warps a contiguous segment of the row. The warps' sums,
+// scanned, name the segment that holds the target; that warp walks it 32 entries at a time (a
+// warp scan per step) to the first cumulative weight above the target.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "core/sampling_ops.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/kernel_errors.cuh"
+
+namespace ortspec::cuda {
+namespace {
+
+using sampling::fixed_mass;
+using sampling::order_key;
+using sampling::scale_mass;
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kFirstDigitBits = 12, kDigitBits = 10;  // 12 + 10 + 10 = 32
+constexpr unsigned kAll = 0xFFFFFFFFu;
+
+__device__ inline unsigned long long warp_sum(unsigned long long v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kAll, v, offset);
+  return v;
+}
+
+struct SharedState {
+  unsigned long long scratch[kWarps];
+  unsigned long long above;   // count or mass of the keys above the digits chosen so far
+  unsigned long long target;
+  unsigned long long tie;     // the mass of one of t_k's ties
+  unsigned int digit;
+};
+
+// Sum over the block of every thread's v (all threads call it).
+__device__ unsigned long long block_sum(unsigned long long v, SharedState& shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) shared.scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = lane < kWarps ? shared.scratch[lane] : 0;
+    w = warp_sum(w);
+    if (lane == 0) shared.scratch[0] = w;
+  }
+  __syncthreads();
+  const unsigned long long total = shared.scratch[0];
+  __syncthreads();
+  return total;
+}
+
+// The key whose count (kMass false) or mass (true) above it is < target and with its ties >=
+// target. target_fraction > 0: target = ceil(target_fraction x the row's whole mass), taken from
+// the first pass's histogram (top-p without top-k). Returns the key; *above: the count or mass
+// above it.
+template <bool kMass>
+__device__ unsigned int radix_select(const float* z, const float* probs, long long vocab, int bits,
+                                     unsigned long long target, float target_fraction,
+                                     unsigned long long* histogram, SharedState& shared,
+                                     unsigned long long* above_out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned int prefix = 0, mask = 0;
+  if (threadIdx.x == 0) shared.above = 0, shared.target = target;
+  int shift = 32;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int width = pass == 0 ? kFirstDigitBits : kDigitBits;
+    const int bins = 1 << width;
+    shift -= width;
+    for (int b = threadIdx.x; b < bins; b += kThreads) histogram[b] = 0;
+    __syncthreads();
+    for (long long i = threadIdx.x; i < vocab; i += kThreads) {
+      const unsigned int key = order_key(__float_as_uint(z[i]));
+      if ((key & mask) == prefix) {
+        atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? fixed_mass(probs[i], bits) : 1ull);
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int per_lane = bins / 32;
+      unsigned long long sum = 0;
+      for (int j = 0; j < per_lane; ++j) sum += histogram[lane * per_lane + j];
+      unsigned long long from_top = sum;  // this lane's bins and every higher lane's
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const unsigned long long higher = __shfl_down_sync(kAll, from_top, offset);
+        if (lane + offset < 32) from_top += higher;
+      }
+      if (pass == 0 && target_fraction > 0.0f) {
+        const unsigned long long whole = __shfl_sync(kAll, from_top, 0);
+        if (lane == 0) shared.target = scale_mass(whole, target_fraction, /*round_up=*/true);
+        __syncwarp();
+      }
+      const unsigned long long above = shared.above, goal = shared.target;
+      const unsigned long long start = above + from_top - sum;  // above this lane's bins
+      const unsigned int found = __ballot_sync(kAll, start < goal && goal <= start + sum);
+      if (found) {  // exact sums: one lane's bins hold the target; walk them from the top
+        if (lane == __ffs(found) - 1) {
+          unsigned long long at = start;
+          int j = per_lane - 1;
+          for (; j > 0 && at + histogram[lane * per_lane + j] < goal; --j) at += histogram[lane * per_lane + j];
+          shared.digit = static_cast<unsigned int>(lane * per_lane + j);
+          shared.above = at;
+        }
+      } else {  // not reached (the target exceeds the mass): the smallest key, the lowest nonempty bin
+        const unsigned int nonempty = __ballot_sync(kAll, sum > 0);
+        const int lowest = nonempty ? __ffs(nonempty) - 1 : 0;
+        if (lane == lowest) {
+          int j = 0;
+          while (j < per_lane - 1 && histogram[lane * per_lane + j] == 0) ++j;
+          shared.digit = static_cast<unsigned int>(lane * per_lane + j);
+          shared.above = start + sum - histogram[lane * per_lane + j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= shared.digit << shift;
+    mask |= static_cast<unsigned int>(bins - 1) << shift;
+    __syncthreads();
+  }
+  *above_out = shared.above;
+  __syncthreads();  // read by all before a next select resets it
+  return prefix;
+}
+
+__global__ void sampling_threshold_kernel(const float* z, const float* probs, const long long* top_k,
+                                          const float* top_p, float* threshold, long long rows_per_request,
+                                          long long vocab) {
+  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
+  __shared__ SharedState shared;
+  const long long row = blockIdx.x, request = row / rows_per_request;
+  const float* zr = z + row * vocab;
+  const float* pr = probs + row * vocab;
+  const int bits = sampling::fraction_bits(vocab);
+  const long long k = top_k[request] > 0 ? (top_k[request] < vocab ? top_k[request] : vocab) : vocab;
+  const float p = top_p[request];
+  if (k == vocab && !(p < 1.0f)) {
+    if (threadIdx.x == 0) threshold[row] = -INFINITY;
+    return;
+  }
+  unsigned int kept = 0;
+  unsigned long long total = 0;
+  if (k < vocab) {
+    unsigned long long larger = 0;
+    kept = radix_select<false>(zr, pr, vocab, bits, static_cast<unsigned long long>(k), 0.0f, histogram, shared,
+                               &larger);
+    if (p < 1.0f) {  // the mass of the k largest: those above t_k and k - larger of its ties
+      unsigned long long above = 0;
+      for (long long i = threadIdx.x; i < vocab; i += kThreads) {
+        const unsigned int key = order_key(__float_as_uint(zr[i]));
+        if (key > kept) above += fixed_mass(pr[i], bits);
+        else if (key == kept) shared.tie = fixed_mass(pr[i], bits);  // ties: one z, one probability
+      }
+      above = block_sum(above, shared);  // synchronizes: shared.tie is set
+      total = above + static_cast<unsigned long long>(k - static_cast<long long>(larger)) * shared.tie;
+    }
+  }
+  if (p < 1.0f) {
+    unsigned long long mass_above = 0;
+    const unsigned int by_mass =
+        k < vocab ? radix_select<true>(zr, pr, vocab, bits, scale_mass(total, p, /*round_up=*/true), 0.0f, histogram,
+                                       shared, &mass_above)
+                  : radix_select<true>(zr, pr, vocab, bits, 0, p, histogram, shared, &mass_above);
+    kept = kept > by_mass ? kept : by_mass;
+  }
+  if (threadIdx.x == 0) threshold[row] = __uint_as_float(sampling::key_bits(kept));
+}
+
+__global__ void draw_kernel(const float* weights, const float* u, long long* index, long long vocab) {
+  __shared__ unsigned long long segment_sums[kWarps];
+  __shared__ SharedState shared;
+  __shared__ int walker;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long row = blockIdx.x;
+  const float* w = weights + row * vocab;
+  const int bits = sampling::fraction_bits(vocab);
+  const long long segment = (vocab + kWarps - 1) / kWarps;
+  const long long begin = warp * segment, end = begin + segment < vocab ? begin + segment : vocab;
+  unsigned long long sum = 0;
+  for (long long i = begin + lane; i < end; i += 32) sum += fixed_mass(w[i], bits);
+  sum = warp_sum(sum);
+  if (lane == 0) segment_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    const unsigned long long own = segment_sums[lane];
+    unsigned long long through = own;  // segments 0..lane
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const unsigned long long lower = __shfl_up_sync(kAll, through, offset);
+      if (lane >= offset) through += lower;
+    }
+    const unsigned long long total = __shfl_sync(kAll, through, 31);
+    const unsigned long long target = scale_mass(total, u[row], /*round_up=*/false);
+    const unsigned int holds = __ballot_sync(kAll, total > 0 && through - own <= target && target < through);
+    if (lane == 0) walker = holds ? __ffs(holds) - 1 : -1, shared.target = target;
+    if (holds && lane == __ffs(holds) - 1) shared.above = through - own;  // the mass before that segment
+  }
+  __syncthreads();
+  if (walker < 0) {  // no weight reaches 2^-bits: the first largest, else V - 1 (core/sampling_ops_cpu.cpp)
+    float best = -INFINITY;
+    long long at = vocab;
+    for (long long i = threadIdx.x; i < vocab; i += kThreads) {
+      if (w[i] > best) best = w[i], at = i;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_xor_sync(kAll, best, offset);
+      const long long other_at = __shfl_xor_sync(kAll, at, offset);
+      if (other > best || (other == best && other_at < at)) best = other, at = other_at;
+    }
+    __shared__ float best_of[kWarps];
+    __shared__ long long at_of[kWarps];
+    if (lane == 0) best_of[warp] = best, at_of[warp] = at;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int other = 1; other < kWarps; ++other) {
+        if (best_of[other] > best_of[0] || (best_of[other] == best_of[0] && at_of[other] < at_of[0])) {
+          best_of[0] = best_of[other], at_of[0] = at_of[other];
+        }
+      }
+      index[row] = best_of[0] > 0.0f ? at_of[0] : vocab - 1;
+    }
+    return;
+  }
+  if (warp != walker) return;
+  const unsigned long long target = shared.target;
+  unsigned long long cumulative = shared.above;
+  for (long long base = begin; base < end; base += 32) {
+    const long long i = base + lane;
+    unsigned long long through = i < end ? fixed_mass(w[i], bits) : 0;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const unsigned long long lower = __shfl_up_sync(kAll, through, offset);
+      if (lane >= offset) through += lower;
+    }
+    const unsigned int over = __ballot_sync(kAll, cumulative + through > target);
+    if (over) {
+      if (lane == 0) index[row] = base + (__ffs(over) - 1);
+      return;
+    }
+    cumulative += __shfl_sync(kAll, through, 31);
+  }
+  if (lane == 0) index[row] = end - 1;  // not reached: the segment's sum exceeds the target
+}
+
+}  // namespace
+
+void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
+                        float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab,
+                        std::uintptr_t stream) {
+  if (rows == 0) return;
+  sampling_threshold_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
+      z, probs, reinterpret_cast<const long long*>(top_k), top_p, threshold, rows_per_request, vocab);
+  check_launch("sampling_threshold");
+}
+
+void draw(const float* weights, const float* u, std::int64_t* index, std::int64_t rows, std::int64_t vocab,
+          std::uintptr_t stream) {
+  if (rows == 0) return;
+  draw_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
+      weights, u, reinterpret_cast<long long*>(index), vocab);
+  check_launch("draw");
+}
+
+}  // namespace ortspec::cuda
