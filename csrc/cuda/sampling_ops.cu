@@ -8,8 +8,9 @@
 // alone reads z and probs three times, top-k and top-p seven.
 //
 // draw: one block per row, each of its 32 warps a contiguous segment of the row. The warps' sums,
-// scanned, name the segment that holds the target; that warp walks it 32 entries at a time (a
-// warp scan per step) to the first cumulative weight above the target.
+// scanned, name the segment that holds the target; the block then splits that segment a few
+// entries per thread, and the thread whose entries hold the target walks them to the first
+// cumulative weight above it.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -29,6 +30,30 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kFirstDigitBits = 12, kDigitBits = 10;  // 12 + 10 + 10 = 32
 constexpr unsigned kAll = 0xFFFFFFFFu;
+
+// f(i, a[i], b[i]) for this thread's share of i < n (b may be null: then 0). Rows of a multiple of
+// 4 floats at 16-byte addresses are read as float4, two per thread per iteration, both loads
+// issued before f runs, so a thread keeps four to eight loads in flight instead of one.
+template <typename F>
+__device__ inline void visit_row(const float* a, const float* b, long long n, F&& f) {
+  const bool vector = (n & 3) == 0 && ((reinterpret_cast<unsigned long long>(a) |
+                                        reinterpret_cast<unsigned long long>(b)) & 15) == 0;
+  if (vector) {
+    const float4* a4 = reinterpret_cast<const float4*>(a);
+    const float4* b4 = reinterpret_cast<const float4*>(b);
+    const long long n4 = n >> 2;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (long long j = threadIdx.x; j < n4; j += 2 * kThreads) {
+      const long long j2 = j + kThreads;
+      const float4 x0 = __ldg(a4 + j), y0 = b ? __ldg(b4 + j) : zero;
+      const float4 x1 = j2 < n4 ? __ldg(a4 + j2) : zero, y1 = b && j2 < n4 ? __ldg(b4 + j2) : zero;
+      f(4 * j, x0.x, y0.x), f(4 * j + 1, x0.y, y0.y), f(4 * j + 2, x0.z, y0.z), f(4 * j + 3, x0.w, y0.w);
+      if (j2 < n4) f(4 * j2, x1.x, y1.x), f(4 * j2 + 1, x1.y, y1.y), f(4 * j2 + 2, x1.z, y1.z), f(4 * j2 + 3, x1.w, y1.w);
+    }
+    return;
+  }
+  for (long long i = threadIdx.x; i < n; i += kThreads) f(i, a[i], b ? b[i] : 0.0f);
+}
 
 __device__ inline unsigned long long warp_sum(unsigned long long v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kAll, v, offset);
@@ -79,12 +104,12 @@ __device__ unsigned int radix_select(const float* z, const float* probs, long lo
     shift -= width;
     for (int b = threadIdx.x; b < bins; b += kThreads) histogram[b] = 0;
     __syncthreads();
-    for (long long i = threadIdx.x; i < vocab; i += kThreads) {
-      const unsigned int key = order_key(__float_as_uint(z[i]));
+    visit_row(z, kMass ? probs : nullptr, vocab, [&](long long, float zi, float pi) {
+      const unsigned int key = order_key(__float_as_uint(zi));
       if ((key & mask) == prefix) {
-        atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? fixed_mass(probs[i], bits) : 1ull);
+        atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? fixed_mass(pi, bits) : 1ull);
       }
-    }
+    });
     __syncthreads();
     if (warp == 0) {
       const int per_lane = bins / 32;
@@ -155,11 +180,11 @@ __global__ void sampling_threshold_kernel(const float* z, const float* probs, co
                                &larger);
     if (p < 1.0f) {  // the mass of the k largest: those above t_k and k - larger of its ties
       unsigned long long above = 0;
-      for (long long i = threadIdx.x; i < vocab; i += kThreads) {
-        const unsigned int key = order_key(__float_as_uint(zr[i]));
-        if (key > kept) above += fixed_mass(pr[i], bits);
-        else if (key == kept) shared.tie = fixed_mass(pr[i], bits);  // ties: one z, one probability
-      }
+      visit_row(zr, pr, vocab, [&](long long, float zi, float pi) {
+        const unsigned int key = order_key(__float_as_uint(zi));
+        if (key > kept) above += fixed_mass(pi, bits);
+        else if (key == kept) shared.tie = fixed_mass(pi, bits);  // ties: one z, one probability
+      });
       above = block_sum(above, shared);  // synchronizes: shared.tie is set
       total = above + static_cast<unsigned long long>(k - static_cast<long long>(larger)) * shared.tie;
     }
@@ -175,6 +200,31 @@ __global__ void sampling_threshold_kernel(const float* z, const float* probs, co
   if (threadIdx.x == 0) threshold[row] = __uint_as_float(sampling::key_bits(kept));
 }
 
+// An inclusive scan over the block of every thread's v (all threads call it): this thread's
+// inclusive sum, and the block's total.
+__device__ void block_scan(unsigned long long v, unsigned long long* warp_totals, unsigned long long& inclusive,
+                           unsigned long long& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long lower = __shfl_up_sync(kAll, v, offset);
+    if (lane >= offset) v += lower;
+  }
+  if (lane == 31) warp_totals[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long t = warp_totals[lane];
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const unsigned long long lower = __shfl_up_sync(kAll, t, offset);
+      if (lane >= offset) t += lower;
+    }
+    warp_totals[lane] = t;
+  }
+  __syncthreads();
+  inclusive = v + (warp > 0 ? warp_totals[warp - 1] : 0);
+  total = warp_totals[kWarps - 1];
+  __syncthreads();
+}
+
 __global__ void draw_kernel(const float* weights, const float* u, long long* index, long long vocab) {
   __shared__ unsigned long long segment_sums[kWarps];
   __shared__ SharedState shared;
@@ -183,10 +233,21 @@ __global__ void draw_kernel(const float* weights, const float* u, long long* ind
   const long long row = blockIdx.x;
   const float* w = weights + row * vocab;
   const int bits = sampling::fraction_bits(vocab);
-  const long long segment = (vocab + kWarps - 1) / kWarps;
+  // Level 1: 32 segments, one per warp, each a multiple of 4 entries long (float4 reads where the
+  // row allows), the warp's lanes reading consecutive entries.
+  const long long segment = ((vocab + kWarps - 1) / kWarps + 3) / 4 * 4;
   const long long begin = warp * segment, end = begin + segment < vocab ? begin + segment : vocab;
+  const bool vector = (vocab & 3) == 0 && (reinterpret_cast<unsigned long long>(w) & 15) == 0;
   unsigned long long sum = 0;
-  for (long long i = begin + lane; i < end; i += 32) sum += fixed_mass(w[i], bits);
+  if (vector) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    for (long long j = begin / 4 + lane; j < end / 4; j += 32) {
+      const float4 x = __ldg(w4 + j);
+      sum += fixed_mass(x.x, bits) + fixed_mass(x.y, bits) + fixed_mass(x.z, bits) + fixed_mass(x.w, bits);
+    }
+  } else {
+    for (long long i = begin + lane; i < end; i += 32) sum += fixed_mass(w[i], bits);
+  }
   sum = warp_sum(sum);
   if (lane == 0) segment_sums[warp] = sum;
   __syncthreads();
@@ -229,24 +290,29 @@ __global__ void draw_kernel(const float* weights, const float* u, long long* ind
     }
     return;
   }
-  if (warp != walker) return;
+  // Level 2: the whole block over the segment that holds the target, a few entries per thread;
+  // the thread whose entries hold it walks them.
+  const long long seg_begin = walker * segment;
+  const long long seg_end = seg_begin + segment < vocab ? seg_begin + segment : vocab;
+  const long long chunk = (seg_end - seg_begin + kThreads - 1) / kThreads;
+  const long long chunk_begin = seg_begin + threadIdx.x * chunk;
+  const long long chunk_end = chunk_begin + chunk < seg_end ? chunk_begin + chunk : seg_end;
+  unsigned long long local = 0;
+  for (long long i = chunk_begin; i < chunk_end; ++i) local += fixed_mass(w[i], bits);
+  unsigned long long inclusive, segment_total;
+  block_scan(local, segment_sums, inclusive, segment_total);
+  (void)segment_total;  // the segment's own sum, as level 1 found it
   const unsigned long long target = shared.target;
-  unsigned long long cumulative = shared.above;
-  for (long long base = begin; base < end; base += 32) {
-    const long long i = base + lane;
-    unsigned long long through = i < end ? fixed_mass(w[i], bits) : 0;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const unsigned long long lower = __shfl_up_sync(kAll, through, offset);
-      if (lane >= offset) through += lower;
+  unsigned long long cumulative = shared.above + inclusive - local;
+  if (local > 0 && cumulative <= target && target < cumulative + local) {
+    for (long long i = chunk_begin; i < chunk_end; ++i) {
+      cumulative += fixed_mass(w[i], bits);
+      if (cumulative > target) {
+        index[row] = i;
+        return;
+      }
     }
-    const unsigned int over = __ballot_sync(kAll, cumulative + through > target);
-    if (over) {
-      if (lane == 0) index[row] = base + (__ffs(over) - 1);
-      return;
-    }
-    cumulative += __shfl_sync(kAll, through, 31);
   }
-  if (lane == 0) index[row] = end - 1;  // not reached: the segment's sum exceeds the target
 }
 
 }  // namespace
