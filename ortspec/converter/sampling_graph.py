@@ -460,13 +460,13 @@ def make_sampled_step_ids(g: GraphBuilder, ids: str, tokens: str, logits: str, p
 
 def draft_sampler(g: GraphBuilder, params: RowParams, uniforms: str, first: int, vocab: int):
     """(logits [B, 1, V], pass j) -> (draft [B, 1], probs [B, 1, V]) drawn with uniforms[:, first + j]
-    (argmax on greedy rows): the MTP head's sampled drafts, from the head's distribution transformed
-    as the target's (top-k / top-p / min-p). Any q keeps the output exact (the acceptance reads the
-    q a draft came from); a draft outside the target's kept set is always rejected, so a truncated q
-    is accepted more often. The CPU graphs find its threshold among candidates, the portable ones
-    with the native op (before it, they drew from Softmax(z / T) alone, to spare each draft pass a
-    sort of all V: BENCHMARKS.md, "Sampling on the device")."""
-    truncated = True
+    (argmax on greedy rows): the MTP head's sampled drafts. Any q keeps the output exact (the
+    acceptance reads the q a draft came from), so q follows the cost of truncating on each target:
+    the CPU graphs draw from the head's distribution transformed as the target's (top-k / top-p /
+    min-p among candidates: cheap, and an int4 head's drafts are accepted far more often so), the
+    portable ones from Softmax(z / T) alone, which spares every draft pass a sort of all V
+    (BENCHMARKS.md, "Sampling on the device")."""
+    truncated = method_for(g) == CANDIDATES
 
     def choose(logits, j):
         u = g.op("Slice", [uniforms, g.const([first + j]), g.const([first + j + 1]), g.const([1])])  # [B, 1]
