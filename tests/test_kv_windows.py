@@ -19,6 +19,7 @@ import ortspec
 from ortspec import converter
 from ortspec.converter.kv_windows import has_window_variants, window_buckets
 from ortspec.manifest import Manifest, split_window_name, window_graph_name
+from ortspec.runtime import custom_ops
 
 from tests.conftest import WINDOWED_K as K
 from tests.conftest import WINDOWED_MAX_LENGTH as MAX_LENGTH
@@ -96,7 +97,7 @@ def random_feeds(session: ort.InferenceSession, first: list[int], seed: int = 0)
 
 def run_both(windowed_model, name: str, first: list[int]) -> tuple[dict, dict]:
     """(portable outputs, W = 256 variant outputs) on the same feeds, on the CPU EP."""
-    sessions = [ort.InferenceSession(str(windowed_model / f), providers=["CPUExecutionProvider"])
+    sessions = [ort.InferenceSession(str(windowed_model / f), custom_ops.session_options(), providers=["CPUExecutionProvider"])
                 for f in (f"{name}.onnx", f"{name}.w256.onnx")]
     feeds = random_feeds(sessions[0], first)
     return [dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds))) for s in sessions]
