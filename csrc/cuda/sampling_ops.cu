@@ -1,16 +1,19 @@
 // CUDA twins of core/sampling_ops_cpu.cpp, bit for bit (integer sums, exact selects).
 //
-// sampling_threshold: one block of 1024 threads per row. Each select is a radix select over the
-// 32-bit order keys in three passes (12, 10, 10 bits, most significant first): a pass builds a
-// histogram in shared memory (counts for top-k, fixed-point masses for top-p) of the keys that
-// match the digits chosen so far, and one warp picks the digit where the count or mass from the
-// top reaches the target. A row is read three times per select (in L2 after the first); top-p
-// alone reads z and probs three times, top-k and top-p seven.
+// sampling_threshold: one block of 1024 threads per row, or from V = 32,768 up a cluster of 8
+// blocks per row, each a slice (one block streaming 248,320 logits three times per select took
+// 0.4 ms). Each select is a radix select over the 32-bit order keys in three passes (12, 10, 10
+// bits, most significant first): a pass builds a histogram in shared memory (counts for top-k,
+// fixed-point masses for top-p) of the keys that match the digits chosen so far, a cluster's
+// blocks add theirs into rank 0's through distributed shared memory, and one warp picks the
+// digit where the count or mass from the top reaches the target. A row is read three times per
+// select (in L2 after the first); top-p alone reads z and probs three times, top-k and top-p seven.
 //
 // draw: one block per row, each of its 32 warps a contiguous segment of the row. The warps' sums,
 // scanned, name the segment that holds the target; the block then splits that segment a few
 // entries per thread, and the thread whose entries hold the target walks them to the first
 // cumulative weight above it.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -30,6 +33,8 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kFirstDigitBits = 12, kDigitBits = 10;  // 12 + 10 + 10 = 32
 constexpr unsigned kAll = 0xFFFFFFFFu;
+constexpr long long kClusterVocab = 32768;  // from this V up a row's threshold is split over a cluster
+constexpr int kClusterBlocks = 8;           // blocks per row then (the portable cluster size)
 
 // f(i, a[i], b[i]) for this thread's share of i < n (b may be null: then 0). Rows of a multiple of
 // 4 floats at 16-byte addresses are read as float4, two per thread per iteration, both loads
@@ -60,8 +65,11 @@ __device__ inline unsigned long long warp_sum(unsigned long long v) {
   return v;
 }
 
+namespace cg = cooperative_groups;
+
 struct SharedState {
   unsigned long long scratch[kWarps];
+  unsigned long long partial;  // this block's share of a cluster-wide sum
   unsigned long long above;   // count or mass of the keys above the digits chosen so far
   unsigned long long target;
   unsigned long long tie;     // the mass of one of t_k's ties
@@ -85,13 +93,74 @@ __device__ unsigned long long block_sum(unsigned long long v, SharedState& share
   return total;
 }
 
+// The blocks of one row (Blocks > 1: a thread block cluster, each block a slice of the row) add
+// their histograms or sums through distributed shared memory; rank 0 decides and the others read
+// its decision. Blocks == 1: one block holds the whole row and these are plain block operations.
+template <int Blocks>
+struct RowGroup {
+  unsigned int rank;
+
+  __device__ static RowGroup make() {
+    if constexpr (Blocks > 1) return RowGroup{cg::this_cluster().block_rank()};
+    return RowGroup{0};
+  }
+  __device__ void sync() const {
+    if constexpr (Blocks > 1) cg::this_cluster().sync();
+    else __syncthreads();
+  }
+  // Rank 0's histogram += every other rank's (the others' histograms are complete: call after sync()).
+  __device__ void combine(unsigned long long* histogram, int bins) const {
+    if constexpr (Blocks > 1) {
+      if (rank == 0) {
+        cg::cluster_group cluster = cg::this_cluster();
+        for (int b = threadIdx.x; b < bins; b += kThreads) {
+          unsigned long long sum = histogram[b];
+          for (unsigned int r = 1; r < Blocks; ++r) sum += cluster.map_shared_rank(histogram, r)[b];
+          histogram[b] = sum;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // Rank 0's shared state, seen from this block.
+  __device__ SharedState& leader(SharedState& own) const {
+    if constexpr (Blocks > 1) return *cg::this_cluster().map_shared_rank(&own, 0);
+    return own;
+  }
+  // The sum over the row of every thread's v (all threads of every block call it).
+  __device__ unsigned long long sum(unsigned long long v, SharedState& shared) const {
+    v = block_sum(v, shared);
+    if constexpr (Blocks == 1) return v;
+    if (threadIdx.x == 0) shared.partial = v;
+    sync();
+    unsigned long long total = 0;
+    cg::cluster_group cluster = cg::this_cluster();
+    for (unsigned int r = 0; r < Blocks; ++r) total += cluster.map_shared_rank(&shared, r)->partial;
+    sync();  // every block has read every partial before one is written again
+    return total;
+  }
+  // The largest over the row of every block's shared value at `field` (after the blocks set it).
+  __device__ unsigned long long max_of(unsigned long long SharedState::*field, SharedState& shared) const {
+    if constexpr (Blocks == 1) return shared.*field;
+    sync();
+    unsigned long long best = 0;
+    cg::cluster_group cluster = cg::this_cluster();
+    for (unsigned int r = 0; r < Blocks; ++r) {
+      const unsigned long long v = cluster.map_shared_rank(&shared, r)->*field;
+      best = v > best ? v : best;
+    }
+    sync();
+    return best;
+  }
+};
+
 // The key whose count (kMass false) or mass (true) above it is < target and with its ties >=
-// target. target_fraction > 0: target = ceil(target_fraction x the row's whole mass), taken from
-// the first pass's histogram (top-p without top-k). Returns the key; *above: the count or mass
-// above it.
-template <bool kMass>
-__device__ unsigned int radix_select(const float* z, const float* probs, long long vocab, int bits,
-                                     unsigned long long target, float target_fraction,
+// target, over this block's slice z[0, n) of a row shared by the group. target_fraction > 0:
+// target = ceil(target_fraction x the row's whole mass), taken from the first pass's histogram
+// (top-p without top-k). Returns the key; *above_out: the count or mass above it.
+template <bool kMass, int Blocks>
+__device__ unsigned int radix_select(const RowGroup<Blocks>& group, const float* z, const float* probs, long long n,
+                                     int bits, unsigned long long target, float target_fraction,
                                      unsigned long long* histogram, SharedState& shared,
                                      unsigned long long* above_out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -104,14 +173,15 @@ __device__ unsigned int radix_select(const float* z, const float* probs, long lo
     shift -= width;
     for (int b = threadIdx.x; b < bins; b += kThreads) histogram[b] = 0;
     __syncthreads();
-    visit_row(z, kMass ? probs : nullptr, vocab, [&](long long, float zi, float pi) {
+    visit_row(z, kMass ? probs : nullptr, n, [&](long long, float zi, float pi) {
       const unsigned int key = order_key(__float_as_uint(zi));
       if ((key & mask) == prefix) {
         atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? fixed_mass(pi, bits) : 1ull);
       }
     });
-    __syncthreads();
-    if (warp == 0) {
+    group.sync();
+    group.combine(histogram, bins);
+    if (group.rank == 0 && warp == 0) {
       const int per_lane = bins / 32;
       unsigned long long sum = 0;
       for (int j = 0; j < per_lane; ++j) sum += histogram[lane * per_lane + j];
@@ -147,57 +217,65 @@ __device__ unsigned int radix_select(const float* z, const float* probs, long lo
         }
       }
     }
-    __syncthreads();
-    prefix |= shared.digit << shift;
+    group.sync();
+    const SharedState& decided = group.leader(shared);
+    prefix |= decided.digit << shift;
     mask |= static_cast<unsigned int>(bins - 1) << shift;
-    __syncthreads();
+    *above_out = decided.above;
+    group.sync();  // every block has read the decision before rank 0 makes the next
   }
-  *above_out = shared.above;
-  __syncthreads();  // read by all before a next select resets it
   return prefix;
 }
 
+// One row per group of Blocks blocks (a cluster when Blocks > 1), each block a slice of the row.
+template <int Blocks>
 __global__ void sampling_threshold_kernel(const float* z, const float* probs, const long long* top_k,
                                           const float* top_p, float* threshold, long long rows_per_request,
                                           long long vocab) {
   __shared__ unsigned long long histogram[1 << kFirstDigitBits];
   __shared__ SharedState shared;
-  const long long row = blockIdx.x, request = row / rows_per_request;
-  const float* zr = z + row * vocab;
-  const float* pr = probs + row * vocab;
+  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
+  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
+  const long long slice = ((vocab + Blocks - 1) / Blocks + 3) / 4 * 4;  // a multiple of 4: float4 reads
+  const long long begin = group.rank * slice < vocab ? group.rank * slice : vocab;
+  const long long n = begin + slice < vocab ? slice : vocab - begin;
+  const float* zr = z + row * vocab + begin;
+  const float* pr = probs + row * vocab + begin;
   const int bits = sampling::fraction_bits(vocab);
   const long long k = top_k[request] > 0 ? (top_k[request] < vocab ? top_k[request] : vocab) : vocab;
   const float p = top_p[request];
   if (k == vocab && !(p < 1.0f)) {
-    if (threadIdx.x == 0) threshold[row] = -INFINITY;
-    return;
+    if (group.rank == 0 && threadIdx.x == 0) threshold[row] = -INFINITY;
+    return;  // the whole group returns: one row, one decision
   }
+  if (threadIdx.x == 0) shared.tie = 0;
   unsigned int kept = 0;
   unsigned long long total = 0;
   if (k < vocab) {
     unsigned long long larger = 0;
-    kept = radix_select<false>(zr, pr, vocab, bits, static_cast<unsigned long long>(k), 0.0f, histogram, shared,
+    kept = radix_select<false>(group, zr, pr, n, bits, static_cast<unsigned long long>(k), 0.0f, histogram, shared,
                                &larger);
     if (p < 1.0f) {  // the mass of the k largest: those above t_k and k - larger of its ties
       unsigned long long above = 0;
-      visit_row(zr, pr, vocab, [&](long long, float zi, float pi) {
+      visit_row(zr, pr, n, [&](long long, float zi, float pi) {
         const unsigned int key = order_key(__float_as_uint(zi));
         if (key > kept) above += fixed_mass(pi, bits);
         else if (key == kept) shared.tie = fixed_mass(pi, bits);  // ties: one z, one probability
       });
-      above = block_sum(above, shared);  // synchronizes: shared.tie is set
-      total = above + static_cast<unsigned long long>(k - static_cast<long long>(larger)) * shared.tie;
+      above = group.sum(above, shared);  // synchronizes: every block's shared.tie is set
+      const unsigned long long tie = group.max_of(&SharedState::tie, shared);
+      total = above + static_cast<unsigned long long>(k - static_cast<long long>(larger)) * tie;
     }
   }
   if (p < 1.0f) {
     unsigned long long mass_above = 0;
     const unsigned int by_mass =
-        k < vocab ? radix_select<true>(zr, pr, vocab, bits, scale_mass(total, p, /*round_up=*/true), 0.0f, histogram,
-                                       shared, &mass_above)
-                  : radix_select<true>(zr, pr, vocab, bits, 0, p, histogram, shared, &mass_above);
+        k < vocab ? radix_select<true>(group, zr, pr, n, bits, scale_mass(total, p, /*round_up=*/true), 0.0f,
+                                       histogram, shared, &mass_above)
+                  : radix_select<true>(group, zr, pr, n, bits, 0, p, histogram, shared, &mass_above);
     kept = kept > by_mass ? kept : by_mass;
   }
-  if (threadIdx.x == 0) threshold[row] = __uint_as_float(sampling::key_bits(kept));
+  if (group.rank == 0 && threadIdx.x == 0) threshold[row] = __uint_as_float(sampling::key_bits(kept));
 }
 
 // An inclusive scan over the block of every thread's v (all threads call it): this thread's
@@ -321,8 +399,22 @@ void sampling_threshold(const float* z, const float* probs, const std::int64_t* 
                         float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab,
                         std::uintptr_t stream) {
   if (rows == 0) return;
-  sampling_threshold_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
-      z, probs, reinterpret_cast<const long long*>(top_k), top_p, threshold, rows_per_request, vocab);
+  const auto* k = reinterpret_cast<const long long*>(top_k);
+  if (vocab < kClusterVocab) {
+    sampling_threshold_kernel<1><<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
+        z, probs, k, top_p, threshold, rows_per_request, vocab);
+  } else {  // a wide row: a cluster of blocks shares it
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned int>(rows * kClusterBlocks));
+    config.blockDim = dim3(kThreads);
+    config.stream = as_stream(stream);
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kClusterBlocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster, config.numAttrs = 1;
+    cudaLaunchKernelEx(&config, sampling_threshold_kernel<kClusterBlocks>, z, probs, k, top_p, threshold,
+                       static_cast<long long>(rows_per_request), static_cast<long long>(vocab));
+  }
   check_launch("sampling_threshold");
 }
 
