@@ -229,7 +229,7 @@ __device__ unsigned int radix_select(const RowGroup<Blocks>& group, const float*
 
 // One row per group of Blocks blocks (a cluster when Blocks > 1), each block a slice of the row.
 template <int Blocks>
-__global__ void sampling_threshold_kernel(const float* z, const float* probs, const long long* top_k,
+__global__ void __launch_bounds__(kThreads) sampling_threshold_kernel(const float* z, const float* probs, const long long* top_k,
                                           const float* top_p, float* threshold, long long rows_per_request,
                                           long long vocab) {
   __shared__ unsigned long long histogram[1 << kFirstDigitBits];
@@ -303,7 +303,7 @@ __device__ void block_scan(unsigned long long v, unsigned long long* warp_totals
   __syncthreads();
 }
 
-__global__ void draw_kernel(const float* weights, const float* u, long long* index, long long vocab) {
+__global__ void __launch_bounds__(kThreads) draw_kernel(const float* weights, const float* u, long long* index, long long vocab) {
   __shared__ unsigned long long segment_sums[kWarps];
   __shared__ SharedState shared;
   __shared__ int walker;
