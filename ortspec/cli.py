@@ -223,9 +223,9 @@ def _add_serve(sub) -> None:
                  "tokenizer_config.json has a chat_template), server-sent-event streaming, /health and\n"
                  "/metrics, over one continuous batcher driven by one engine thread, in a process of its own\n"
                  "(--engine process, the default) or beside the HTTP server (--engine thread).\n"
-                 "Limits (each below with its default): headers still incomplete past 16 KiB get 400 (h11's\n"
-                 "buffer), idle keep-alive connections close after 5 s; every option is checked before the\n"
-                 "model loads.")
+                 "Limits (each below with its default): a request line and headers over 16 KiB get 431 (400\n"
+                 "on h11, where httptools is not installed), idle keep-alive connections close after 5 s;\n"
+                 "every option is checked before the model loads.")
     s.add_argument("model", help="converted model directory")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (0: one the OS picks)")
@@ -404,7 +404,8 @@ def _serve(args) -> None:
             k, auto_k = session.k, session.auto_k
         print(f"ortspec serve: {server.url}/v1/completions (model {server.model_name!r}, "
               f"k={f'auto (up to {k})' if auto_k else k}, {args.provider}, batch {args.max_batch_size}, "
-              f"queue {args.max_queue}, engine {args.engine}); Ctrl-C stops", file=sys.stderr, flush=True)
+              f"queue {args.max_queue}, engine {args.engine}, {server.parser} on {server.loop}); Ctrl-C stops",
+              file=sys.stderr, flush=True)
         server.run()
 
 

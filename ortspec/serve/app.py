@@ -260,7 +260,10 @@ class Mailbox:
     runs the handlers' Python: one per step serialised the two threads, where polling lets the
     loop's work overlap the engine's Runs (docs/serving.md)."""
 
-    POLL_S = 0.0005  # how often a busy loop collects the engine's events (the most a token waits)
+    # How often a busy loop collects the engine's events (about the most a token waits). Both loops
+    # time in whole milliseconds: asyncio's selector rounds 0.5 ms up (it polled every 1.1 ms),
+    # uvloop rounds it down to 0 (a poll every turn of the loop), so 1 ms: 1.1 ms on either.
+    POLL_S = 0.001
     QUIET_POLLS = 8  # polls that found nothing before the loop waits for a wake-up again
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

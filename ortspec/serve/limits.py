@@ -11,20 +11,26 @@
                       send a request line and headers; then it is closed. uvicorn alone times
                       out only idle keep-alive connections, and any byte resets that timer
 
-Headers are bounded by h11 (headers still incomplete past 16 KiB, uvicorn's
-h11_max_incomplete_event_size, get 400), idle keep-alive connections close after uvicorn's 5 s.
+A request line and headers over MAX_HEADER_BYTES (16 KiB) get 431 and the connection closes:
+counted here on httptools (http_stack: what the serve extra installs), which takes headers of
+any length; with h11 (the fallback) its own buffer bounds them (still incomplete past it: 400).
+Idle keep-alive connections close after uvicorn's 5 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
+import json
 import logging
 
 from .. import validation
 from ..errors import ConfigurationError
+from . import protocol
 
 log = logging.getLogger("ortspec.serve")
+MAX_HEADER_BYTES = 16 * 1024  # a request line and headers: past it 431 (httptools), 400 (h11: its own bound)
 LENGTH_MARGIN = 4  # max_prompt_chars' default: characters a token may come from, times its longest text
 
 
@@ -71,21 +77,72 @@ def default_prompt_chars(session) -> int | None:
     return LENGTH_MARGIN * session.manifest.max_length * longest
 
 
-def header_timeout_protocol(timeout: float):
-    """uvicorn's h11 protocol, closing a connection whose request line and headers have not all
-    arrived ``timeout`` seconds after it opened or after its last response."""
+def http_stack() -> tuple[str, str]:
+    """(HTTP parser, event loop) for uvicorn: httptools and uvloop, which the serve extra installs
+    (0.93 against 1.09 ms a request for a bare Starlette app), each where it imports; else h11,
+    asyncio."""
+    return ("httptools" if _imports("httptools") else "h11", "uvloop" if _imports("uvloop") else "asyncio")
+
+
+def _imports(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def limited_protocol(parser: str, timeout: float):
+    """uvicorn's protocol for parser ("httptools" or "h11") with the header bound and timeout."""
+    return httptools_protocol(timeout) if parser == "httptools" else h11_protocol(timeout)
+
+
+class HeaderTimer:
+    """(a mixin for uvicorn's protocols) Closes a connection whose request line and headers have
+    not all arrived ``header_timeout`` seconds after it opened or after its last response; the
+    protocol calls _disarm_header_timer once a request's headers are in, _arm_header_timer once
+    a response is complete with no request waiting behind it."""
+
+    header_timeout: float
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        if not self.transport.is_closing():
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            log.info("closed a connection from %s: no whole request line and headers within %g s (--header-timeout)",
+                     _peer(self.client), self.header_timeout)
+            self.transport.close()
+
+
+def _peer(client) -> str:
+    return "%s:%d" % client if client else "?"
+
+
+def h11_protocol(timeout: float):
+    """uvicorn's h11 protocol with the header timeout; h11 bounds the headers itself (past
+    MAX_HEADER_BYTES still incomplete: 400)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderTimeoutProtocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm_header_timer()
-            super().connection_lost(exc)
+    class H11Limits(HeaderTimer, H11Protocol):
+        header_timeout = timeout
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -93,26 +150,76 @@ def header_timeout_protocol(timeout: float):
                 self._arm_header_timer()
 
         def handle_events(self) -> None:
+            cycle = self.cycle
             super().handle_events()
-            if self.cycle is not self._waiting_since:  # a request's headers are in
+            if self.cycle is not cycle:  # a request's headers are in
                 self._disarm_header_timer()
 
-        def _arm_header_timer(self) -> None:
+    return H11Limits
+
+
+class HeadersTooLarge(Exception):
+    """(raised inside httptools' on_headers_complete: its feed_data then fails) Whole headers over the bound."""
+
+
+def httptools_protocol(timeout: float):
+    """uvicorn's httptools protocol with the header timeout and a bound of its own: httptools
+    takes headers of any length, so a request whose line and headers pass MAX_HEADER_BYTES,
+    still incomplete or whole, gets 431 and its connection closes."""
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+    class HttpToolsLimits(HeaderTimer, HttpToolsProtocol):
+        header_timeout = timeout
+        _header_bytes: int | None = 0  # bytes since this request began, until its headers are in (then None)
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_bytes is None:  # a body, or a pipelined request (counted once its predecessor ends)
+                return super().data_received(data)
+            self._header_bytes += len(data)
+            super().data_received(data)
+            if self._over_the_bound() and not self.transport.is_closing():
+                self._refuse_headers()
+
+        def on_headers_complete(self) -> None:
+            if self._over_the_bound() and header_bytes(self.url, self.headers) > MAX_HEADER_BYTES:
+                raise HeadersTooLarge  # the last read brought whole headers and more: answered in send_400_response
+            self._header_bytes = None
             self._disarm_header_timer()
-            if not self.transport.is_closing():
-                self._waiting_since = self.cycle
-                self._header_timer = self.loop.call_later(timeout, self._headers_too_slow)
+            super().on_headers_complete()
 
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._header_bytes = 0  # the next request's line and headers count from here
 
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if self.cycle is self._waiting_since and not self.transport.is_closing():
-                log.info("closed a connection from %s: no whole request line and headers within %g s (--header-timeout)",
-                         "%s:%d" % self.client if self.client else "?", timeout)
-                self.transport.close()
+        def on_response_complete(self) -> None:
+            waiting = bool(self.pipeline)  # a request whose headers are in, started inside super()
+            super().on_response_complete()
+            if not waiting:
+                self._arm_header_timer()
 
-    return HeaderTimeoutProtocol
+        def send_400_response(self, msg: str) -> None:
+            if self._over_the_bound():
+                self._refuse_headers()
+            else:
+                super().send_400_response(msg)
+
+        def _over_the_bound(self) -> bool:
+            return self._header_bytes is not None and self._header_bytes > MAX_HEADER_BYTES
+
+        def _refuse_headers(self) -> None:
+            message = (f"the request line and headers are over {MAX_HEADER_BYTES} bytes, more than this server "
+                       "takes; send fewer or shorter headers.")
+            log.info("refused a request from %s with 431: %s", _peer(self.client), message)
+            body = json.dumps(protocol.error_body(message, 431)).encode()
+            head = [STATUS_LINE[431], *(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers),
+                    b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)]
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
+
+    return HttpToolsLimits
+
+
+def header_bytes(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """About the size of a request line and headers as sent: the URL, names and values, 4 bytes a
+    header (": ", CRLF)."""
+    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)

@@ -262,7 +262,8 @@ def _short(value, limit: int = 60) -> str:
 # -- responses ----------------------------------------------------------------------------------
 def error_body(message: str, status: int, code: str | None = None, param: str | None = None) -> dict:
     kind = {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
-            413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
+            413: "invalid_request_error", 429: "rate_limit_error",
+            431: "invalid_request_error"}.get(status, "server_error")
     if code == ModelNotFound.code:
         kind = "invalid_request_error"  # as OpenAI answers an unknown model
     return {"error": {"message": message, "type": kind, "param": param, "code": code or status}}

@@ -105,7 +105,7 @@ class Server:
         require_dependencies()
         import uvicorn
 
-        from .limits import header_timeout_protocol
+        from .limits import MAX_HEADER_BYTES, http_stack, limited_protocol
 
         service = Service(session, max_batch_size, max_queue, model_name, log_level, engine, request_timeout=request_timeout,
                           max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
@@ -113,8 +113,10 @@ class Server:
         self.limits, self.engine, self.model_name, app = service.limits, service.engine, service.model_name, service.app
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", loop="asyncio",
-                                                     http=header_timeout_protocol(self.limits.header_timeout),
+        self.parser, self.loop = http_stack()
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", loop=self.loop,
+                                                     http=limited_protocol(self.parser, self.limits.header_timeout),
+                                                     h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                                                      timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None
 
