@@ -64,6 +64,25 @@ def test_many_clients_at_once_each_get_generates_tokens(spawned, session):
             assert result.token_ids == generated(session, prompt, 10)
 
 
+def loop_reads(server) -> bool:
+    """The server's event loop reads the engine's pipe (no reader thread hands its messages over)."""
+    deadline = time.monotonic() + 10
+    while server.engine._reader.is_alive() or server.engine._fd is None:  # noqa: SLF001  (within HANDOVER_S)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_the_servers_loop_reads_the_pipe_while_it_serves(tokenized_model, session):
+    server = Server.spawned(tokenized_model, dict(num_speculative_tokens=2), port=0, max_batch_size=2)
+    assert server.engine._reader.is_alive()  # noqa: SLF001  (before the loop runs)
+    with server:
+        assert loop_reads(server)
+        assert complete(server.url, {"prompt": PROMPT, "max_tokens": 7}).token_ids == generated(session, PROMPT, 7)
+    assert server.engine._fd is None and not server.engine._process.is_alive()  # noqa: SLF001
+
+
 def test_a_bad_model_is_a_typed_error_in_the_parent(tmp_path, tokenized_model):
     with pytest.raises(ortspec.ModelDirError):
         Server.spawned(tmp_path / "missing", {}, port=0)
@@ -149,6 +168,7 @@ def test_a_dead_child_fails_its_requests_and_a_new_one_serves(tokenized_model, s
         assert answered and all(len(r.token_ids) == 30 for r in answered)
         after = complete(server.url, {"prompt": PROMPT, "max_tokens": 6})
         assert after.status == 200 and after.token_ids == generated(session, PROMPT, 6)
+        assert loop_reads(server)  # the thread that replaced the child handed the pipe back
 
 
 def test_the_parent_keeps_the_queue_and_the_counts_from_the_childs_events():

@@ -33,3 +33,24 @@ def test_events_arrive_in_order_and_the_poll_stops_when_quiet():
         assert await asyncio.wait_for(queues[0].get(), 5) == (0, "late")
 
     asyncio.run(main())
+
+
+def test_an_event_on_the_loop_goes_straight_in_after_any_from_a_thread():
+    """The engine process's pipe is read on the loop: its events need no flush, but one that
+    another thread (a failing restart) left waiting still comes first."""
+
+    async def main():
+        mailbox = Mailbox(asyncio.get_running_loop())
+        events = asyncio.Queue()
+        post = mailbox.poster(events)
+        post("on the loop")
+        assert events.get_nowait() == (0, "on the loop")  # no flush in between
+        thread = threading.Thread(target=post, args=("from a thread",))
+        thread.start()
+        thread.join()
+        post("on the loop, after")
+        assert events.empty()  # both wait for the flush, in order
+        assert [await asyncio.wait_for(events.get(), 5) for _ in range(2)] == [(0, "from a thread"),
+                                                                              (0, "on the loop, after")]
+
+    asyncio.run(main())

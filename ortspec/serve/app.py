@@ -258,7 +258,8 @@ class Mailbox:
     the loop collects them every POLL_S; only the first event after a quiet spell wakes it. A
     wake-up is a system call on the engine thread, which then waits for the GIL while the loop
     runs the handlers' Python: one per step serialised the two threads, where polling lets the
-    loop's work overlap the engine's Runs (docs/serving.md)."""
+    loop's work overlap the engine's Runs (docs/serving.md). An event delivered on the loop
+    itself (the engine process's pipe, read by the loop) goes straight into its queue."""
 
     # How often a busy loop collects the engine's events (about the most a token waits). Both loops
     # time in whole milliseconds: asyncio's selector rounds 0.5 ms up (it polled every 1.1 ms),
@@ -267,7 +268,7 @@ class Mailbox:
     QUIET_POLLS = 8  # polls that found nothing before the loop waits for a wake-up again
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self.loop, self._loop_thread = loop, threading.get_ident()  # made on the loop (Routes._mailbox)
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue, object]] = []
         self._polling = False  # a poll is scheduled: events need no wake-up
@@ -278,6 +279,9 @@ class Mailbox:
 
         def deliver(event) -> None:
             with self._lock:
+                if not self._pending and threading.get_ident() == self._loop_thread:  # no older event waits
+                    events.put_nowait((index, event))
+                    return
                 self._pending.append((events, (index, event)))
                 if self._polling or len(self._pending) > 1:
                     return  # a poll or a flush is already scheduled

@@ -12,7 +12,10 @@ one message (admissions' first tokens in one of their own, before the turn's ste
 Session's stats every STATS_S. A sender thread in the child writes
 them, so a slow reader never stalls a step. ``EngineProcess`` has the Engine's interface
 (submit, cancel, start, stop, error, metrics, queue_depth, running), and answers a queue
-over max_queue with QueueFull here, before anything crosses.
+over max_queue with QueueFull here, before anything crosses. While the server's event loop
+runs, the loop reads the pipe itself (read_on .. read_off: a reader callback delivers each
+event straight into its handler's queue); before and after, and while a dead child is
+replaced, a reader thread does.
 
 If the child dies (a crash in native code, the OOM killer), its requests fail with 500, /health
 answers 503 while a new child loads the model, and serving goes on; a child that cannot load
@@ -21,6 +24,7 @@ the model stops the restarts (the error stays on /health).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import multiprocessing
@@ -31,6 +35,7 @@ import time
 from .engine import Engine, Failed, Finished, Job, Metrics, QueueFull, Tokens, Unavailable, internal_error, refusal
 
 STATS_S = 0.25  # how often the child sends its Session's stats (for /metrics)
+HANDOVER_S = 0.1  # the most the reader thread takes to hand the pipe to a loop (read_on)
 log = logging.getLogger("ortspec.serve")
 
 
@@ -84,6 +89,10 @@ class EngineProcess:
         self._next_key = 0
         self._stopping = False
         self._conn = self._process = None
+        self._reading = threading.Lock()  # who reads the pipe: the reader thread, or _loop's callback on _fd
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the pipe while it runs
+        self._fd: int | None = None  # the pipe's end the loop watches, while it does
+        self._reader: threading.Thread | None = None  # the last reader thread
 
     # -- any thread ---------------------------------------------------------------------------
     def start(self) -> Ready:
@@ -91,8 +100,23 @@ class EngineProcess:
         the child's Session raised (a bad model directory, provider or option)."""
         if self.ready is None:
             self.ready = self._spawn()
-            threading.Thread(target=self._read, name="ortspec-engine-reader", daemon=True).start()
+            self._read_in_thread()
         return self.ready
+
+    def read_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(on loop's thread, as it starts) The loop reads the pipe from now on: the reader thread
+        hands it over within HANDOVER_S."""
+        with self._reading:
+            self._loop = loop
+
+    def read_off(self) -> None:
+        """(on the loop's thread, as it ends) A reader thread reads the pipe again."""
+        with self._reading:
+            loop, self._loop = self._loop, None
+            if self._fd is not None:  # else the thread still reads, or a _watch queued on the loop starts one
+                loop.remove_reader(self._fd)
+                self._fd = None
+                self._read_in_thread()
 
     def submit(self, *jobs: Job) -> None:
         """Sends the jobs (a request's choices) to the child, all of them or none."""
@@ -174,16 +198,55 @@ class EngineProcess:
         self._conn, self._process, self.stats = here, process, first.stats
         return first
 
-    def _read(self) -> None:
+    def _read_in_thread(self, dead: bool = False) -> None:
+        self._reader = threading.Thread(target=self._read, args=(dead,), name="ortspec-engine-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self, dead: bool) -> None:
+        """(the reader thread) Reads until a loop takes the pipe over, replacing a dead child
+        (dead: the loop saw this one die) first."""
         while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
+            if dead:
                 if self._stopping or not self._restart():
                     return
-                continue
-            self._take(message)
+                dead = False
+            with self._reading:
+                if self._loop is not None and not self._stopping and self._hand_over(self._loop):
+                    return
+            try:
+                if self._conn.poll(HANDOVER_S):
+                    self._take(self._conn.recv())
+            except (EOFError, OSError):
+                dead = True
 
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> bool:
+        try:
+            loop.call_soon_threadsafe(self._watch, loop)
+        except RuntimeError:  # the loop has closed without read_off: this thread goes on reading
+            self._loop = None
+            return False
+        return True
+
+    # -- the loop, between read_on and read_off ------------------------------------------------
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._reading:
+            if self._loop is loop and not self._stopping:
+                self._fd = self._conn.fileno()
+                loop.add_reader(self._fd, self._readable)
+            else:  # read_off or stop came first
+                self._read_in_thread()
+
+    def _readable(self) -> None:
+        try:
+            while self._conn.poll():
+                self._take(self._conn.recv())
+        except (EOFError, OSError):  # the child died (or stopped): a thread replaces it, then hands back
+            with self._reading:
+                self._loop.remove_reader(self._fd)
+                self._fd = None
+                self._read_in_thread(dead=True)
+
+    # -- the reader: the thread or the loop ----------------------------------------------------
     def _take(self, message: dict) -> None:
         if "stats" in message:
             self.stats = message["stats"]

@@ -13,6 +13,7 @@ is left with 503 and closes its batcher. The Session belongs to the caller.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import inspect
 import logging
@@ -96,6 +97,26 @@ class Service:
                               ChatTemplate.from_model_dir(session.manifest.dir))
 
 
+def serving(engine):
+    """uvicorn's Server class; an engine process's pipe is read on its loop while it serves."""
+    import uvicorn
+
+    from .engine_process import EngineProcess
+
+    if not isinstance(engine, EngineProcess):
+        return uvicorn.Server
+
+    class Serving(uvicorn.Server):
+        async def serve(self, sockets=None) -> None:
+            engine.read_on(asyncio.get_running_loop())
+            try:
+                await super().serve(sockets)
+            finally:
+                engine.read_off()
+
+    return Serving
+
+
 class Server:
     def __init__(self, session, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 8,
                  max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
@@ -114,10 +135,10 @@ class Server:
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
         self.parser, self.loop = http_stack()
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", loop=self.loop,
-                                                     http=limited_protocol(self.parser, self.limits.header_timeout),
-                                                     h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                                                     timeout_graceful_shutdown=GRACEFUL_SECONDS))
+        self.uvicorn = serving(self.engine)(uvicorn.Config(
+            app, log_level=log_level, lifespan="off", loop=self.loop,
+            http=limited_protocol(self.parser, self.limits.header_timeout),
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None
 
     @classmethod
