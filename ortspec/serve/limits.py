@@ -173,7 +173,7 @@ def httptools_protocol(timeout: float):
         _header_bytes: int | None = 0  # bytes since this request began, until its headers are in (then None)
 
         def data_received(self, data: bytes) -> None:
-            if self._header_bytes is None:  # a body, or a pipelined request (counted once its predecessor ends)
+            if self._header_bytes is None:  # a body: the next request counts from its end (on_message_complete)
                 return super().data_received(data)
             self._header_bytes += len(data)
             super().data_received(data)
