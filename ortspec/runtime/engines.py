@@ -57,6 +57,13 @@ class Engine:
             graphs.begin_step()
             yield
 
+    def reset(self, rows) -> None:
+        """New sequences start in these rows (``runtime.states.Rows``, contiguous): the target's GDN
+        states zeroed, every KV entry of theirs dead."""
+        self.target.reset(rows)
+        if self.mtp is not None:
+            self.mtp.reset(rows)
+
     def release(self) -> None:
         """Drops the buffers (Session.close); a stale holder keeps an empty shell."""
         self.target.release()

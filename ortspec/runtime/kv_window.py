@@ -2,8 +2,9 @@
 position the forward serves. The slots past a row's position are masked (they add exact
 zeros), so they cost time, not bits; each provider narrows them its own way:
 
-- CPU (``KVWindows.views``): the graph gets views of the first ``window_slots`` slots, a
-  multiple of WINDOW_STEP (the shapes are free: nothing is captured).
+- CPU (``KVWindows.views``): the graph gets the first ``window_slots`` slots, a multiple of
+  WINDOW_STEP (the shapes are free: nothing is captured); the host caches hold just the slots
+  the forwards need, so that window is their rows, read in place (``states.KVCache.fit``).
 - CUDA (``KVWindows.variants``): a captured graph keeps its shapes and binds the full cache
   buffers, so the runtime runs the graph's window variant (converter/kv_windows.py), the
   smallest W of its buckets (256, 512, ...) past the positions, or the portable graph (all

@@ -320,6 +320,10 @@ class MTPHead:
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         return self.states.row_state(row, length)
 
+    def reset(self, rows: Rows) -> None:
+        """New sequences in these rows: their entries are dead (``StateSet.reset``)."""
+        self.states.reset(rows)
+
     def fork(self, src_row: int, dst_rows: Rows) -> None:
         """Row src_row's cache (and drafts' distributions) copied into dst_rows (``StateSet.fork``)."""
         self.states.fork(src_row, dst_rows)

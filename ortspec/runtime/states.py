@@ -47,6 +47,7 @@ import numpy as np
 
 from ..errors import OrtspecError
 from ..manifest import past_window_name, record_names, window_row_name
+from .kv_window import window_slots
 
 
 class StateError(OrtspecError, RuntimeError):
@@ -129,6 +130,13 @@ class KVCache:
     A forward returns its new rows (``new_key.*`` [B, kvh, hd, M], ``new_value.*`` [B, kvh, M, hd]);
     ``write`` puts them at their positions. Rows past the accepted prefix are dead: the mask
     hides them and the next write overwrites them, so a commit writes just the accepted rows.
+
+    Host buffers hold only their first ``slots`` positions ([B, kvh, hd, slots] / [B, kvh, slots,
+    hd]; ``fit`` lays them out again when the slots a forward needs change): a forward's window
+    is then the buffers' rows themselves, which ONNX Runtime reads in place, where the first W
+    slots of [.., L] buffers are strided and every Run copied them (4 caches x 100 KB per row at
+    W = 192). Slots past a row's positions are masked (exact zeros), so feeding more slots than a
+    forward's window changes time, not bits.
     """
 
     def __init__(self, arrays, key_name: str, value_name: str, key_shape, value_shape) -> None:
@@ -136,25 +144,38 @@ class KVCache:
         self.names = (key_name, value_name)
         self.key = arrays.zeros(key_shape)
         self.value = arrays.zeros(value_shape)
-        self.buffers = (self.key, self.value)
+        self.length = int(key_shape[3])  # L: max_length
         self._new = ("new_" + key_name, "new_" + value_name)
 
-    def feeds(self, rows: Rows, window: int | None = None) -> dict:
-        return {self.names[0]: self._slots(rows, self.key, window, axis=3),
-                self.names[1]: self._slots(rows, self.value, window, axis=2)}
+    @property
+    def buffers(self) -> tuple:
+        return (self.key, self.value)
 
-    def _slots(self, rows: Rows, buffer, window: int | None, axis: int):
-        """These rows of a cache, cut to its first ``window`` slots (the CPU's; None: all, CUDA).
-        Contiguous rows: a view (ONNX Runtime copies the window). A subset (the CPU, once a
-        request in the middle finished): a gathered copy of the window only; gathering the rows
-        first copied every max_length slot of each cache, every step (measured: a tail step of
-        2 rows of 4 cost more than a step of all 4)."""
-        if window is None:
-            return rows.take(self.arrays, buffer)
-        cut = (slice(None),) * axis + (slice(0, window),)
-        if rows.slice is not None:
-            return rows.take(self.arrays, buffer)[cut]
-        return buffer[cut][rows.indices]  # [B, ...] with `window` slots
+    @property
+    def slots(self) -> int:
+        """The positions the buffers hold (L, or fewer on the host: ``fit``)."""
+        return self.key.shape[3]
+
+    def fit(self, slots: int) -> None:
+        """(host buffers) Lays the buffers out for their first ``slots`` positions, keeping the
+        entries below min(slots, self.slots); new slots are zeros (masked, finite: 0 x finite = 0)."""
+        if slots == self.slots:
+            return
+        keep = min(slots, self.slots)
+        key = self.arrays.zeros((*self.key.shape[:3], slots), self.key.dtype)  # [B, kvh, hd, slots]
+        value = self.arrays.zeros((*self.value.shape[:2], slots, self.value.shape[3]), self.value.dtype)
+        key[..., :keep] = self.key[..., :keep]
+        value[:, :, :keep] = self.value[:, :, :keep]
+        self.key, self.value = key, value
+
+    def feeds(self, rows: Rows, window: int | None = None) -> dict:
+        """These rows of the caches: contiguous rows a view (read in place), a subset (the CPU, once
+        a request in the middle finished) a gathered copy of those rows. window: the slots the
+        forward needs, which the buffers hold (``StateSet.feeds`` fits them first)."""
+        if window is not None and window > self.slots:
+            raise StateError(f"a forward needs {window} KV slots of {self.names[0]}, which holds {self.slots}; "
+                             "StateSet.feeds fits the caches first")
+        return {self.names[0]: rows.take(self.arrays, self.key), self.names[1]: rows.take(self.arrays, self.value)}
 
     def write(self, outputs: dict, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Writes the first counts[j] new rows of batch row j (all rows when counts is None)."""
@@ -271,6 +292,10 @@ class StateSet:
                                            [batch] + table[value_name]["shape"][1:]))
             elif entry["kind"] in ("conv", "recurrent"):
                 self.layers.append(LayerState(arrays_for(name), name, shape, past_slots))
+        # host caches hold the slots the forwards need (KVCache.fit): per row the slots written since
+        # its sequence began (1 + its last position), which a refit must keep
+        self._host_caches = bool(self.caches) and self.caches[0].arrays.device == "cpu"
+        self._filled = np.zeros(batch, np.int64)
         groups: dict = {}
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
@@ -287,7 +312,10 @@ class StateSet:
         return [*self.caches, *self.layers]
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
-        """Every state's graph input for these rows (a new dict each call: callers may add to it)."""
+        """Every state's graph input for these rows (a new dict each call: callers may add to it).
+        window: the KV slots the forward needs (None: all max_length)."""
+        if self._host_caches:
+            self._fit_caches(window)
         key = (rows.slice.start, rows.slice.stop) if rows.slice is not None and window is None else None
         feeds = self._whole_feeds.get(key) if key else None
         if feeds is None:
@@ -297,6 +325,16 @@ class StateSet:
             if key:
                 self._whole_feeds[key] = feeds
         return dict(feeds)
+
+    def _fit_caches(self, window: int | None) -> None:
+        """(host caches) Lays the caches out for this forward's window, or for the slots some row has
+        written past it: the first multiple of WINDOW_STEP holding both (all max_length for None)."""
+        length = self.caches[0].length
+        slots = length if window is None else max(window, window_slots(length, int(self._filled.max()) - 1, 1))
+        if slots != self.caches[0].slots:
+            for cache in self.caches:
+                cache.fit(slots)
+            self._whole_feeds = {}
 
     def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
@@ -353,11 +391,16 @@ class StateSet:
         """The KV rows only (the MTP head's catch-up: its cache is all it keeps)."""
         for cache in self.caches:
             cache.write(outputs, rows, positions, counts)
+        if self._host_caches:  # a row's positions are consecutive: its last one is its largest, and
+            ends = positions[:, -1] + 1  # the slots past an accepted prefix are kept too (dead, harmless)
+            self._filled[rows.indices] = np.maximum(self._filled[rows.indices], ends)
 
     def reset(self, rows: Rows) -> None:
-        """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
+        """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked,
+        no need; they are no longer kept by a refit of the host caches)."""
         for layer in self.layers:
             layer.zero(rows)
+        self._filled[rows.indices] = 0
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
         return Snapshot(rows.indices.copy(), np.array(lengths, np.int64), self.capture(rows))
@@ -387,6 +430,7 @@ class StateSet:
         dead in the copies as they are in src_row (masked; the next write overwrites them)."""
         for kind in self.kinds:
             self.copy_rows(kind.arrays, list(kind.buffers), src_row, dst_rows)
+        self._filled[dst_rows.indices] = self._filled[src_row]
 
     @staticmethod
     def copy_rows(arrays, buffers: list, src_row: int, dst_rows: Rows) -> None:

@@ -322,7 +322,7 @@ class Decoder:
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
         with self.engine.step(), self.stats.timed("prefill"):
             target = self.engine.target
-            target.reset(rows)
+            self.engine.reset(rows)
             out = target.prefill(rows, ids, positions)
             copies = copies or {}
             forked = [(j, f) for j, req in enumerate(requests) for f in copies.get(req.row, [])]
