@@ -13,6 +13,7 @@ import pytest
 
 import ortspec
 from ortspec.runtime.decode_run import DecodeRun
+from ortspec.runtime.fused_run import FusedRun
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.streams import HostReadback
 from ortspec.speculative.decoder import Decoder
@@ -118,6 +119,8 @@ def stand_in_static_inputs(monkeypatch, graphs, graph: str) -> dict:
 
     monkeypatch.setattr(runner, "run", run_with_static_inputs)
     monkeypatch.setattr(graphs.slots, "static_input", lambda key, name: statics.get(key, {}).get(name))
+    monkeypatch.setattr(DecodeRun, "host_binding", False)  # the CUDA path, not the CPU's IOBinding
+    monkeypatch.setattr(FusedRun, "host_binding", False)
     return statics
 
 

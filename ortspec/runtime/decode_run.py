@@ -16,7 +16,8 @@ interchangeable step by step, bit for bit (on CUDA the run's one KV window varia
 a bound on the positions it serves, ``kv_window.RunBound``). The device lock and the step's
 scratch are taken here, not by the caller. One pipeline stage only (a stage boundary hands
 its proxies over with copies that rely on each Run having finished). On the CPU it runs the
-same way over host arrays.
+same way over host arrays; contiguous rows run over IOBinding (``TargetModel.bound_forward``),
+the GDN states after each step written into the spare buffers and flipped live, not copied.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class DecodeRun:
     graph that draws sampled rows' tokens on the device (``decode_sample``); each step is then
     given its sampling inputs (``runtime.sampling_inputs``: the rows' parameters and uniforms)."""
 
+    host_binding = True  # the CPU's contiguous rows over IOBinding (False: the CUDA path, for its tests on the CPU)
+
     def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None,
                  sampled: bool = False, tempered: bool = False) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
@@ -47,6 +50,7 @@ class DecodeRun:
         graph = (TEMPERED_GRAPH if tempered else SAMPLED_GRAPH) if sampled else GRAPH
         self.graph = graph if bound is None else self.graphs.kv_windows.graph(graph, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
+        self._bound = self.host_binding and self.arrays.device == "cpu" and rows.slice is not None
         self._readbacks = target.step_readbacks("tokens", (len(rows), 1), np.int64)
         self._hidden_readbacks = None  # StepReadbacks, made at step 0 (the graph's dtype)
         self._want_hidden = hidden
@@ -69,11 +73,16 @@ class DecodeRun:
                 self._first = np.asarray(positions, np.int64)[:, 0].copy()
             else:
                 ids, positions = self._feed(self._outputs[(n - 1) % 2], self.positions(n)[:, None])
-            feeds = {"input_ids": ids, "positions": positions, **(sampling or {}),
-                     **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1))}
-            out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
-            static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run
-            self.target.states.advance(out, self.rows, positions if static is None else static)
+            if self._bound:  # the CPU: states bound where they live, the GDN states after it in the spares
+                out = self.target.bound_forward(self.graph, self.rows,
+                                                {"input_ids": ids, "positions": positions, **(sampling or {})})
+                self.target.states.flip(self.rows, positions, out)
+            else:
+                feeds = {"input_ids": ids, "positions": positions, **(sampling or {}),
+                         **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1))}
+                out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
+                static = self.graphs.slots.static_input(self._key, "positions")  # uploaded there for this run
+                self.target.states.advance(out, self.rows, positions if static is None else static)
             self._readbacks.start(n, out["tokens"])
             if self._want_hidden:
                 self._start_hidden(n, out["hidden"])

@@ -19,7 +19,8 @@ and returns before the GPU is done:
 
 The inputs the next Run reads are the captured slot's static input_ids / positions (a replay
 uploads nothing), or without a captured slot (the CPU, CUDA without graphs) buffers of this
-object's own. On CUDA the run's one KV window variant is fixed from a ``kv_window.RunBound``.
+object's own. On CUDA the run's one KV window variant is fixed from a ``kv_window.RunBound``;
+on the CPU contiguous rows run over IOBinding (``TargetModel.bound_forward``).
 A finished row keeps running: its positions stop at ``last_start`` = max_length - k - 1,
 where k+1 positions still fit. The device lock and the step's scratch are taken here.
 """
@@ -42,6 +43,8 @@ class FusedRun:
     variant past it, with the head's drafts (k slots past a step's last position). None: the
     portable graph (all max_length slots)."""
 
+    host_binding = True  # the CPU's contiguous rows over IOBinding (False: the CUDA path, for its tests on the CPU)
+
     def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int, bound: RunBound | None = None,
                  sampled: bool = False, tempered: bool = False) -> None:
         self.target, self.mtp, self.rows, self.k = target, mtp, rows, k
@@ -61,6 +64,7 @@ class FusedRun:
         self._readbacks = target.step_readbacks("step_ids", (len(rows), 2 * k + 2), np.int64)
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
         self._read = -1  # the last step read
+        self._bound = self.host_binding and self.arrays.device == "cpu" and rows.slice is not None
 
     def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
                 sampling: dict | None = None) -> None:
@@ -72,12 +76,7 @@ class FusedRun:
             self.graphs.begin_step(check_errors=self._read == n - 1)  # waits only with nothing in flight
             if n > 0:
                 ids, positions = self.inputs()
-            feeds = {"input_ids": ids, "positions": positions,
-                     **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1)),
-                     **self.mtp.cache_feeds(self.rows, positions, drafts=self.k)}
-            if self.sampled:
-                feeds.update(sampling, draft_probs=self.draft_probs())
-            out = self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
+            out = self._bound_run(ids, positions, sampling) if self._bound else self._run(ids, positions, sampling)
             if self.sampled:  # [B, k, V]: the next step's q, where its Run reads it
                 self.rows.put(self.arrays, self.mtp.draft_probs(self.k), out["draft_probs_out"])
             next_ids, next_positions = self.inputs(ids, positions)
@@ -87,6 +86,22 @@ class FusedRun:
             self.mtp.states.write(out, self.rows, self._verified, counts=self._counts)
             self._readbacks.start(n, out["step_ids"])
             self._outputs[n % 2] = out
+
+    def _run(self, ids, positions, sampling: dict | None) -> dict:
+        feeds = {"input_ids": ids, "positions": positions,
+                 **self.target.states.feeds(self.rows, attention_window(self.graphs, positions, reach=1)),
+                 **self.mtp.cache_feeds(self.rows, positions, drafts=self.k)}
+        if self.sampled:
+            feeds.update(sampling, draft_probs=self.draft_probs())
+        return self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
+
+    def _bound_run(self, ids, positions, sampling: dict | None) -> dict:
+        """The CPU's Run over IOBinding (``TargetModel.bound_forward``): the drafts' distributions,
+        where a sampled run reads them, bound in place."""
+        in_place = {"draft_probs": self.draft_probs()} if self.sampled else None
+        return self.target.bound_forward(self.graph, self.rows, {"input_ids": ids, "positions": positions,
+                                                                 **(sampling or {})},
+                                         head=self.mtp, drafts=self.k, in_place=in_place)
 
     def draft_probs(self):
         """[B, k, V] float32 on the device: what the drafts of the next step to run were drawn from."""

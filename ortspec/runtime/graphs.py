@@ -20,6 +20,7 @@ from ..manifest import Manifest, state_bytes
 from . import custom_ops
 from .fair_lock import FairLock
 from .graph_slots import GraphSlots, Outputs, SlotKey, graph_id_options, is_captured_graph
+from .host_binding import HostBinding
 from .kv_window import KVWindows
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -142,12 +143,15 @@ class GraphRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._eager_options = graph_id_options(-1) if self.cuda_graphs else None  # made once: ~60 us each
 
-    def run(self, feeds: dict, slot: SlotKey | None = None, wait: bool = True) -> dict:
+    def run(self, feeds: dict, slot: SlotKey | HostBinding | None = None, wait: bool = True) -> dict:
         """Inputs as numpy arrays or backend arrays; returns backend arrays (numpy on the CPU;
-        device buffers on CUDA, kept alive by the returned dict). wait=False (a captured slot on
+        device buffers on CUDA, kept alive by the returned dict). On the CPU ``slot`` may be a
+        ``HostBinding`` over the feeds' buffers (``TargetModel.bound_forward``). wait=False (a captured slot on
         the shared stream): Run returns once the replay is enqueued, before the GPU is done; the
         caller reads the outputs only through the stream (``GraphSlots.run``)."""
         if self.arrays.device == "cpu":
+            if isinstance(slot, HostBinding):  # the CPU's slot: an IOBinding over the feeds' buffers
+                return slot.run(feeds)
             values = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
             return dict(zip(self.output_names, values))
         if slot is not None and self.cuda_graphs:

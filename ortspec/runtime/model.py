@@ -13,6 +13,7 @@ import numpy as np
 from ..manifest import graph_name, stage_graph_name
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
+from .host_binding import HostBinding, HostBindings
 from .kv_window import attention_window
 from .sampling_inputs import SamplingInputs
 from .states import Rows, Snapshot, StateSet
@@ -96,6 +97,7 @@ class TargetModel:
         self._slot_ids = {0: self.engine}  # first row of a bound row range -> the id its graph slots use
         self._control: dict = {}  # (name, first row, shape) -> an int64 buffer of a loop's step control
         self._readbacks: dict = {}  # (name, shape, dtype) -> StepReadbacks a run reads its steps through
+        self._bindings = HostBindings()  # the CPU's forwards over IOBinding (bound_forward)
 
     def slot_id(self, rows: Rows) -> int:
         """The engine id of the slot keys of a forward over these rows: the model's own for rows
@@ -152,6 +154,30 @@ class TargetModel:
         result = _forward(self.graphs, merged, positions, download)
         result.keep_alive = keep_alive
         return result
+
+    def bound_forward(self, graph: str, rows: Rows, feeds: dict, head: "MTPHead | None" = None, drafts: int = 0,
+                      in_place: dict | None = None) -> dict:
+        """(the CPU, contiguous rows) One forward over a ``HostBinding``, made once per graph, rows and
+        state buffers: ``feeds`` holds the step inputs (input_ids and positions [B, M], sampling
+        inputs), loaded into the binding; the states are bound where they live, with the MTP head's
+        cache where the graph reads it too (``head``, drafting ``drafts``), and ``in_place`` (arrays
+        that live as long as the model). A plain graph (``*_out``) writes the GDN states after it into
+        the spare buffers: keep them with ``states.flip``. Returns the outputs, arrays that the
+        binding's next run overwrites (the other buffer's binding runs in between)."""
+        if rows.slice is None:
+            raise ValueError("bound_forward runs contiguous rows only; a subset runs through run()")
+        positions = feeds["positions"]
+        every = {**feeds, **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)),
+                 **(head.cache_feeds(rows, positions, drafts) if head is not None else {}), **(in_place or {})}
+        runner = self.graphs[graph]
+        key = (graph, self.states.binding_key(rows), head.states.binding_key(rows) if head is not None else None)
+
+        def make() -> HostBinding:
+            plain = self.states.double_buffered and self.states.layers[0].out_name in runner.output_names
+            return HostBinding(runner, every, tuple(feeds), self.states.spare_outputs(rows) if plain else {},
+                               SlotKey.for_run(graph, feeds["input_ids"], self.slot_id(rows)))
+
+        return runner.run(every, slot=self._bindings.get(key, make))
 
     def reset(self, rows: Rows) -> None:
         """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
@@ -234,6 +260,7 @@ class TargetModel:
     def release(self) -> None:
         """Drops the state, control and hand-over buffers (Session.close), even while stale objects still hold this model."""
         self.states.release()
+        self._bindings.clear()
         self._control.clear()
         with self.graphs.device_lock:  # freeing page-locked memory may synchronise the device
             for readbacks in self._readbacks.values():

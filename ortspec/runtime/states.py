@@ -35,7 +35,10 @@ checks that a snapshot is restored at the length it was taken (rollback fails lo
 forks a row into others (``fork``: n > 1 continuations of one prefilled prompt).
 Buffers live where the ``arrays`` backend keeps them (numpy on the CPU, native device memory
 on CUDA), are allocated once and zeroed (stale but finite KV slots are harmless: the
-attention mask gives them probability exactly 0, and 0 * finite = 0).
+attention mask gives them probability exactly 0, and 0 * finite = 0). On the CPU a forward
+over IOBinding (``host_binding``) reads the states where they live and writes a decode's GDN
+states into a spare buffer that ``flip`` makes live (``LayerState``), so a step copies only
+its new KV rows.
 """
 
 from __future__ import annotations
@@ -208,6 +211,11 @@ class LayerState:
     variants ``{kind}_window.{i}.{j}`` [B, ...] per row j; ``select_window`` copies slot index[j]
     of row j into the live buffer. A transition verify returns ``record_names`` instead (module
     docstring), which ``StateSet.select`` replays.
+
+    Host states are double-buffered: a forward run over IOBinding (``host_binding``) writes
+    ``out_name`` straight into ``spare``, and ``flip`` makes that the live buffer, so the state
+    after a decode is never copied (it was 0.5 MB per row per step, 12 copies). ``StateSet``
+    keeps the spare's other rows in step (``StateSet.flip``).
     """
 
     def __init__(self, arrays, name: str, shape, past_slots: int = 0) -> None:
@@ -220,11 +228,19 @@ class LayerState:
             self.buffer = arrays.slot(self._backing, past_slots - 1)
         else:
             self.buffer = arrays.zeros(shape)
+        self.spare = arrays.zeros(shape) if arrays.device == "cpu" and not past_slots else None  # flip
         self.past_slots = past_slots
         self.out_name, self.window_name = f"{self.kind}_out.{layer}", f"{self.kind}_window.{layer}"
         self.record_names = record_names(name)
-        self.buffers = (self.buffer,)
         self._row_names: list[str] = []  # window_row_name(window_name, j), made once
+
+    @property
+    def buffers(self) -> tuple:
+        return (self.buffer,)
+
+    def flip(self) -> None:
+        """The spare, where a bound forward wrote the state after it, becomes the live buffer."""
+        self.buffer, self.spare = self.spare, self.buffer
 
     def window(self, outputs: dict, width: int):
         """The state after each of a windowed forward's ``width`` rows: the stacked [M, B, ...]
@@ -296,6 +312,12 @@ class StateSet:
         # its sequence began (1 + its last position), which a refit must keep
         self._host_caches = bool(self.caches) and self.caches[0].arrays.device == "cpu"
         self._filled = np.zeros(batch, np.int64)
+        # double-buffered GDN states (host: LayerState.spare): the rows where the spare holds the
+        # live state too, and how many flips so far (the views below are made per buffer)
+        self.double_buffered = bool(self.layers) and all(s.spare is not None for s in self.layers)
+        self._synced = np.ones(batch, bool)
+        self.flips = 0
+        self.cache_layouts = 0  # refits of the host caches so far
         groups: dict = {}
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
@@ -316,7 +338,7 @@ class StateSet:
         window: the KV slots the forward needs (None: all max_length)."""
         if self._host_caches:
             self._fit_caches(window)
-        key = (rows.slice.start, rows.slice.stop) if rows.slice is not None and window is None else None
+        key = (rows.slice.start, rows.slice.stop, self.flips % 2) if rows.slice is not None and window is None else None
         feeds = self._whole_feeds.get(key) if key else None
         if feeds is None:
             feeds = {}
@@ -335,10 +357,12 @@ class StateSet:
             for cache in self.caches:
                 cache.fit(slots)
             self._whole_feeds = {}
+            self.cache_layouts += 1
 
     def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
         self.write(outputs, rows, positions)
+        self._synced[rows.indices] = False
         if rows.slice is None:
             for layer in self.layers:
                 layer.advance(outputs, rows)
@@ -346,9 +370,38 @@ class StateSet:
         for (arrays, layers), views in zip(self._layers_by_device, self._views_of(rows)):
             arrays.copy_many(views, [outputs[s.out_name] for s in layers])
 
+    def binding_key(self, rows: Rows) -> tuple:
+        """(contiguous rows) What fixes the buffers a forward over these rows binds (``host_binding``):
+        the rows, which of the two GDN buffers is live, and the layout of the host KV caches."""
+        return rows.slice.start, rows.slice.stop, self.flips % 2, self.cache_layouts
+
+    def spare_outputs(self, rows: Rows) -> dict:
+        """(double-buffered, contiguous rows) Where a bound forward writes each GDN layer's state
+        after it (``out_name``): these rows of the spare buffers, views, which ``flip`` makes live."""
+        return {s.out_name: rows.take(s.arrays, s.spare) for s in self.layers}
+
+    def flip(self, rows: Rows, positions: np.ndarray, outputs: dict) -> None:
+        """After a bound forward over these rows (positions [B, M]) wrote its GDN states into the
+        spare rows (``spare_outputs``): its KV rows written, every spare made live. The other rows
+        of each spare first take the live state where it differs, so every row stays live."""
+        if not self.double_buffered:  # nothing was bound to a spare: keep the states as advance does
+            self.advance(outputs, rows, positions)
+            return
+        self.write(outputs, rows, positions)
+        outside = self._synced.copy()
+        outside[rows.indices] = True
+        for row in np.flatnonzero(~outside).tolist():  # rows another forward changed since the last flip
+            for layer in self.layers:
+                np.copyto(layer.spare[row], layer.buffer[row])
+        for layer in self.layers:
+            layer.flip()
+        self._synced[:] = True
+        self._synced[rows.indices] = False  # the spare now holds these rows' states before the forward
+        self.flips += 1
+
     def _views_of(self, rows: Rows) -> list[list]:
         """(contiguous rows) Per device group, the views of these rows of each layer's buffer."""
-        key = (rows.slice.start, rows.slice.stop)
+        key = (rows.slice.start, rows.slice.stop, self.flips % 2)
         views = self._layer_views.get(key)
         if views is None:
             views = self._layer_views[key] = [[rows.take(arrays, s.buffer) for s in layers]
@@ -362,6 +415,7 @@ class StateSet:
         ahead of the GPU never has the accept lengths on the host; ``runtime.fused_run``)."""
         counts = accepted + 1 if counts is None else counts
         self.write(outputs, rows, positions, counts=counts)
+        self._synced[rows.indices] = False
         if self.layers and self.layers[0].record_names[0] in outputs:
             self._replay(outputs, rows, counts)
             return
@@ -401,6 +455,7 @@ class StateSet:
         for layer in self.layers:
             layer.zero(rows)
         self._filled[rows.indices] = 0
+        self._synced[rows.indices] = False
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
         return Snapshot(rows.indices.copy(), np.array(lengths, np.int64), self.capture(rows))
@@ -415,6 +470,7 @@ class StateSet:
             )
         for layer in self.layers:
             layer.put(snap.data, rows)
+        self._synced[rows.indices] = False
 
     def capture(self, rows: Rows) -> dict:
         """Copies of the replaced-whole states (GDN) of these rows; KV needs none (positions)."""
@@ -431,6 +487,7 @@ class StateSet:
         for kind in self.kinds:
             self.copy_rows(kind.arrays, list(kind.buffers), src_row, dst_rows)
         self._filled[dst_rows.indices] = self._filled[src_row]
+        self._synced[dst_rows.indices] = False
 
     @staticmethod
     def copy_rows(arrays, buffers: list, src_row: int, dst_rows: Rows) -> None:
@@ -441,6 +498,7 @@ class StateSet:
 
     def select_captured(self, captures: list[dict], index: np.ndarray, rows: Rows) -> None:
         """Row j takes its GDN states from captures[index[j]]."""
+        self._synced[rows.indices] = False
         for layer in self.layers:
             name = layer.names[0]
             layer.select_window(layer.arrays.stack([c[name] for c in captures]), rows, index)
