@@ -66,19 +66,26 @@ def test_every_window_covers_the_positions_its_graph_writes(models, monkeypatch)
     assert short == []
 
 
-def test_a_subset_of_rows_gathers_only_their_window(models):
+def test_a_subset_of_rows_reads_its_window_in_place(models):
     """Rows 0 and 2 of 3 (the request between them finished): each KV feed is those rows' first W
-    slots in one contiguous array (what ONNX Runtime reads without another copy), not a gather of
-    all max_length slots cut afterwards."""
+    slots in one contiguous array that ONNX Runtime reads in place: the rows are moved into
+    consecutive slots of the buffers (``RowSlots``), so the feed is a view of them, not a gather;
+    every row keeps its own entries."""
     graphs = GraphSet(Manifest.load(models.converted("base")))
     target = TargetModel(graphs, batch=3)
     rng = np.random.default_rng(0)
     for cache in target.states.caches:
         cache.key[...] = rng.standard_normal(cache.key.shape)
         cache.value[...] = rng.standard_normal(cache.value.shape)
+    before = [target.states.row_state(row, 64) for row in range(3)]
+    want = {cache.names[0]: (cache.key[[0, 2]][..., :64], cache.value[[0, 2]][:, :, :64])
+            for cache in target.states.caches}
     feeds = target.states.feeds(Rows([0, 2]), window=64)
     for cache in target.states.caches:
         key, value = feeds[cache.names[0]], feeds[cache.names[1]]
         assert key.flags.c_contiguous and value.flags.c_contiguous
-        assert np.array_equal(key, cache.key[[0, 2]][..., :64])
-        assert np.array_equal(value, cache.value[[0, 2]][:, :, :64])
+        assert np.shares_memory(key, cache.key) and np.shares_memory(value, cache.value)
+        assert np.array_equal(key, want[cache.names[0]][0]) and np.array_equal(value, want[cache.names[0]][1])
+    for row in range(3):
+        after = target.states.row_state(row, 64)
+        assert all(np.array_equal(after[name], before[row][name]) for name in after)

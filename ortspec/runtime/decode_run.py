@@ -16,7 +16,7 @@ interchangeable step by step, bit for bit (on CUDA the run's one KV window varia
 a bound on the positions it serves, ``kv_window.RunBound``). The device lock and the step's
 scratch are taken here, not by the caller. One pipeline stage only (a stage boundary hands
 its proxies over with copies that rely on each Run having finished). On the CPU it runs the
-same way over host arrays; contiguous rows run over IOBinding (``TargetModel.bound_forward``),
+same way over host arrays, over IOBinding (``TargetModel.bound_forward``),
 the GDN states after each step written into the spare buffers and flipped live, not copied.
 """
 
@@ -40,7 +40,7 @@ class DecodeRun:
     graph that draws sampled rows' tokens on the device (``decode_sample``); each step is then
     given its sampling inputs (``runtime.sampling_inputs``: the rows' parameters and uniforms)."""
 
-    host_binding = True  # the CPU's contiguous rows over IOBinding (False: the CUDA path, for its tests on the CPU)
+    host_binding = True  # the CPU's runs over IOBinding (False: the CUDA path, for its tests on the CPU)
 
     def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None,
                  sampled: bool = False, tempered: bool = False) -> None:
@@ -50,7 +50,7 @@ class DecodeRun:
         graph = (TEMPERED_GRAPH if tempered else SAMPLED_GRAPH) if sampled else GRAPH
         self.graph = graph if bound is None else self.graphs.kv_windows.graph(graph, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
-        self._bound = self.host_binding and self.arrays.device == "cpu" and rows.slice is not None
+        self._bound = self.host_binding and self.arrays.device == "cpu"
         self._readbacks = target.step_readbacks("tokens", (len(rows), 1), np.int64)
         self._hidden_readbacks = None  # StepReadbacks, made at step 0 (the graph's dtype)
         self._want_hidden = hidden

@@ -20,7 +20,7 @@ and returns before the GPU is done:
 The inputs the next Run reads are the captured slot's static input_ids / positions (a replay
 uploads nothing), or without a captured slot (the CPU, CUDA without graphs) buffers of this
 object's own. On CUDA the run's one KV window variant is fixed from a ``kv_window.RunBound``;
-on the CPU contiguous rows run over IOBinding (``TargetModel.bound_forward``).
+on the CPU its Runs go over IOBinding (``TargetModel.bound_forward``).
 A finished row keeps running: its positions stop at ``last_start`` = max_length - k - 1,
 where k+1 positions still fit. The device lock and the step's scratch are taken here.
 """
@@ -43,7 +43,7 @@ class FusedRun:
     variant past it, with the head's drafts (k slots past a step's last position). None: the
     portable graph (all max_length slots)."""
 
-    host_binding = True  # the CPU's contiguous rows over IOBinding (False: the CUDA path, for its tests on the CPU)
+    host_binding = True  # the CPU's runs over IOBinding (False: the CUDA path, for its tests on the CPU)
 
     def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int, bound: RunBound | None = None,
                  sampled: bool = False, tempered: bool = False) -> None:
@@ -64,7 +64,7 @@ class FusedRun:
         self._readbacks = target.step_readbacks("step_ids", (len(rows), 2 * k + 2), np.int64)
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
         self._read = -1  # the last step read
-        self._bound = self.host_binding and self.arrays.device == "cpu" and rows.slice is not None
+        self._bound = self.host_binding and self.arrays.device == "cpu"
 
     def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
                 sampling: dict | None = None) -> None:

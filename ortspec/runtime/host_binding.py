@@ -45,7 +45,8 @@ class HostBinding:
         inputs = self.inputs
         for name in runner.input_names:
             if not inputs[name].flags.c_contiguous:  # ONNX Runtime would bind a copy, never read again
-                raise ValueError(f"input {name} must be bound as a contiguous array (got strides {inputs[name].strides})")
+                raise ValueError(f"input {name} must be bound as a contiguous array "
+                                 f"(got strides {inputs[name].strides})")
             self._binding.bind_cpu_input(name, inputs[name])  # read in place (it keeps a reference)
         self._output_names = runner.output_names
         self._unsized = [name for name in runner.output_names if name not in outputs]

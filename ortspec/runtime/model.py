@@ -157,15 +157,14 @@ class TargetModel:
 
     def bound_forward(self, graph: str, rows: Rows, feeds: dict, head: "MTPHead | None" = None, drafts: int = 0,
                       in_place: dict | None = None) -> dict:
-        """(the CPU, contiguous rows) One forward over a ``HostBinding``, made once per graph, rows and
-        state buffers: ``feeds`` holds the step inputs (input_ids and positions [B, M], sampling
-        inputs), loaded into the binding; the states are bound where they live, with the MTP head's
-        cache where the graph reads it too (``head``, drafting ``drafts``), and ``in_place`` (arrays
-        that live as long as the model). A plain graph (``*_out``) writes the GDN states after it into
-        the spare buffers: keep them with ``states.flip``. Returns the outputs, arrays that the
-        binding's next run overwrites (the other buffer's binding runs in between)."""
-        if rows.slice is None:
-            raise ValueError("bound_forward runs contiguous rows only; a subset runs through run()")
+        """(the CPU) One forward over a ``HostBinding``, made once per graph, rows' slots and state
+        buffers (the rows are moved into consecutive slots first: ``StateSet.feeds``). ``feeds``:
+        the step inputs (input_ids and positions [B, M], sampling inputs), loaded into the binding;
+        the states are bound where they live, with the MTP head's cache where the graph reads it too
+        (``head``, drafting ``drafts``), and ``in_place`` (arrays that live as long as the model). A
+        plain graph (``*_out``) writes the GDN states after it into the spare buffers: keep them with
+        ``states.flip``. Returns the outputs, arrays that the binding's next run overwrites (the
+        other buffer's binding runs in between)."""
         positions = feeds["positions"]
         every = {**feeds, **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)),
                  **(head.cache_feeds(rows, positions, drafts) if head is not None else {}), **(in_place or {})}

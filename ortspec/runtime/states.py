@@ -51,35 +51,11 @@ import numpy as np
 from ..errors import OrtspecError
 from ..manifest import past_window_name, record_names, window_row_name
 from .kv_window import window_slots
+from .row_slots import Rows, RowSlots
 
 
 class StateError(OrtspecError, RuntimeError):
     """A state operation was misused (e.g. restoring a snapshot taken at another length)."""
-
-
-class Rows:
-    """The batch rows one forward touches: a contiguous range (a view), or on the CPU any subset."""
-
-    def __init__(self, indices) -> None:
-        self.indices = np.asarray(indices, dtype=np.int64)
-        n = len(self.indices)
-        first = int(self.indices[0]) if n else 0
-        contiguous = n and np.array_equal(self.indices, np.arange(first, first + n))
-        self.slice = slice(first, first + n) if contiguous else None
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def take(self, arrays, buffer):
-        if self.slice is not None:
-            return arrays.rows(buffer, self.slice.start, self.slice.stop)
-        return buffer[self.indices]  # a gathered copy (CPU only)
-
-    def put(self, arrays, buffer, values) -> None:
-        if self.slice is not None:
-            arrays.copy(arrays.rows(buffer, self.slice.start, self.slice.stop), values)
-        else:
-            buffer[self.indices] = values
 
 
 @dataclasses.dataclass
@@ -281,8 +257,11 @@ class LayerState:
         rows.put(self.arrays, self.buffer, data[self.names[0]])
 
     def zero(self, rows: Rows) -> None:
-        """(rows: contiguous) A new sequence starts from zero states."""
-        self.arrays.zero(rows.take(self.arrays, self.buffer))
+        """A new sequence starts from zero states (any rows on the CPU: their slots may be any)."""
+        if rows.slice is not None:
+            self.arrays.zero(rows.take(self.arrays, self.buffer))
+        else:
+            self.buffer[rows.indices] = 0
 
     def row_view(self, row: int, length: int) -> dict[str, np.ndarray]:
         return {self.names[0]: self.arrays.download(self.arrays.rows(self.buffer, row, row + 1))[0]}
@@ -318,6 +297,11 @@ class StateSet:
         self._synced = np.ones(batch, bool)
         self.flips = 0
         self.cache_layouts = 0  # refits of the host caches so far
+        # which slot of the buffers holds each row (row_slots): on the host a forward's rows are moved
+        # into consecutive slots; every verb takes rows as callers name them, and the per-row
+        # bookkeeping here (_filled, _synced) is by slot
+        self.placement = RowSlots(batch)
+        self._host = all(kind.arrays.device == "cpu" for kind in self.kinds)
         groups: dict = {}
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
@@ -335,7 +319,9 @@ class StateSet:
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
         """Every state's graph input for these rows (a new dict each call: callers may add to it).
-        window: the KV slots the forward needs (None: all max_length)."""
+        window: the KV slots the forward needs (None: all max_length). On the host the rows are
+        first moved into consecutive slots (``RowSlots``), so the feeds are views."""
+        rows = self._place(rows)
         if self._host_caches:
             self._fit_caches(window)
         key = (rows.slice.start, rows.slice.stop, self.flips % 2) if rows.slice is not None and window is None else None
@@ -347,6 +333,18 @@ class StateSet:
             if key:
                 self._whole_feeds[key] = feeds
         return dict(feeds)
+
+    def _place(self, rows: Rows) -> Rows:
+        """(host) The slots of these rows, after moving them into consecutive slots in their order:
+        every state's rows swapped, as the map was (``RowSlots.place``)."""
+        if self._host:
+            for a, b in self.placement.place(rows):
+                for kind in self.kinds:
+                    for buffer in kind.buffers:
+                        buffer[[a, b]] = buffer[[b, a]]
+                self._filled[[a, b]] = self._filled[[b, a]]
+                self._synced[[a, b]] = False  # the spares' rows stay where they were
+        return self.placement.slots(rows)
 
     def _fit_caches(self, window: int | None) -> None:
         """(host caches) Lays the caches out for this forward's window, or for the slots some row has
@@ -361,7 +359,11 @@ class StateSet:
 
     def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
-        self.write(outputs, rows, positions)
+        self._advance(outputs, self.placement.slots(rows), positions)
+
+    def _advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
+        """advance over the slots ``rows``."""
+        self._write(outputs, rows, positions)
         self._synced[rows.indices] = False
         if rows.slice is None:
             for layer in self.layers:
@@ -372,25 +374,28 @@ class StateSet:
 
     def binding_key(self, rows: Rows) -> tuple:
         """(contiguous rows) What fixes the buffers a forward over these rows binds (``host_binding``):
-        the rows, which of the two GDN buffers is live, and the layout of the host KV caches."""
+        the rows' slots, which of the two GDN buffers is live, and the layout of the host KV caches."""
+        rows = self.placement.slots(rows)
         return rows.slice.start, rows.slice.stop, self.flips % 2, self.cache_layouts
 
     def spare_outputs(self, rows: Rows) -> dict:
         """(double-buffered, contiguous rows) Where a bound forward writes each GDN layer's state
         after it (``out_name``): these rows of the spare buffers, views, which ``flip`` makes live."""
+        rows = self.placement.slots(rows)
         return {s.out_name: rows.take(s.arrays, s.spare) for s in self.layers}
 
     def flip(self, rows: Rows, positions: np.ndarray, outputs: dict) -> None:
         """After a bound forward over these rows (positions [B, M]) wrote its GDN states into the
         spare rows (``spare_outputs``): its KV rows written, every spare made live. The other rows
         of each spare first take the live state where it differs, so every row stays live."""
+        rows = self.placement.slots(rows)
         if not self.double_buffered:  # nothing was bound to a spare: keep the states as advance does
-            self.advance(outputs, rows, positions)
+            self._advance(outputs, rows, positions)
             return
-        self.write(outputs, rows, positions)
+        self._write(outputs, rows, positions)
         outside = self._synced.copy()
         outside[rows.indices] = True
-        for row in np.flatnonzero(~outside).tolist():  # rows another forward changed since the last flip
+        for row in np.flatnonzero(~outside).tolist():  # slots another forward changed since the last flip
             for layer in self.layers:
                 np.copyto(layer.spare[row], layer.buffer[row])
         for layer in self.layers:
@@ -414,7 +419,8 @@ class StateSet:
         counts: accepted + 1, where the caller has it already (a device buffer: the loop that runs
         ahead of the GPU never has the accept lengths on the host; ``runtime.fused_run``)."""
         counts = accepted + 1 if counts is None else counts
-        self.write(outputs, rows, positions, counts=counts)
+        rows = self.placement.slots(rows)
+        self._write(outputs, rows, positions, counts=counts)
         self._synced[rows.indices] = False
         if self.layers and self.layers[0].record_names[0] in outputs:
             self._replay(outputs, rows, counts)
@@ -443,6 +449,10 @@ class StateSet:
 
     def write(self, outputs, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
         """The KV rows only (the MTP head's catch-up: its cache is all it keeps)."""
+        self._write(outputs, self.placement.slots(rows), positions, counts)
+
+    def _write(self, outputs, rows: Rows, positions: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """write into the slots ``rows``."""
         for cache in self.caches:
             cache.write(outputs, rows, positions, counts)
         if self._host_caches:  # a row's positions are consecutive: its last one is its largest, and
@@ -450,8 +460,9 @@ class StateSet:
             self._filled[rows.indices] = np.maximum(self._filled[rows.indices], ends)
 
     def reset(self, rows: Rows) -> None:
-        """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked,
-        no need; they are no longer kept by a refit of the host caches)."""
+        """Zero GDN states for new requests in these rows (stale KV slots are masked, no need; they are
+        no longer kept by a refit of the host caches)."""
+        rows = self.placement.slots(rows)
         for layer in self.layers:
             layer.zero(rows)
         self._filled[rows.indices] = 0
@@ -468,13 +479,14 @@ class StateSet:
                 f"snapshot taken at lengths {snap.lengths.tolist()} restored at lengths {np.asarray(lengths).tolist()}; "
                 "a snapshot may only be restored at the length it was taken."
             )
+        rows = self.placement.slots(rows)
         for layer in self.layers:
             layer.put(snap.data, rows)
         self._synced[rows.indices] = False
 
     def capture(self, rows: Rows) -> dict:
         """Copies of the replaced-whole states (GDN) of these rows; KV needs none (positions)."""
-        data = {}
+        rows, data = self.placement.slots(rows), {}
         for layer in self.layers:
             data.update(layer.capture(rows))
         return data
@@ -484,6 +496,7 @@ class StateSet:
         one prompt, prefilled once in src_row, start from equal states. Whole rows are copied (one
         contiguous copy per state and row, in one call per device): KV slots past the prompt are
         dead in the copies as they are in src_row (masked; the next write overwrites them)."""
+        src_row, dst_rows = self.placement.slot(src_row), self.placement.slots(dst_rows)
         for kind in self.kinds:
             self.copy_rows(kind.arrays, list(kind.buffers), src_row, dst_rows)
         self._filled[dst_rows.indices] = self._filled[src_row]
@@ -498,6 +511,7 @@ class StateSet:
 
     def select_captured(self, captures: list[dict], index: np.ndarray, rows: Rows) -> None:
         """Row j takes its GDN states from captures[index[j]]."""
+        rows = self.placement.slots(rows)
         self._synced[rows.indices] = False
         for layer in self.layers:
             name = layer.names[0]
@@ -510,7 +524,7 @@ class StateSet:
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""
-        out = {}
+        row, out = self.placement.slot(row), {}
         for kind in self.kinds:
             out.update({n: np.array(v) for n, v in kind.row_view(row, length).items()})
         return out
