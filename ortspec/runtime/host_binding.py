@@ -24,7 +24,7 @@ import collections
 
 import numpy as np
 
-MAX_BINDINGS = 8  # per HostBindings: both buffers of a run's rows, and a few layouts of the caches before
+MAX_BINDINGS = 12  # per HostBindings: both GDN buffers x the KV layouts of a call or two (64 slots apart)
 
 
 class HostBinding:
@@ -85,9 +85,9 @@ class HostBinding:
 class HostBindings:
     """The HostBindings of one model's forwards, made on first use and kept by key: the graph, the
     rows and the identity of every state buffer they bind (``StateSet.binding_key``), so a
-    binding is reused exactly while the buffers it reads and writes are the ones it bound. The
-    least recently used beyond MAX_BINDINGS are dropped (a refit of the KV caches leaves its
-    bindings unused)."""
+    binding is reused exactly while the buffers it reads and writes are the ones it bound, also
+    in the next call at the same KV layout. The least recently used beyond MAX_BINDINGS are
+    dropped (their outputs are not small: a fused verify's per-row states)."""
 
     def __init__(self) -> None:
         self._bindings: collections.OrderedDict = collections.OrderedDict()

@@ -124,6 +124,8 @@ class KVCache:
         self.key = arrays.zeros(key_shape)
         self.value = arrays.zeros(value_shape)
         self.length = int(key_shape[3])  # L: max_length
+        self._storage = (self.key, self.value)  # the [.., L] buffers: every host layout (fit) lives in their memory
+        self._layouts = {self.length: self._storage}
         self._new = ("new_" + key_name, "new_" + value_name)
 
     @property
@@ -137,15 +139,21 @@ class KVCache:
 
     def fit(self, slots: int) -> None:
         """(host buffers) Lays the buffers out for their first ``slots`` positions, keeping the
-        entries below min(slots, self.slots); new slots are zeros (masked, finite: 0 x finite = 0)."""
+        entries below min(slots, self.slots); new slots are zeros (masked, finite: 0 x finite = 0).
+        Each layout is a view of the start of the same [B, kvh, hd, L] memory, made once per
+        ``slots``: a forward bound to one (``host_binding``) stays valid whenever it comes back."""
         if slots == self.slots:
             return
         keep = min(slots, self.slots)
-        key = self.arrays.zeros((*self.key.shape[:3], slots), self.key.dtype)  # [B, kvh, hd, slots]
-        value = self.arrays.zeros((*self.value.shape[:2], slots, self.value.shape[3]), self.value.dtype)
-        key[..., :keep] = self.key[..., :keep]
-        value[:, :, :keep] = self.value[:, :, :keep]
-        self.key, self.value = key, value
+        old_key, old_value = self.key[..., :keep].copy(), self.value[:, :, :keep].copy()  # the layouts overlap
+        if slots not in self._layouts:
+            key, value = self._storage
+            self._layouts[slots] = (key.reshape(-1)[: key.size // self.length * slots].reshape(*key.shape[:3], slots),
+                                    value.reshape(-1)[: value.size // self.length * slots].reshape(
+                                        *value.shape[:2], slots, value.shape[3]))
+        self.key, self.value = self._layouts[slots]
+        self.key[..., :keep], self.key[..., keep:] = old_key, 0
+        self.value[:, :, :keep], self.value[:, :, keep:] = old_value, 0
 
     def feeds(self, rows: Rows, window: int | None = None) -> dict:
         """These rows of the caches: contiguous rows a view (read in place), a subset (the CPU, once
@@ -296,7 +304,6 @@ class StateSet:
         self.double_buffered = bool(self.layers) and all(s.spare is not None for s in self.layers)
         self._synced = np.ones(batch, bool)
         self.flips = 0
-        self.cache_layouts = 0  # refits of the host caches so far
         # which slot of the buffers holds each row (row_slots): on the host a forward's rows are moved
         # into consecutive slots; every verb takes rows as callers name them, and the per-row
         # bookkeeping here (_filled, _synced) is by slot
@@ -355,7 +362,6 @@ class StateSet:
             for cache in self.caches:
                 cache.fit(slots)
             self._whole_feeds = {}
-            self.cache_layouts += 1
 
     def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
@@ -374,9 +380,10 @@ class StateSet:
 
     def binding_key(self, rows: Rows) -> tuple:
         """(contiguous rows) What fixes the buffers a forward over these rows binds (``host_binding``):
-        the rows' slots, which of the two GDN buffers is live, and the layout of the host KV caches."""
+        the rows' slots, which of the two GDN buffers is live, and the layout of the KV caches (each
+        layout is the same memory, ``KVCache.fit``)."""
         rows = self.placement.slots(rows)
-        return rows.slice.start, rows.slice.stop, self.flips % 2, self.cache_layouts
+        return rows.slice.start, rows.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None
 
     def spare_outputs(self, rows: Rows) -> dict:
         """(double-buffered, contiguous rows) Where a bound forward writes each GDN layer's state
