@@ -67,6 +67,8 @@ class RowSlots:
     def place(self, rows: Rows) -> list[tuple[int, int]]:
         """The swaps that put rows[j] in slot s + j for every j, for the start s that keeps the most
         rows where they are (none when they are consecutive already)."""
+        if not self._moved and rows.slice is not None:
+            return []
         now = self._slot[rows.indices]
         n, batch = len(now), len(self._slot)
         if n == 0 or np.array_equal(now, np.arange(now[0], now[0] + n)):

@@ -313,10 +313,11 @@ class StateSet:
         for layer in self.layers:
             groups.setdefault(id(layer.arrays), (layer.arrays, []))[1].append(layer)
         self._layers_by_device = list(groups.values())
-        # contiguous rows (start, stop) -> the feeds over whole buffers (window None: CUDA) and the
-        # layer buffers' views per device: the same objects every step (the buffers live as long
-        # as this set), made once instead of ~2 per state per step on the host's critical path
-        self._whole_feeds: dict[tuple[int, int], dict] = {}
+        # contiguous slots (start, stop, live GDN buffer[, KV layout]) -> the feeds (views of whole
+        # buffers, the KV caches as fitted) and the layer buffers' views per device: the same objects
+        # every step (the buffers and layouts live as long as this set), made once instead of ~2 per
+        # state per step on the host's critical path
+        self._feeds: dict[tuple, dict] = {}
         self._layer_views: dict[tuple[int, int], list] = {}
 
     @property
@@ -331,14 +332,15 @@ class StateSet:
         rows = self._place(rows)
         if self._host_caches:
             self._fit_caches(window)
-        key = (rows.slice.start, rows.slice.stop, self.flips % 2) if rows.slice is not None and window is None else None
-        feeds = self._whole_feeds.get(key) if key else None
+        key = (rows.slice.start, rows.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None) \
+            if rows.slice is not None else None
+        feeds = self._feeds.get(key) if key else None
         if feeds is None:
             feeds = {}
             for kind in self.kinds:
                 feeds.update(kind.feeds(rows, window))
             if key:
-                self._whole_feeds[key] = feeds
+                self._feeds[key] = feeds
         return dict(feeds)
 
     def _place(self, rows: Rows) -> Rows:
@@ -361,7 +363,6 @@ class StateSet:
         if slots != self.caches[0].slots:
             for cache in self.caches:
                 cache.fit(slots)
-            self._whole_feeds = {}
 
     def advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """Keep everything a forward over positions [B, M] left: all M KV rows, the GDN states after row M-1."""
@@ -400,15 +401,16 @@ class StateSet:
             self._advance(outputs, rows, positions)
             return
         self._write(outputs, rows, positions)
-        outside = self._synced.copy()
-        outside[rows.indices] = True
-        for row in np.flatnonzero(~outside).tolist():  # slots another forward changed since the last flip
-            for layer in self.layers:
-                np.copyto(layer.spare[row], layer.buffer[row])
+        start, stop, synced = rows.slice.start, rows.slice.stop, self._synced
+        if not (synced[:start].all() and synced[stop:].all()):  # slots another forward changed since
+            for row in np.flatnonzero(~synced).tolist():
+                if not start <= row < stop:
+                    for layer in self.layers:
+                        np.copyto(layer.spare[row], layer.buffer[row])
         for layer in self.layers:
             layer.flip()
-        self._synced[:] = True
-        self._synced[rows.indices] = False  # the spare now holds these rows' states before the forward
+        synced[:] = True
+        synced[start:stop] = False  # the spare now holds these rows' states before the forward
         self.flips += 1
 
     def _views_of(self, rows: Rows) -> list[list]:
@@ -464,7 +466,11 @@ class StateSet:
             cache.write(outputs, rows, positions, counts)
         if self._host_caches:  # a row's positions are consecutive: its last one is its largest, and
             ends = positions[:, -1] + 1  # the slots past an accepted prefix are kept too (dead, harmless)
-            self._filled[rows.indices] = np.maximum(self._filled[rows.indices], ends)
+            if rows.slice is not None:
+                filled = self._filled[rows.slice]
+                np.maximum(filled, ends, out=filled)
+            else:
+                self._filled[rows.indices] = np.maximum(self._filled[rows.indices], ends)
 
     def reset(self, rows: Rows) -> None:
         """Zero GDN states for new requests in these rows (stale KV slots are masked, no need; they are
@@ -527,7 +533,7 @@ class StateSet:
     def release(self) -> None:
         """Drops every buffer (Session.close): memory goes even if a stale holder keeps this set."""
         self.caches, self.layers, self._layers_by_device = [], [], []
-        self._whole_feeds, self._layer_views = {}, {}
+        self._feeds, self._layer_views = {}, {}
 
     def row_state(self, row: int, length: int) -> dict[str, np.ndarray]:
         """Every live entry of one batch row (host copies), for bitwise comparisons in tests."""
