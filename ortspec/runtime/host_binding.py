@@ -11,11 +11,13 @@ buffers (``HostBindings``), it binds
   rows: views, read in place);
 - a plain forward's GDN states after it to the spare buffers (``StateSet.spare_outputs``),
   so that ``StateSet.flip`` makes them live without a copy;
-- every other output to arrays of its own, which its next run overwrites (the two bindings of
-  a double-buffered run alternate, so step n-1's outputs last until step n+1).
+- every other output to arrays that the bindings of one graph and rows share (their shapes
+  depend on neither the KV layout nor the live GDN buffer), overwritten by each run: a caller
+  reads a step's outputs before it runs the next one (the next step's inputs are copied in
+  before its Run).
 
-The outputs ONNX Runtime sizes (logits, windows, new KV rows) are allocated by it at the first
-run and then bound as arrays of those shapes.
+Those outputs (logits, windows, new KV rows) are allocated by ONNX Runtime at the first run of
+the first such binding and then bound as arrays of those shapes.
 """
 
 from __future__ import annotations
@@ -24,23 +26,26 @@ import collections
 
 import numpy as np
 
-MAX_BINDINGS = 12  # per HostBindings: both GDN buffers x the KV layouts of a call or two (64 slots apart)
+MAX_BINDINGS = 16  # per HostBindings: both GDN buffers x the KV layouts of a call or two (64 slots apart)
 
 
 class HostBinding:
     """One graph's IOBinding over fixed arrays (module docstring), run by ``GraphRunner.run`` (the
     CPU's slot). ``feeds``: every graph input as the first run has it (contiguous host arrays);
     ``step_inputs``: the names among them that each run loads into arrays of the binding's own,
-    the others are bound where they are; ``outputs``: outputs already placed (the spare rows), the
-    rest sized at the first run; ``key``: the slot key a CUDA run of it would have."""
+    the others are bound where they are; ``placed``: outputs with a place of their own (the spare
+    rows); ``shared``: the other outputs' arrays, shared with the bindings of the same graph and
+    rows (those not there yet are sized at the first run and put there); ``key``: the slot key a
+    CUDA run of it would have."""
 
     def __init__(self, runner, feeds: dict[str, np.ndarray], step_inputs: tuple[str, ...],
-                 outputs: dict[str, np.ndarray], key=None) -> None:
+                 placed: dict[str, np.ndarray], shared: dict[str, np.ndarray], key=None) -> None:
         self.key = key  # the graph_slots.SlotKey it stands for: graph, M, B, engine
         self._session = runner.session
         self._binding = runner.session.io_binding()
         self.inputs = {name: np.array(value) if name in step_inputs else value for name, value in feeds.items()}
-        self.outputs = dict(outputs)
+        outputs = {**{n: shared[n] for n in runner.output_names if n in shared and n not in placed}, **placed}
+        self.outputs, self._shared = outputs, shared
         self._step_inputs = step_inputs
         inputs = self.inputs
         for name in runner.input_names:
@@ -76,7 +81,7 @@ class HostBinding:
         which are bound from now on."""
         values = dict(zip(self._output_names, self._binding.get_outputs()))
         for name in self._unsized:
-            array = np.ascontiguousarray(values[name].numpy())
+            array = self._shared[name] = np.ascontiguousarray(values[name].numpy())
             self.outputs[name] = array
             self._bind_output(name, array)
         self._unsized = []
@@ -87,12 +92,14 @@ class HostBindings:
     rows and the identity of every state buffer they bind (``StateSet.binding_key``), so a
     binding is reused exactly while the buffers it reads and writes are the ones it bound, also
     in the next call at the same KV layout. The least recently used beyond MAX_BINDINGS are
-    dropped (their outputs are not small: a fused verify's per-row states)."""
+    dropped. ``outputs``: per graph and rows, the output arrays their bindings share."""
 
     def __init__(self) -> None:
         self._bindings: collections.OrderedDict = collections.OrderedDict()
+        self.outputs: dict[tuple, dict] = {}
 
     def get(self, key: tuple, make) -> HostBinding:
+        """The binding of ``key``, else ``make()``'s, kept."""
         binding = self._bindings.get(key)
         if binding is None:
             binding = self._bindings[key] = make()
@@ -104,3 +111,4 @@ class HostBindings:
 
     def clear(self) -> None:
         self._bindings.clear()
+        self.outputs.clear()

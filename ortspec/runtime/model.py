@@ -169,11 +169,13 @@ class TargetModel:
         every = {**feeds, **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)),
                  **(head.cache_feeds(rows, positions, drafts) if head is not None else {}), **(in_place or {})}
         runner = self.graphs[graph]
-        key = (graph, self.states.binding_key(rows), head.states.binding_key(rows) if head is not None else None)
+        here = self.states.binding_key(rows)  # (first slot, end, live GDN buffer, KV layout)
+        key = (graph, here, head.states.binding_key(rows) if head is not None else None)
 
         def make() -> HostBinding:
             plain = self.states.double_buffered and self.states.layers[0].out_name in runner.output_names
-            return HostBinding(runner, every, tuple(feeds), self.states.spare_outputs(rows) if plain else {},
+            shared = self._bindings.outputs.setdefault((graph, here[:2]), {})
+            return HostBinding(runner, every, tuple(feeds), self.states.spare_outputs(rows) if plain else {}, shared,
                                SlotKey.for_run(graph, feeds["input_ids"], self.slot_id(rows)))
 
         return runner.run(every, slot=self._bindings.get(key, make))
