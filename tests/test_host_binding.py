@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import ortspec
+from ortspec.runtime.decode_run import DecodeRun
+from ortspec.runtime.fused_run import FusedRun
 from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import TargetModel
 from ortspec.runtime.row_slots import Rows, RowSlots
@@ -57,3 +59,25 @@ def test_bound_decodes_over_any_rows_leave_the_states_of_plain_ones(models):
             got, want = bound.states.row_state(row, 4 + step + 1), plain.states.row_state(row, 4 + step + 1)
             assert got.keys() == want.keys() and all(np.array_equal(got[n], want[n]) for n in want), (step, rows, row)
     assert bound.states.flips == sum(on for _, on in schedule)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_runs_over_bindings_give_the_tokens_of_plain_runs_sampled_and_over_a_subset(models, monkeypatch, k):
+    """Sampled rows (drawn on the device: decode_sample / verify_mtp_sample_k2, which read the
+    drafts' distributions where the last step left them) and a greedy one, the middle request done
+    early so the last steps run rows 0 and 2: the same tokens over IOBinding as through session.run."""
+    requests = [dict(prompt=[5, 17, 99, 3, 250, 7, 11], max_new_tokens=24, temperature=0.8, seed=7),
+                dict(prompt=[42, 8], max_new_tokens=5, temperature=0.8, seed=8),
+                dict(prompt=[8, 8, 8, 300, 1, 2, 3, 4, 5], max_new_tokens=24)]
+
+    def generate(bound: bool) -> list[list[int]]:
+        monkeypatch.setattr(DecodeRun, "host_binding", bound)
+        monkeypatch.setattr(FusedRun, "host_binding", bound)
+        session = ortspec.Session(models.converted("base"), num_speculative_tokens=k)
+        with session.batcher(max_batch_size=3) as batcher:
+            ids = batcher.add_requests(requests)
+            while batcher.pending:
+                batcher.step()
+            return [batcher.result(i) for i in ids]
+
+    assert generate(True) == generate(False)

@@ -96,12 +96,16 @@ class FusedRun:
         return self.graphs[self.graph].run(feeds, slot=self._key, wait=False)
 
     def _bound_run(self, ids, positions, sampling: dict | None) -> dict:
-        """The CPU's Run over IOBinding (``TargetModel.bound_forward``): the drafts' distributions,
-        where a sampled run reads them, bound in place."""
-        in_place = {"draft_probs": self.draft_probs()} if self.sampled else None
-        return self.target.bound_forward(self.graph, self.rows, {"input_ids": ids, "positions": positions,
-                                                                 **(sampling or {})},
-                                         head=self.mtp, drafts=self.k, in_place=in_place)
+        """The CPU's Run over IOBinding (``TargetModel.bound_forward``). A sampled run reads the drafts'
+        distributions [B, k, V] in place where its rows are a range of the head's buffer; over a
+        subset of rows they are gathered, a copy, so they are loaded into the binding every step."""
+        feeds, in_place = {"input_ids": ids, "positions": positions, **(sampling or {})}, None
+        if self.sampled:
+            if self.rows.slice is not None:
+                in_place = {"draft_probs": self.draft_probs()}
+            else:
+                feeds["draft_probs"] = self.draft_probs()
+        return self.target.bound_forward(self.graph, self.rows, feeds, head=self.mtp, drafts=self.k, in_place=in_place)
 
     def draft_probs(self):
         """[B, k, V] float32 on the device: what the drafts of the next step to run were drawn from."""

@@ -161,10 +161,11 @@ class TargetModel:
         buffers (the rows are moved into consecutive slots first: ``StateSet.feeds``). ``feeds``:
         the step inputs (input_ids and positions [B, M], sampling inputs), loaded into the binding;
         the states are bound where they live, with the MTP head's cache where the graph reads it too
-        (``head``, drafting ``drafts``), and ``in_place`` (arrays that live as long as the model). A
-        plain graph (``*_out``) writes the GDN states after it into the spare buffers: keep them with
-        ``states.flip``. Returns the outputs, arrays that the binding's next run overwrites (the
-        other buffer's binding runs in between)."""
+        (``head``, drafting ``drafts``), and ``in_place`` (views of buffers that live as long as the
+        model, never copies: a copy would be bound once and never read again). A plain graph
+        (``*_out``) writes the GDN states after it into the spare buffers: keep them with
+        ``states.flip``. Returns the outputs: arrays that the next run of this graph over these
+        rows overwrites."""
         positions = feeds["positions"]
         every = {**feeds, **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)),
                  **(head.cache_feeds(rows, positions, drafts) if head is not None else {}), **(in_place or {})}
