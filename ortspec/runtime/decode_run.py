@@ -16,8 +16,8 @@ interchangeable step by step, bit for bit (on CUDA the run's one KV window varia
 a bound on the positions it serves, ``kv_window.RunBound``). The device lock and the step's
 scratch are taken here, not by the caller. One pipeline stage only (a stage boundary hands
 its proxies over with copies that rely on each Run having finished). On the CPU it runs the
-same way over host arrays, over IOBinding (``TargetModel.bound_forward``),
-the GDN states after each step written into the spare buffers and flipped live, not copied.
+same way over host arrays, each Run over IOBinding (``TargetModel.bound_forward``): the GDN
+states after a step are written into the spare buffers and flipped live, not copied.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ class FusedRun:
                 in_place = {"draft_probs": self.draft_probs()}
             else:
                 feeds["draft_probs"] = self.draft_probs()
-        return self.target.bound_forward(self.graph, self.rows, feeds, head=self.mtp, drafts=self.k, in_place=in_place)
+        return self.target.bound_forward(self.graph, self.rows, feeds, head=self.mtp, drafts=self.k,
+                                         in_place=in_place)
 
     def draft_probs(self):
         """[B, k, V] float32 on the device: what the drafts of the next step to run were drawn from."""

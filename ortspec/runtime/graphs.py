@@ -146,9 +146,9 @@ class GraphRunner:
     def run(self, feeds: dict, slot: SlotKey | HostBinding | None = None, wait: bool = True) -> dict:
         """Inputs as numpy arrays or backend arrays; returns backend arrays (numpy on the CPU;
         device buffers on CUDA, kept alive by the returned dict). On the CPU ``slot`` may be a
-        ``HostBinding`` over the feeds' buffers (``TargetModel.bound_forward``). wait=False (a captured slot on
-        the shared stream): Run returns once the replay is enqueued, before the GPU is done; the
-        caller reads the outputs only through the stream (``GraphSlots.run``)."""
+        ``HostBinding`` over the feeds' buffers (``TargetModel.bound_forward``). wait=False (a
+        captured slot on the shared stream): Run returns once the replay is enqueued, before the
+        GPU is done; the caller reads the outputs only through the stream (``GraphSlots.run``)."""
         if self.arrays.device == "cpu":
             if isinstance(slot, HostBinding):  # the CPU's slot: an IOBinding over the feeds' buffers
                 return slot.run(feeds)

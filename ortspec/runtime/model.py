@@ -182,7 +182,7 @@ class TargetModel:
         return runner.run(every, slot=self._bindings.get(key, make))
 
     def reset(self, rows: Rows) -> None:
-        """(rows: contiguous) Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
+        """Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
         self.states.reset(rows)
 
     def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
