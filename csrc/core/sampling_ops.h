@@ -1,5 +1,5 @@
 // The two steps of a sampled token that ONNX ops cannot do in one kernel per row: the top-k /
-// top-p threshold (ONNX Runtime sorts all V for it, 2 ms for 16 rows of 248,320 on an H200) and
+// top-p threshold (ONNX Runtime sorts all V for it, row by row) and
 // the inverse-CDF draw (a cumulative sum over all V). The sampling graphs for CUDA call them as
 // the custom ops ai.ortspec.SamplingThreshold and ai.ortspec.Draw (core/ort_custom_ops.cpp);
 // converter/sampling_graph.py says where they sit in a graph.

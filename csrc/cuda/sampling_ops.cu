@@ -1,8 +1,8 @@
 // CUDA twins of core/sampling_ops_cpu.cpp, bit for bit (integer sums, exact selects).
 //
 // sampling_threshold: one block of 1024 threads per row, or from V = 32,768 up a cluster of 8
-// blocks per row, each a slice (one block streaming 248,320 logits three times per select took
-// 0.4 ms). Each select is a radix select over the 32-bit order keys in three passes (12, 10, 10
+// blocks per row, each a slice (one block alone streams a wide row slower than the sort it
+// replaces: BENCHMARKS.md, "Sampling on the device"). Each select is a radix select over the 32-bit order keys in three passes (12, 10, 10
 // bits, most significant first): a pass builds a histogram in shared memory (counts for top-k,
 // fixed-point masses for top-p) of the keys that match the digits chosen so far, a cluster's
 // blocks add theirs into rank 0's through distributed shared memory, and one warp picks the

@@ -18,8 +18,8 @@ op of a CPU step at Qwen3.5's vocabulary (tools/sampling_transform_cost.py), so 
 find it among the largest C values (TopK(C), CANDIDATE_TIERS), which hold it unless the kept set
 is wider; an ``If`` widens the candidates only for a batch where a row needs it, and sorts all V
 only past the last tier; a batch with no top-k / top-p / min-p skips all of it. A captured CUDA
-graph cannot branch, and ONNX Runtime's TopK over all V sorts row by row (2 ms for 16 rows of
-248,320 on an H200), so the portable graphs (``NATIVE``) find the threshold and make the draw with
+graph cannot branch, and ONNX Runtime's TopK over all V sorts row by row (BENCHMARKS.md,
+"Sampling on the device"), so the portable graphs (``NATIVE``) find the threshold and make the draw with
 ortspec's own ops, ai.ortspec.SamplingThreshold and ai.ortspec.Draw: one kernel per row, exact
 integer sums (csrc/core/sampling_ops.h; runtime/custom_ops.py registers them). ``SORT`` builds the
 same steps from ONNX ops alone (TopK over all V, blocked cumulative sums), kept to measure against.

@@ -1,8 +1,8 @@
 """A CPU graph's Run over one IOBinding, bound once where its inputs and outputs live, then reused.
 
 ONNX Runtime's Python ``run`` turns every input into a tensor and allocates and wraps every
-output on each call: on the trained 20M model about 0.1 ms of a 3 ms decode step, on top of the
-copies of the outputs into the state buffers after it. A ``HostBinding`` is the CPU's
+output on each call, on top of the copies of the outputs into the state buffers after it
+(BENCHMARKS.md, "Session 11: the CPU loop over IOBinding"). A ``HostBinding`` is the CPU's
 counterpart of a captured CUDA graph slot (``graph_slots``): made once per graph, rows and state
 buffers (``HostBindings``), it binds
 

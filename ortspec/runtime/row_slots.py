@@ -2,8 +2,8 @@
 
 A CPU step runs only the unfinished requests, so once a request in the middle of a batch is
 done, the rows a forward runs are no longer a range of the buffers, and every state used to be
-gathered into a copy before each Run and scattered back after it (the trained model, 3 rows of
-4: 0.5 ms of a 5 ms step). ``RowSlots`` maps each row (the request's ``row``, what every caller
+gathered into a copy before each Run and scattered back after it (a tenth of a step on the
+trained model). ``RowSlots`` maps each row (the request's ``row``, what every caller
 names) to the slot that holds its states, and moves rows so that the rows of a forward fill
 consecutive slots in their order; the forward then reads and writes views of the buffers, and
 the moves are paid once, when the rows a run steps change, not on every step.
