@@ -360,7 +360,7 @@ def child_main(model_dir, session_options: dict, max_batch_size: int, max_queue:
     (or until the parent is gone). Its log lines (a failed turn's traceback) go to the stderr it
     shares with the parent, at the server's level and in its format."""
     from ..session import Session
-    from .server import log_to_stderr
+    from .logs import log_to_stderr
 
     log_to_stderr(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us

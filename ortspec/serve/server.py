@@ -16,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
-import logging
 import socket
-import sys
 import threading
 import time
 
 from .. import validation
 from ..errors import ConfigurationError, MissingDependencyError
 from .limits import Limits
+from .logs import log_to_stderr
 
 DEPENDENCIES = ("starlette", "uvicorn", "jinja2")
 GRACEFUL_SECONDS = 10
@@ -64,16 +63,6 @@ def check_options(max_batch_size, max_queue, log_level, **limits) -> Limits:
     if log_level not in LOG_LEVELS:
         raise ConfigurationError(f"log_level={log_level!r} is unknown; use one of {', '.join(LOG_LEVELS)}.")
     return Limits(**limits)
-
-
-def log_to_stderr(level: str) -> None:
-    """ortspec.serve's lines (disconnects, 500 tracebacks) beside uvicorn's, at its level."""
-    log = logging.getLogger("ortspec.serve")
-    log.setLevel(level.upper())
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-        log.addHandler(handler)
 
 
 class Service:
