@@ -174,15 +174,20 @@ def test_a_planted_admission_failure_fails_that_request_alone(session, monkeypat
         assert server.engine.error is None and metric(server.url, "running_requests") == 0
 
 
+def slow_batcher_steps(monkeypatch, seconds: float) -> None:
+    """Every batcher step takes `seconds` longer: requests stay running while a test acts."""
+    step = Batcher.step
+
+    def slow_step(self):
+        time.sleep(seconds)
+        return step(self)
+
+    monkeypatch.setattr(Batcher, "step", slow_step)
+
+
 def test_a_non_streamed_request_is_cancelled_when_its_client_hangs_up(session, monkeypatch):
     with Server(session, port=0, max_batch_size=1) as server, Records() as log:
-        step = Batcher.step
-
-        def slow_step(self):
-            time.sleep(0.1)
-            return step(self)
-
-        monkeypatch.setattr(Batcher, "step", slow_step)
+        slow_batcher_steps(monkeypatch, 0.1)
         raw = json.dumps({"prompt": "a", "max_tokens": 40}).encode()
         connection = socket.create_connection(("127.0.0.1", server.port))
         connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
@@ -333,13 +338,7 @@ def test_slow_headers_after_a_response_are_cut_off(strict):
 
 def test_a_request_past_the_header_timeout_is_answered(strict, monkeypatch):
     """Its headers are in: the header timer is off until its response is out."""
-    step = Batcher.step
-
-    def slow_step(self):
-        time.sleep(0.2)
-        return step(self)
-
-    monkeypatch.setattr(Batcher, "step", slow_step)
+    slow_batcher_steps(monkeypatch, 0.2)
     reply = complete(strict.url, {"prompt": "a", "max_tokens": 8, "stream": True}, timeout=30)  # 1.4 s or more
     assert reply.status == 200 and len(reply.token_ids) == 8 and reply.finish_reason == "length"
 

@@ -72,8 +72,9 @@ def captured(session_model: bytes, inputs: dict, stream) -> tuple[list, int]:
 
 def run(args) -> int:
     checks, rows, results = Checks(), [], []
-    cpu = ort.InferenceSession(model(), custom_ops.session_options(), providers=["CPUExecutionProvider"])
-    eager = ort.InferenceSession(model(), custom_ops.session_options(), providers=["CUDAExecutionProvider"])
+    graph = model()
+    cpu = ort.InferenceSession(graph, custom_ops.session_options(), providers=["CPUExecutionProvider"])
+    eager = ort.InferenceSession(graph, custom_ops.session_options(), providers=["CUDAExecutionProvider"])
     stream = native.Stream(0)
     rng = np.random.default_rng(0)
     for vocab in (int(v) for v in args.vocab.split(",")):
@@ -83,7 +84,7 @@ def run(args) -> int:
                 inputs = feeds(rng, B, N, vocab, tied)
                 want = cpu.run(None, inputs)
                 got_eager = eager.run(None, inputs)
-                got_graph, seen = captured(model(), inputs, stream)
+                got_graph, seen = captured(graph, inputs, stream)
                 same = all(np.array_equal(a, b) for a, b in zip(want, got_eager)) and all(
                     np.array_equal(a, b) for a, b in zip(want, got_graph))
                 on_stream = seen == stream.handle
