@@ -36,7 +36,7 @@ constexpr unsigned kAll = 0xFFFFFFFFu;
 constexpr long long kClusterVocab = 32768;  // from this V up a row's threshold is split over a cluster
 constexpr int kClusterBlocks = 8;           // blocks per row then (the portable cluster size)
 
-// f(i, a[i], b[i]) for this thread's share of i < n (b may be null: then 0). Rows of a multiple of
+// f(a[i], b[i]) for this thread's share of i < n (b may be null: then 0). Rows of a multiple of
 // 4 floats at 16-byte addresses are read as float4, two per thread per iteration, both loads
 // issued before f runs, so a thread keeps four to eight loads in flight instead of one.
 template <typename F>
@@ -52,16 +52,26 @@ __device__ inline void visit_row(const float* a, const float* b, long long n, F&
       const long long j2 = j + kThreads;
       const float4 x0 = __ldg(a4 + j), y0 = b ? __ldg(b4 + j) : zero;
       const float4 x1 = j2 < n4 ? __ldg(a4 + j2) : zero, y1 = b && j2 < n4 ? __ldg(b4 + j2) : zero;
-      f(4 * j, x0.x, y0.x), f(4 * j + 1, x0.y, y0.y), f(4 * j + 2, x0.z, y0.z), f(4 * j + 3, x0.w, y0.w);
-      if (j2 < n4) f(4 * j2, x1.x, y1.x), f(4 * j2 + 1, x1.y, y1.y), f(4 * j2 + 2, x1.z, y1.z), f(4 * j2 + 3, x1.w, y1.w);
+      f(x0.x, y0.x), f(x0.y, y0.y), f(x0.z, y0.z), f(x0.w, y0.w);
+      if (j2 < n4) f(x1.x, y1.x), f(x1.y, y1.y), f(x1.z, y1.z), f(x1.w, y1.w);
     }
     return;
   }
-  for (long long i = threadIdx.x; i < n; i += kThreads) f(i, a[i], b ? b[i] : 0.0f);
+  for (long long i = threadIdx.x; i < n; i += kThreads) f(a[i], b ? b[i] : 0.0f);
 }
 
 __device__ inline unsigned long long warp_sum(unsigned long long v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kAll, v, offset);
+  return v;
+}
+
+// The inclusive prefix sum over the warp's lanes: lane i gets v_0 + ... + v_i.
+__device__ inline unsigned long long warp_scan(unsigned long long v) {
+  const int lane = threadIdx.x & 31;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long lower = __shfl_up_sync(kAll, v, offset);
+    if (lane >= offset) v += lower;
+  }
   return v;
 }
 
@@ -173,7 +183,7 @@ __device__ unsigned int radix_select(const RowGroup<Blocks>& group, const float*
     shift -= width;
     for (int b = threadIdx.x; b < bins; b += kThreads) histogram[b] = 0;
     __syncthreads();
-    visit_row(z, kMass ? probs : nullptr, n, [&](long long, float zi, float pi) {
+    visit_row(z, kMass ? probs : nullptr, n, [&](float zi, float pi) {
       const unsigned int key = order_key(__float_as_uint(zi));
       if ((key & mask) == prefix) {
         atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? fixed_mass(pi, bits) : 1ull);
@@ -257,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) sampling_threshold_kernel(const floa
                                &larger);
     if (p < 1.0f) {  // the mass of the k largest: those above t_k and k - larger of its ties
       unsigned long long above = 0;
-      visit_row(zr, pr, n, [&](long long, float zi, float pi) {
+      visit_row(zr, pr, n, [&](float zi, float pi) {
         const unsigned int key = order_key(__float_as_uint(zi));
         if (key > kept) above += fixed_mass(pi, bits);
         else if (key == kept) shared.tie = fixed_mass(pi, bits);  // ties: one z, one probability
@@ -278,29 +288,17 @@ __global__ void __launch_bounds__(kThreads) sampling_threshold_kernel(const floa
   if (group.rank == 0 && threadIdx.x == 0) threshold[row] = __uint_as_float(sampling::key_bits(kept));
 }
 
-// An inclusive scan over the block of every thread's v (all threads call it): this thread's
-// inclusive sum, and the block's total.
-__device__ void block_scan(unsigned long long v, unsigned long long* warp_totals, unsigned long long& inclusive,
-                           unsigned long long& total) {
+// This thread's inclusive sum in a scan over the block of every thread's v (all threads call it).
+__device__ unsigned long long block_scan(unsigned long long v, unsigned long long* warp_totals) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const unsigned long long lower = __shfl_up_sync(kAll, v, offset);
-    if (lane >= offset) v += lower;
-  }
+  v = warp_scan(v);
   if (lane == 31) warp_totals[warp] = v;
   __syncthreads();
-  if (warp == 0) {
-    unsigned long long t = warp_totals[lane];
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const unsigned long long lower = __shfl_up_sync(kAll, t, offset);
-      if (lane >= offset) t += lower;
-    }
-    warp_totals[lane] = t;
-  }
+  if (warp == 0) warp_totals[lane] = warp_scan(warp_totals[lane]);
   __syncthreads();
-  inclusive = v + (warp > 0 ? warp_totals[warp - 1] : 0);
-  total = warp_totals[kWarps - 1];
+  const unsigned long long inclusive = v + (warp > 0 ? warp_totals[warp - 1] : 0);
   __syncthreads();
+  return inclusive;
 }
 
 __global__ void __launch_bounds__(kThreads) draw_kernel(const float* weights, const float* u, long long* index, long long vocab) {
@@ -331,11 +329,7 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(const float* weights, co
   __syncthreads();
   if (warp == 0) {
     const unsigned long long own = segment_sums[lane];
-    unsigned long long through = own;  // segments 0..lane
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const unsigned long long lower = __shfl_up_sync(kAll, through, offset);
-      if (lane >= offset) through += lower;
-    }
+    const unsigned long long through = warp_scan(own);  // segments 0..lane
     const unsigned long long total = __shfl_sync(kAll, through, 31);
     const unsigned long long target = scale_mass(total, u[row], /*round_up=*/false);
     const unsigned int holds = __ballot_sync(kAll, total > 0 && through - own <= target && target < through);
@@ -377,9 +371,7 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(const float* weights, co
   const long long chunk_end = chunk_begin + chunk < seg_end ? chunk_begin + chunk : seg_end;
   unsigned long long local = 0;
   for (long long i = chunk_begin; i < chunk_end; ++i) local += fixed_mass(w[i], bits);
-  unsigned long long inclusive, segment_total;
-  block_scan(local, segment_sums, inclusive, segment_total);
-  (void)segment_total;  // the segment's own sum, as level 1 found it
+  const unsigned long long inclusive = block_scan(local, segment_sums);
   const unsigned long long target = shared.target;
   unsigned long long cumulative = shared.above + inclusive - local;
   if (local > 0 && cumulative <= target && target < cumulative + local) {
