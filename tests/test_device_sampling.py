@@ -7,9 +7,11 @@ GPU host's version of these tests, with small counts here)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto
@@ -467,24 +469,32 @@ def untruncated_feeds(rng, B: int, uniforms: int) -> dict:
             "uniforms": rng.random((B, uniforms), dtype=np.float32)}
 
 
-def test_the_tempered_decode_draws_the_sorting_graphs_tokens_bit_for_bit(graphs):
-    """decode_tempered (no sort: a captured graph's choice where no row asks for top-k / top-p)
-    beside the portable decode_sample: for rows without top-k / top-p every output equal, bit for
-    bit, over many uniforms; a row with top-p is where the two part (what the runtime never
-    gives the tempered graph)."""
+def test_the_portable_decode_sample_is_one_op_that_draws_the_references_tokens(graphs):
+    """The portable decode_sample (the graph CUDA runs: one ai.ortspec.SampleToken for the whole
+    choice) beside the portable decode: every output but the tokens equal; greedy rows' tokens
+    decode's; sampled rows' (top-k, top-p, min-p, plain) the reference's draws from the
+    logits over many uniforms, up to a uniform within 1e-5 of a boundary."""
     rng = np.random.default_rng(5)
     positions = np.array([[3], [40], [17], [99]], np.int64)
     feeds = verify_feeds(graphs, rng.integers(0, graphs.manifest.spec.vocab_size, (4, 1)), positions, rng)
     feeds = {n: v for n, v in feeds.items() if not n.endswith(".mtp")}
-    sort, tempered = portable(graphs, "decode_sample"), portable(graphs, "decode_tempered")
-    parted = 0
-    for _ in range(20):
-        sampled = untruncated_feeds(rng, 4, 1)
-        want, got = sort({**feeds, **sampled}), tempered({**feeds, **sampled})
-        assert all(np.array_equal(want[n], got[n]) for n in want), "rows without top-k / top-p"
-        sampled["top_p"][1] = 0.3
-        parted += not np.array_equal(sort({**feeds, **sampled})["tokens"], tempered({**feeds, **sampled})["tokens"])
-    assert parted > 0
+    run = portable(graphs, "decode_sample")
+    ops = {name: Counter(n.op_type for n in onnx.load(str(graphs.manifest.graph_path(name)),
+                                                        load_external_data=False).graph.node)
+           for name in ("decode", "decode_sample")}
+    assert ops["decode_sample"] - ops["decode"] == Counter({"SampleToken": 1}) and not ops["decode"] - ops["decode_sample"]
+    plain = portable(graphs, "decode")(feeds)
+    for _ in range(25):
+        sampled = sampling_feeds(rng, 4, 1, [0.0, 1.0, 0.7, 1.3])
+        got = run({**feeds, **sampled})
+        assert all(np.array_equal(plain[n], got[n]) for n in plain if n != "tokens")
+        assert got["tokens"][0, 0] == plain["tokens"][0, 0]
+        probs = sampling.transform(plain["logits"][1:, 0].astype(np.float64), sampled["temperature"][1:].astype(float),
+                                   sampled["top_k"][1:], sampled["top_p"][1:].astype(float),
+                                   sampled["min_p"][1:].astype(float))
+        u = sampled["uniforms"][1:, 0].astype(np.float64)
+        low, high = (sampling.draw(probs, np.clip(u + d, 0, 1 - 1e-12)) for d in (-1e-5, 1e-5))
+        assert ((low <= got["tokens"][1:, 0]) & (got["tokens"][1:, 0] <= high)).all()
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -519,30 +529,31 @@ def test_runs_take_the_tempered_graphs_only_where_no_live_row_truncates():
 
 
 def test_the_cpu_never_runs_the_tempered_graphs_and_a_gpu_loop_would(models, monkeypatch):
-    """The CPU's own decode_sample skips its search where no row needs it: a CPU Decoder has no
+    """The CPU's own sampling graphs skip their search where no row needs it: a CPU Decoder has no
     tempered k. A Decoder given them (as on CUDA) opens a run of plain temperature on
-    decode_tempered, and one with a top-p row on decode_sample."""
+    verify_mtp_tempered_k2, and one with a top-p row on verify_mtp_sample_k2; a sampled decode is
+    decode_sample either way (one op: nothing to spare)."""
     out = models.converted("base")
     with ortspec.Session(out, num_speculative_tokens=2).batcher(max_batch_size=2) as batcher:
         kinds = batcher.decoder.kinds
         assert kinds.tempered_ks == frozenset()
         assert step_kinds.sampling_ks(batcher.session.manifest, kinds.fused_ks, kinds.draft_source, "tempered") == \
-            kinds.sampled_ks != frozenset()
-    graphs, original = [], step_kinds.DecodeRun.__init__
+            kinds.sampled_ks - {0} != frozenset()
+    graphs, original = [], step_kinds.FusedRun.__init__
 
     def recorded(self, *args, **kwargs):
         original(self, *args, **kwargs)
         graphs.append(self.graph)
 
-    monkeypatch.setattr(step_kinds.DecodeRun, "__init__", recorded)
-    with ortspec.Session(out).batcher(max_batch_size=2) as batcher:
-        batcher.decoder.kinds.tempered_ks = frozenset({0})
+    monkeypatch.setattr(step_kinds.FusedRun, "__init__", recorded)
+    with ortspec.Session(out, num_speculative_tokens=2).batcher(max_batch_size=2) as batcher:
+        batcher.decoder.kinds.tempered_ks = frozenset({2})
         for top_p in (1.0, 0.9):
-            rid = batcher.add_request([5, 6, 7], max_new_tokens=4, temperature=0.8, top_p=top_p, seed=1)
+            rid = batcher.add_request([5, 6, 7], max_new_tokens=8, temperature=0.8, top_p=top_p, seed=1)
             while batcher.pending:
                 batcher.step()
-            assert len(batcher.result(rid)) == 4
-    assert [g.split(".")[0] for g in graphs] == ["decode_tempered", "decode_sample"]
+            assert len(batcher.result(rid)) == 8
+    assert [g.split(".")[0] for g in dict.fromkeys(graphs)] == ["verify_mtp_tempered_k2", "verify_mtp_sample_k2"]
 
 
 def test_a_conversion_may_leave_the_sampling_graphs_out(models, tmp_path):

@@ -1,7 +1,8 @@
 """The ai.ortspec custom ops on the CPU provider (csrc/core/sampling_ops.h): SamplingThreshold keeps
-the reference transform's tokens, Draw draws the reference's token, both exact in integers (so the
-CUDA kernels can match them bit for bit: tools/gpu_suite/sampling_ops.py checks that on a GPU), and
-bad shapes give an error, not a crash, with the session usable after it."""
+the reference transform's tokens, Draw draws the reference's token, SampleToken does both from the
+logits (a greedy row's token is the argmax it is given), all exact in integers (so the CUDA
+kernels can match them bit for bit: tools/gpu_suite/sampling_ops.py checks that on a GPU), and bad
+shapes give an error, not a crash, with the session usable after it."""
 
 from __future__ import annotations
 
@@ -122,3 +123,92 @@ def test_bad_shapes_are_an_error_and_the_session_goes_on(session):
                            "weights": z, "u": np.zeros((2, 3), np.float32)})
     threshold, index = run(session, np.zeros((2, 1, 10), np.float32), [0, 0], [1.0, 1.0])
     assert index.shape == (2, 1) and np.isneginf(threshold).all()
+
+
+SAMPLE_INPUTS = (("logits", F32), ("greedy", I64), ("temperature", F32), ("top_k", I64), ("top_p", F32),
+                 ("min_p", F32), ("u", F32))
+
+
+@pytest.fixture(scope="module")
+def sample_session() -> ort.InferenceSession:
+    """token = SampleToken(logits, greedy, temperature, top_k, top_p, min_p, u)."""
+    node = helper.make_node("SampleToken", [n for n, _ in SAMPLE_INPUTS], ["token"], domain=ORTSPEC_DOMAIN)
+    graph = helper.make_graph([node], "sample", [helper.make_tensor_value_info(n, t, None) for n, t in SAMPLE_INPUTS],
+                              [helper.make_tensor_value_info("token", I64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(ORTSPEC_DOMAIN, 1)],
+                              ir_version=10)
+    return ort.InferenceSession(model.SerializeToString(), custom_ops.session_options(),
+                                providers=["CPUExecutionProvider"])
+
+
+def sample(session, logits, temperature, top_k=None, top_p=None, min_p=None, u=None, greedy=None):
+    B, N, _ = logits.shape
+    feeds = {"logits": logits, "greedy": logits.argmax(-1) if greedy is None else greedy,
+             "temperature": np.asarray(temperature, np.float32),
+             "top_k": np.zeros(B, np.int64) if top_k is None else np.asarray(top_k, np.int64),
+             "top_p": np.ones(B, np.float32) if top_p is None else np.asarray(top_p, np.float32),
+             "min_p": np.zeros(B, np.float32) if min_p is None else np.asarray(min_p, np.float32),
+             "u": np.zeros((B, N), np.float32) if u is None else u}
+    return session.run(None, feeds)[0], feeds
+
+
+def reference_bounds(feeds: dict, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's draws [B, N] at u - eps and u + eps: a token between them is the reference's
+    up to float32 rounding of the probabilities (a draw moves only where u is that near a boundary)."""
+    B, N, V = feeds["logits"].shape
+    each = lambda x: np.repeat(x.astype(np.float64) if x.dtype == np.float32 else x, N)  # noqa: E731
+    probs = sampling.transform(feeds["logits"].reshape(-1, V), each(feeds["temperature"]), each(feeds["top_k"]),
+                               each(feeds["top_p"]), each(feeds["min_p"]))
+    u = feeds["u"].reshape(-1).astype(np.float64)
+    low, high = (sampling.draw(probs, np.clip(u + d, 0.0, 1.0 - 1e-12)).reshape(B, N) for d in (-eps, eps))
+    return low, high
+
+
+@pytest.mark.parametrize("grid", [False, True], ids=["distinct", "ties"])
+def test_sample_token_draws_the_references_token(sample_session, grid):
+    """Rows of every kind (temperature alone, top-k, top-p, both, min-p, all three) over many
+    uniforms: each token is the reference transform's draw (up to a uniform within 1e-5 of a
+    boundary), so never outside its kept set, ties at the cut included."""
+    rng = np.random.default_rng(11 if grid else 10)
+    settings = [(1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (0.9, 40, 0.5, 0.0),
+                (1.0, 0, 1.0, 0.05), (0.6, 20, 0.9, 0.01), (2.0, 1, 1.0, 0.0)]
+    B, N, V = len(settings), 64, 500
+    logits = rng.normal(0, 3, (B, 1, V))
+    logits = np.repeat(np.round(logits * 2) / 2 if grid else logits, N, axis=1).astype(np.float32)
+    temperature, top_k, top_p, min_p = (np.array(c) for c in zip(*settings))
+    u = rng.random((B, N), dtype=np.float32)
+    token, feeds = sample(sample_session, logits, temperature, top_k, top_p, min_p, u)
+    low, high = reference_bounds(feeds)
+    assert ((low <= token) & (token <= high)).all(), np.argwhere((token < low) | (token > high))[:5]
+    assert (low == high).mean() > 0.99  # the bounds pin almost every draw down to one token
+
+
+def test_sample_token_keeps_greedy_rows_and_falls_back_to_them(sample_session):
+    """temperature 0: the greedy input's token, whatever the logits; min_p above 1 keeps nothing:
+    the argmax too."""
+    rng = np.random.default_rng(12)
+    logits = rng.normal(0, 1, (3, 2, 300)).astype(np.float32)
+    greedy = np.array([[7, 8], [9, 10], [11, 12]], np.int64)
+    token, _ = sample(sample_session, logits, [0.0, 1.0, 0.8], min_p=[0.0, 0.0, 1.5], greedy=greedy,
+                      u=rng.random((3, 2), dtype=np.float32))
+    assert token[0].tolist() == [7, 8] and token[2].tolist() == [11, 12]
+    assert token[1].tolist() != [9, 10]
+
+
+def test_sample_token_at_qwen35s_vocabulary(sample_session):
+    rng = np.random.default_rng(13)
+    logits = rng.normal(0, 2, (2, 3, 248_320)).astype(np.float32)
+    token, feeds = sample(sample_session, logits, [0.8, 1.0], [0, 50], [0.95, 0.9], [0.0, 0.0],
+                          rng.random((2, 3), dtype=np.float32))
+    low, high = reference_bounds(feeds)
+    assert ((low <= token) & (token <= high)).all()
+
+
+def test_sample_token_bad_shapes_are_an_error_and_the_session_goes_on(sample_session):
+    logits = np.zeros((2, 1, 10), np.float32)
+    with pytest.raises(Exception, match="SampleToken: temperature .* must be \\[B\\]"):
+        sample(sample_session, logits, [1.0, 1.0, 1.0])
+    with pytest.raises(Exception, match="SampleToken: greedy .* must be \\[2, 1\\]"):
+        sample(sample_session, logits, [1.0, 1.0], greedy=np.zeros((2, 2), np.int64))
+    token, _ = sample(sample_session, logits, [1.0, 0.0])
+    assert token.shape == (2, 1)

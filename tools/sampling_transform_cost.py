@@ -1,5 +1,6 @@
 """What choosing a token costs on ONNX Runtime's CPU EP, apart from the model: the argmax (greedy),
-the sampling transform and draw as the portable graphs build it (the ai.ortspec ops, ``native``),
+the sampling transform and draw as the portable graphs build it for a decode (one ai.ortspec
+SampleToken, ``fused``) and for a verify (the steps, with the ai.ortspec threshold and draw, ``native``),
 with ONNX ops alone (a full sort and blocked cumulative sums, ``sort``) and as the CPU graphs do
 (``candidates``), and the numpy reference (speculative.sampling), on random logits [B, 1, V].
 
@@ -7,7 +8,8 @@ with ONNX ops alone (a full sort and blocked cumulative sums, ``sort``) and as t
     python3 tools/sampling_transform_cost.py --provider cuda --vocab 4096,248320 --batch 1,16,64
 
 On CUDA each variant runs as a captured CUDA graph over device-bound inputs, as the sampling
-graphs do in a step, and the variants are: the argmax, the portable transform and draw (native),
+graphs do in a step, and the variants are: the argmax, the decode's one op (fused), the portable
+transform and draw in steps (native),
 the same with ONNX ops alone (sort),
 the head's draft choice (Softmax(z / T) and the draw, no truncation: ``tempered``), and two
 cumulative sums over [B, 1, V] alone: ONNX Runtime's CumSum (``cumsum``) and the blocked one the
@@ -36,7 +38,7 @@ from onnx import TensorProto  # noqa: E402
 
 from ortspec.converter.builder import CPU, PORTABLE, GraphBuilder, WeightStore  # noqa: E402
 from ortspec.converter.sampling_graph import (CANDIDATES, NATIVE, SORT, RowParams, make_draw, make_sampling_probs,  # noqa: E402
-                                             make_token_choice, prefix_sums)
+                                             make_sampled_tokens, make_token_choice, prefix_sums)
 from ortspec.speculative import sampling  # noqa: E402
 from ortspec.runtime import custom_ops  # noqa: E402
 
@@ -64,8 +66,12 @@ def choice_model(vocab: int, variant: str | None) -> bytes:
         g.output(sums, "sums", F32, ["B", 1, vocab])
     else:
         params, u = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
-        token = (make_token_choice(g, logits, params, u, vocab, truncated=False)[0] if variant == "tempered" else
-                 make_draw(g, make_sampling_probs(g, logits, params, vocab, variant), u, vocab, variant))
+        if variant == "tempered":
+            token = make_token_choice(g, logits, params, u, vocab, truncated=False)[0]
+        elif variant == "fused":
+            token = make_sampled_tokens(g, logits, params, u, vocab)
+        else:
+            token = make_draw(g, make_sampling_probs(g, logits, params, vocab, variant), u, vocab, variant)
         g.output(token, "token", I64, ["B", 1])
     return g.build({}).SerializeToString()
 
@@ -168,9 +174,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for vocab in (int(v) for v in args.vocab.split(",")):
-        names = ({"argmax": None, NATIVE: NATIVE, SORT: SORT, "tempered": "tempered", "cumsum": "cumsum",
-                  "blocked": "blocked"}
-                 if args.provider == "cuda" else {"argmax": None, NATIVE: NATIVE, SORT: SORT, CANDIDATES: CANDIDATES})
+        names = ({"argmax": None, "fused": "fused", NATIVE: NATIVE, SORT: SORT, "tempered": "tempered",
+                  "cumsum": "cumsum", "blocked": "blocked"}
+                 if args.provider == "cuda" else
+                 {"argmax": None, "fused": "fused", NATIVE: NATIVE, SORT: SORT, CANDIDATES: CANDIDATES})
         models = op_models(vocab) if args.ops else {name: choice_model(vocab, variant) for name, variant in names.items()}
         print(f"V={vocab} provider={args.provider} threads={args.threads} logits scale={args.scale}; ms per call "
               f"(median of {args.repeats}, {args.clock} time)")

@@ -1,4 +1,4 @@
-// ortspec's custom ops for ONNX Runtime, domain ai.ortspec: SamplingThreshold and Draw
+// ortspec's custom ops for ONNX Runtime, domain ai.ortspec: SamplingThreshold, Draw and SampleToken
 // (core/sampling_ops.h), each for the CPU and, in a CUDA build, the CUDA execution provider.
 // ONNX Runtime loads them from this module's own file: SessionOptions.register_custom_ops_library
 // calls RegisterCustomOps below (ortspec/runtime/custom_ops.py does, for every session).
@@ -169,6 +169,42 @@ void draw(const Context& context, bool cuda) {
   sampling::cpu::draw(wp, up, index, rows, weights.dims[2]);
 }
 
+// SampleToken(logits f32[B, N, V], greedy i64[B, N], temperature, top_k, top_p, min_p [B], u f32[B, N]) -> i64[B, N]
+void sample_token(const Context& context, bool cuda) {
+  const Tensor logits = context.input(0), greedy = context.input(1), temperature = context.input(2),
+               top_k = context.input(3), top_p = context.input(4), min_p = context.input(5), u = context.input(6);
+  require(logits.dims.size() == 3 && logits.dims[2] > 0,
+          "SampleToken: logits must be [B, N, V] with V > 0, got " + dims_text(logits.dims));
+  const std::vector<std::int64_t> rows_shape{logits.dims[0], logits.dims[1]}, per_request{logits.dims[0]};
+  require(greedy.dims == rows_shape && u.dims == rows_shape,
+          "SampleToken: greedy " + dims_text(greedy.dims) + " and u " + dims_text(u.dims) + " must be " +
+              dims_text(rows_shape));
+  require(temperature.dims == per_request && top_k.dims == per_request && top_p.dims == per_request &&
+              min_p.dims == per_request,
+          "SampleToken: temperature " + dims_text(temperature.dims) + ", top_k " + dims_text(top_k.dims) + ", top_p " +
+              dims_text(top_p.dims) + " and min_p " + dims_text(min_p.dims) + " must be [B]");
+  auto* token = static_cast<std::int64_t*>(context.output(0, rows_shape));
+  const std::int64_t rows = logits.dims[0] * logits.dims[1];
+  const auto* lp = static_cast<const float*>(logits.data);
+  const auto* gp = static_cast<const std::int64_t*>(greedy.data);
+  const auto* tp = static_cast<const float*>(temperature.data);
+  const auto* kp = static_cast<const std::int64_t*>(top_k.data);
+  const auto* pp = static_cast<const float*>(top_p.data);
+  const auto* mp = static_cast<const float*>(min_p.data);
+  const auto* up = static_cast<const float*>(u.data);
+#ifdef ORTSPEC_WITH_CUDA
+  if (cuda) {
+    const std::uintptr_t stream = context.cuda_stream();
+    g_last_cuda_stream.store(stream);
+    cuda::sample_token(lp, gp, tp, kp, pp, mp, up, token, rows, logits.dims[1], logits.dims[2], stream);
+    return;
+  }
+#endif
+  (void)cuda;
+  context.check_cpu_abi();
+  sampling::cpu::sample_token(lp, gp, tp, kp, pp, mp, up, token, rows, logits.dims[1], logits.dims[2]);
+}
+
 struct OpSpec {
   const char* name;
   std::vector<int> inputs, outputs;
@@ -177,6 +213,7 @@ struct OpSpec {
 
 const OpSpec kThreshold{"SamplingThreshold", {kFloat, kFloat, kInt64, kFloat}, {kFloat}, sampling_threshold};
 const OpSpec kDraw{"Draw", {kFloat, kFloat}, {kInt64}, draw};
+const OpSpec kSampleToken{"SampleToken", {kFloat, kInt64, kFloat, kInt64, kFloat, kFloat, kFloat}, {kInt64}, sample_token};
 
 // One op for one provider: the OrtCustomOp ONNX Runtime reads, then what its callbacks need.
 struct Op {
@@ -271,10 +308,11 @@ extern "C" __attribute__((visibility("default"))) Status* RegisterCustomOps(Sess
   if (Status* status = check_api(api)) return status;
   // The ops and their domain live as long as the process: ONNX Runtime keeps pointers to them.
   static std::vector<Op>* ops = [] {
-    auto* made = new std::vector<Op>{make_op(kThreshold, nullptr), make_op(kDraw, nullptr)};
+    const OpSpec* specs[] = {&kThreshold, &kDraw, &kSampleToken};
+    auto* made = new std::vector<Op>;
+    for (const OpSpec* spec : specs) made->push_back(make_op(*spec, nullptr));
 #ifdef ORTSPEC_WITH_CUDA
-    made->push_back(make_op(kThreshold, kCuda));
-    made->push_back(make_op(kDraw, kCuda));
+    for (const OpSpec* spec : specs) made->push_back(make_op(*spec, kCuda));
 #endif
     return made;
   }();

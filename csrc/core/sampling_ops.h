@@ -1,8 +1,8 @@
-// The two steps of a sampled token that ONNX ops cannot do in one kernel per row: the top-k /
-// top-p threshold (ONNX Runtime sorts all V for it, row by row) and
-// the inverse-CDF draw (a cumulative sum over all V). The sampling graphs for CUDA call them as
-// the custom ops ai.ortspec.SamplingThreshold and ai.ortspec.Draw (core/ort_custom_ops.cpp);
-// converter/sampling_graph.py says where they sit in a graph.
+// The steps of a sampled token that ONNX ops cannot do in one kernel per row: the top-k / top-p
+// threshold (ONNX Runtime sorts all V for it, row by row), the inverse-CDF draw (a cumulative sum
+// over all V), and the whole choice of a sampled decode in one op. The sampling graphs for CUDA
+// call them as the custom ops ai.ortspec.SamplingThreshold, ai.ortspec.Draw and
+// ai.ortspec.SampleToken (core/ort_custom_ops.cpp); converter/sampling_graph.py says where they sit.
 //
 // Shapes (R rows = B requests x N rows each, V the vocabulary):
 //   sampling_threshold  z f32[R, V] (logits / T), probs f32[R, V] (Softmax(z), each <= 1),
@@ -13,6 +13,13 @@
 //   draw                weights f32[R, V] in [0, 1], u f32[R] in [0, 1) -> index int64[R]:
 //                       the first index whose cumulative weight exceeds u x the row's total
 //                       (speculative.sampling.draw); a row of zero weights gives V - 1.
+//   sample_token        logits f32[R, V], greedy int64[R] (the argmax), temperature, top_k,
+//                       top_p, min_p [B], u f32[R] -> token int64[R]: greedy where temperature
+//                       <= 0, else the draw from the transformed distribution, each step of it
+//                       over weights computed in the op from the logits alone: z = logits x
+//                       (1 / T), w = exp(max(z - max z, -64)) (exp_rn: the same bits on the CPU
+//                       and CUDA), the top-k / top-p threshold over w's masses, min-p as w >=
+//                       min_p (p >= min_p x max p), the draw over the kept w.
 //
 // Masses are sums of fixed-point integers (each weight truncated to a multiple of 2^-F with
 // F = 61 - ceil(log2 V): 2^-43 at V = 248,320), so a sum does not depend on its order: the CPU
@@ -28,6 +35,7 @@
 // on CUDA, plain selects here.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -110,12 +118,58 @@ ORTSPEC_HOST_DEVICE inline std::uint32_t key_bits(std::uint32_t key) {
   return key ^ ((key >> 31) ? 0x80000000u : 0xFFFFFFFFu);
 }
 
+// Round-to-nearest float arithmetic that no compiler contracts or reorders: each step of exp_rn is
+// one correctly rounded operation, so the CPU and CUDA give the same bits.
+ORTSPEC_HOST_DEVICE inline float fma_rn(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+ORTSPEC_HOST_DEVICE inline float mul_rn(float a, float b) { return fma_rn(a, b, -0.0f); }
+ORTSPEC_HOST_DEVICE inline float sub_rn(float a, float b) { return fma_rn(b, -1.0f, a); }
+ORTSPEC_HOST_DEVICE inline float reciprocal_rn(float a) {
+#ifdef __CUDA_ARCH__
+  return __frcp_rn(a);
+#else
+  return 1.0f / a;
+#endif
+}
+
+constexpr float kExpFloor = -64.0f;  // z - max z below this counts as this (sampling_graph.EXP_FLOOR)
+
+// e^x for x in [kExpFloor, 0] (clamped there), within ~2 ulp: x = n ln 2 + r with |r| <= ln 2 / 2
+// (ln 2 in two parts), e^r by a degree-6 polynomial (Cephes' expf), then 2^n exactly.
+ORTSPEC_HOST_DEVICE inline float exp_rn(float x) {
+  x = x < kExpFloor ? kExpFloor : (x > 0.0f ? 0.0f : x);
+#ifdef __CUDA_ARCH__
+  const float n = rintf(mul_rn(x, 1.44269504088896341f));
+#else
+  const float n = std::nearbyint(mul_rn(x, 1.44269504088896341f));
+#endif
+  float r = fma_rn(n, -0.693359375f, x);
+  r = fma_rn(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fma_rn(p, r, 1.3981999507e-3f);
+  p = fma_rn(p, r, 8.3334519073e-3f);
+  p = fma_rn(p, r, 4.1665795894e-2f);
+  p = fma_rn(p, r, 1.6666665459e-1f);
+  p = fma_rn(p, r, 5.0000001201e-1f);
+  const float y = fma_rn(fma_rn(p, mul_rn(r, r), r), 1.0f, 1.0f);  // 1 + r + p r^2
+  // 2^n by the exponent field (n in [-93, 0]: e^x >= e^-64 is normal, 2^n too)
+  return mul_rn(y, bits_float(static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23));
+}
+
 namespace cpu {
 
-// The reference both ops follow (module comment); rows_per_request = N.
+// The reference the CUDA ops follow (module comment); rows_per_request = N.
 void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
                         float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab);
 void draw(const float* weights, const float* u, std::int64_t* index, std::int64_t rows, std::int64_t vocab);
+void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
+                  const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
+                  std::int64_t rows_per_request, std::int64_t vocab);
 
 }  // namespace cpu
 }  // namespace ortspec::sampling

@@ -11,32 +11,29 @@
 namespace ortspec::sampling::cpu {
 namespace {
 
+// A row's order keys and fixed-point masses: what both selects read.
 struct RowThreshold {
-  const float* z;
-  const float* probs;
-  std::int64_t vocab;
-  int bits;
+  std::vector<std::uint32_t> keys;
+  std::vector<std::uint64_t> masses;
 
-  std::uint32_t key(std::int64_t i) const { return order_key(float_bits(z[i])); }
+  std::int64_t vocab() const { return static_cast<std::int64_t>(keys.size()); }
 
   // The K-th largest key, and how many keys are larger.
   std::pair<std::uint32_t, std::int64_t> kth_largest(std::int64_t k) const {
-    std::vector<std::uint32_t> keys(static_cast<std::size_t>(vocab));
-    for (std::int64_t i = 0; i < vocab; ++i) keys[static_cast<std::size_t>(i)] = key(i);
-    std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<std::uint32_t>());
-    const std::uint32_t kth = keys[static_cast<std::size_t>(k - 1)];
+    std::vector<std::uint32_t> sorted = keys;
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<std::uint32_t>());
+    const std::uint32_t kth = sorted[static_cast<std::size_t>(k - 1)];
     std::int64_t larger = 0;
-    for (std::int64_t i = 0; i < vocab; ++i) larger += key(i) > kth;
+    for (const std::uint32_t key : keys) larger += key > kth;
     return {kth, larger};
   }
 
-  // The mass of the K largest: those above t_k, and K - above of t_k's ties (equal z, equal probs).
+  // The mass of the K largest: those above t_k, and K - above of t_k's ties (equal z, equal mass).
   std::uint64_t top_mass(std::uint32_t kth, std::int64_t larger, std::int64_t k) const {
     std::uint64_t above = 0, tie = 0;
-    for (std::int64_t i = 0; i < vocab; ++i) {
-      const std::uint32_t ki = key(i);
-      if (ki > kth) above += fixed_mass(probs[i], bits);
-      else if (ki == kth) tie = fixed_mass(probs[i], bits);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] > kth) above += masses[i];
+      else if (keys[i] == kth) tie = masses[i];
     }
     return above + static_cast<std::uint64_t>(k - larger) * tie;
   }
@@ -44,8 +41,8 @@ struct RowThreshold {
   // The key whose mass above is < target and with its ties >= target (the smallest key when the
   // mass never reaches it).
   std::uint32_t mass_select(std::uint64_t target) const {
-    std::vector<std::pair<std::uint32_t, std::uint64_t>> entries(static_cast<std::size_t>(vocab));
-    for (std::int64_t i = 0; i < vocab; ++i) entries[static_cast<std::size_t>(i)] = {key(i), fixed_mass(probs[i], bits)};
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> entries(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) entries[i] = {keys[i], masses[i]};
     std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::uint64_t above = 0;
     for (std::size_t i = 0; i < entries.size();) {
@@ -58,55 +55,105 @@ struct RowThreshold {
     }
     return entries.back().first;
   }
+
+  // The smallest key kept by top-k (k <= V), then top-p (p < 1: on); -inf's key when neither cuts.
+  std::uint32_t threshold(std::int64_t k, float p) const {
+    if (k == vocab() && !(p < 1.0f)) return order_key(float_bits(-std::numeric_limits<float>::infinity()));
+    std::uint32_t kept = 0;  // the smallest key: no bound from top-k
+    std::uint64_t total = 0;
+    if (k < vocab()) {
+      const auto [kth, larger] = kth_largest(k);
+      kept = kth;
+      if (p < 1.0f) total = top_mass(kth, larger, k);
+    } else {
+      for (const std::uint64_t mass : masses) total += mass;
+    }
+    if (p < 1.0f) kept = std::max(kept, mass_select(scale_mass(total, p, /*round_up=*/true)));
+    return kept;
+  }
 };
+
+std::int64_t clamp_top_k(std::int64_t top_k, std::int64_t vocab) {
+  return top_k > 0 ? std::min(top_k, vocab) : vocab;
+}
+
+// The first index whose cumulative mass exceeds u x the total (total > 0).
+std::int64_t inverse_cdf(const std::vector<std::uint64_t>& masses, std::uint64_t total, float u) {
+  const std::uint64_t target = scale_mass(total, u, /*round_up=*/false);  // < total
+  std::uint64_t cumulative = 0;
+  const std::int64_t vocab = static_cast<std::int64_t>(masses.size());
+  for (std::int64_t i = 0; i < vocab; ++i) {
+    cumulative += masses[static_cast<std::size_t>(i)];
+    if (cumulative > target) return i;
+  }
+  return vocab - 1;
+}
 
 }  // namespace
 
 void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
                         float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab) {
   const int bits = fraction_bits(vocab);
+  RowThreshold row{std::vector<std::uint32_t>(static_cast<std::size_t>(vocab)),
+                   std::vector<std::uint64_t>(static_cast<std::size_t>(vocab))};
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t request = r / rows_per_request;
-    const RowThreshold row{z + r * vocab, probs + r * vocab, vocab, bits};
-    const std::int64_t k = top_k[request] > 0 ? std::min(top_k[request], vocab) : vocab;
-    const float p = top_p[request];
-    if (k == vocab && !(p < 1.0f)) {
-      threshold[r] = -std::numeric_limits<float>::infinity();  // keeps every token
-      continue;
+    for (std::int64_t i = 0; i < vocab; ++i) {
+      row.keys[static_cast<std::size_t>(i)] = order_key(float_bits(z[r * vocab + i]));
+      row.masses[static_cast<std::size_t>(i)] = fixed_mass(probs[r * vocab + i], bits);
     }
-    std::uint32_t kept = 0;  // the smallest key: no bound from top-k
-    std::uint64_t total = 0;
-    if (k < vocab) {
-      const auto [kth, larger] = row.kth_largest(k);
-      kept = kth;
-      if (p < 1.0f) total = row.top_mass(kth, larger, k);
-    } else {
-      for (std::int64_t i = 0; i < vocab; ++i) total += fixed_mass(row.probs[i], bits);
-    }
-    if (p < 1.0f) kept = std::max(kept, row.mass_select(scale_mass(total, p, /*round_up=*/true)));
-    threshold[r] = bits_float(key_bits(kept));
+    threshold[r] = bits_float(key_bits(row.threshold(clamp_top_k(top_k[request], vocab), top_p[request])));
   }
 }
 
 void draw(const float* weights, const float* u, std::int64_t* index, std::int64_t rows, std::int64_t vocab) {
   const int bits = fraction_bits(vocab);
+  std::vector<std::uint64_t> masses(static_cast<std::size_t>(vocab));
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* w = weights + r * vocab;
     std::uint64_t total = 0;
-    for (std::int64_t i = 0; i < vocab; ++i) total += fixed_mass(w[i], bits);
+    for (std::int64_t i = 0; i < vocab; ++i) total += masses[static_cast<std::size_t>(i)] = fixed_mass(w[i], bits);
     if (total == 0) {  // no weight reaches 2^-bits: the largest, else (all zero) V - 1 as the reference
       const std::int64_t largest = std::max_element(w, w + vocab) - w;
       index[r] = w[largest] > 0.0f ? largest : vocab - 1;
       continue;
     }
-    const std::uint64_t target = scale_mass(total, u[r], /*round_up=*/false);  // < total
-    std::uint64_t cumulative = 0;
-    std::int64_t i = 0;
-    for (; i < vocab; ++i) {
-      cumulative += fixed_mass(w[i], bits);
-      if (cumulative > target) break;
+    index[r] = inverse_cdf(masses, total, u[r]);
+  }
+}
+
+void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
+                  const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
+                  std::int64_t rows_per_request, std::int64_t vocab) {
+  const int bits = fraction_bits(vocab);
+  RowThreshold row{std::vector<std::uint32_t>(static_cast<std::size_t>(vocab)),
+                   std::vector<std::uint64_t>(static_cast<std::size_t>(vocab))};
+  std::vector<float> weight(static_cast<std::size_t>(vocab));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t request = r / rows_per_request;
+    const float t = temperature[request];
+    if (!(t > 0.0f)) {
+      token[r] = greedy[r];
+      continue;
     }
-    index[r] = std::min(i, vocab - 1);
+    const float scale = reciprocal_rn(t), *l = logits + r * vocab;
+    float top = -std::numeric_limits<float>::infinity();
+    for (std::int64_t i = 0; i < vocab; ++i) top = std::max(top, mul_rn(l[i], scale));
+    for (std::int64_t i = 0; i < vocab; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      const float z = mul_rn(l[i], scale);
+      weight[at] = exp_rn(sub_rn(z, top));
+      row.keys[at] = order_key(float_bits(z));
+      row.masses[at] = fixed_mass(weight[at], bits);
+    }
+    const std::uint32_t kept = row.threshold(clamp_top_k(top_k[request], vocab), top_p[request]);
+    const float floor = min_p[request];
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < row.keys.size(); ++i) {
+      if (row.keys[i] < kept || (floor > 0.0f && !(weight[i] >= floor))) row.masses[i] = 0;
+      total += row.masses[i];
+    }
+    token[r] = total > 0 ? inverse_cdf(row.masses, total, u[r]) : greedy[r];  // nothing kept (min_p > 1)
   }
 }
 

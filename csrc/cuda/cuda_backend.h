@@ -166,14 +166,17 @@ void commit_conv_tails(const ConvTailPointers* layers, std::size_t count, const 
 std::string take_transition_kernel_error(int device, std::uintptr_t stream);
 
 // ---- sampling ops (sampling_ops.cu) -------------------------------------------
-// core/sampling_ops.h's sampling_threshold and draw, bit for bit the CPU reference's; one block per
-// row, enqueued on `stream` (ONNX Runtime's compute stream inside a custom op).
+// core/sampling_ops.h's sampling_threshold, draw and sample_token, bit for bit the CPU reference's;
+// a block or a cluster of blocks per row, enqueued on `stream` (ONNX Runtime's compute stream inside a custom op).
 
 void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
                         float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab,
                         std::uintptr_t stream);
 void draw(const float* weights, const float* u, std::int64_t* index, std::int64_t rows, std::int64_t vocab,
           std::uintptr_t stream);
+void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
+                  const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
+                  std::int64_t rows_per_request, std::int64_t vocab, std::uintptr_t stream);
 
 // Synchronizes `stream`, then returns and clears the first error a state kernel
 // recorded on `device` ("" when none).

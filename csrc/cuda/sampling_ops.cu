@@ -60,6 +60,38 @@ __device__ inline void visit_row(const float* a, const float* b, long long n, F&
   for (long long i = threadIdx.x; i < n; i += kThreads) f(a[i], b ? b[i] : 0.0f);
 }
 
+// A slice of a row as the selects read it: f(key, a, b) for each entry, the order key of its z
+// and what mass(a, b) turns into its fixed-point mass, so a pass that does not need an entry's
+// mass (its key outside the digits chosen so far) never computes it.
+struct ProbsSlice {  // SamplingThreshold: z and Softmax(z) as given
+  const float* z;
+  const float* probs;
+  long long n;
+  int bits;
+  template <bool kMass, typename F>
+  __device__ void visit(F&& f) const {
+    visit_row(z, kMass ? probs : nullptr, n, [&](float zi, float pi) { f(order_key(__float_as_uint(zi)), zi, pi); });
+  }
+  __device__ unsigned long long mass(float, float pi) const { return fixed_mass(pi, bits); }
+};
+
+struct LogitsSlice {  // SampleToken: z = logits x scale, mass exp(z - top) (core/sampling_ops.h)
+  const float* logits;
+  long long n;
+  float scale, top;
+  int bits;
+  template <bool, typename F>
+  __device__ void visit(F&& f) const {
+    visit_row(logits, nullptr, n, [&](float li, float) {
+      const float zi = sampling::mul_rn(li, scale);
+      f(order_key(__float_as_uint(zi)), zi, 0.0f);
+    });
+  }
+  __device__ unsigned long long mass(float zi, float) const {
+    return fixed_mass(sampling::exp_rn(sampling::sub_rn(zi, top)), bits);
+  }
+};
+
 __device__ inline unsigned long long warp_sum(unsigned long long v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kAll, v, offset);
   return v;
@@ -101,6 +133,29 @@ __device__ unsigned long long block_sum(unsigned long long v, SharedState& share
   const unsigned long long total = shared.scratch[0];
   __syncthreads();
   return total;
+}
+
+// The largest over the block of every thread's v (all threads call it).
+__device__ unsigned long long block_max(unsigned long long v, SharedState& shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(kAll, v, offset);
+    v = other > v ? other : v;
+  }
+  if (lane == 0) shared.scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = shared.scratch[lane];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(kAll, w, offset);
+      w = other > w ? other : w;
+    }
+    if (lane == 0) shared.scratch[0] = w;
+  }
+  __syncthreads();
+  const unsigned long long largest = shared.scratch[0];
+  __syncthreads();
+  return largest;
 }
 
 // The blocks of one row (Blocks > 1: a thread block cluster, each block a slice of the row) add
@@ -149,6 +204,13 @@ struct RowGroup {
     sync();  // every block has read every partial before one is written again
     return total;
   }
+  // The largest over the row of every thread's v (all threads of every block call it).
+  __device__ unsigned long long max(unsigned long long v, SharedState& shared) const {
+    v = block_max(v, shared);
+    if constexpr (Blocks == 1) return v;
+    if (threadIdx.x == 0) shared.partial = v;
+    return max_of(&SharedState::partial, shared);
+  }
   // The largest over the row of every block's shared value at `field` (after the blocks set it).
   __device__ unsigned long long max_of(unsigned long long SharedState::*field, SharedState& shared) const {
     if constexpr (Blocks == 1) return shared.*field;
@@ -165,13 +227,12 @@ struct RowGroup {
 };
 
 // The key whose count (kMass false) or mass (true) above it is < target and with its ties >=
-// target, over this block's slice z[0, n) of a row shared by the group. target_fraction > 0:
+// target, over this block's slice of a row shared by the group. target_fraction > 0:
 // target = ceil(target_fraction x the row's whole mass), taken from the first pass's histogram
 // (top-p without top-k). Returns the key; *above_out: the count or mass above it.
-template <bool kMass, int Blocks>
-__device__ unsigned int radix_select(const RowGroup<Blocks>& group, const float* z, const float* probs, long long n,
-                                     int bits, unsigned long long target, float target_fraction,
-                                     unsigned long long* histogram, SharedState& shared,
+template <bool kMass, int Blocks, typename Slice>
+__device__ unsigned int radix_select(const RowGroup<Blocks>& group, const Slice& slice, unsigned long long target,
+                                     float target_fraction, unsigned long long* histogram, SharedState& shared,
                                      unsigned long long* above_out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   unsigned int prefix = 0, mask = 0;
@@ -183,11 +244,8 @@ __device__ unsigned int radix_select(const RowGroup<Blocks>& group, const float*
     shift -= width;
     for (int b = threadIdx.x; b < bins; b += kThreads) histogram[b] = 0;
     __syncthreads();
-    visit_row(z, kMass ? probs : nullptr, n, [&](float zi, float pi) {
-      const unsigned int key = order_key(__float_as_uint(zi));
-      if ((key & mask) == prefix) {
-        atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? fixed_mass(pi, bits) : 1ull);
-      }
+    slice.template visit<kMass>([&](unsigned int key, float a, float b) {
+      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & (bins - 1)], kMass ? slice.mass(a, b) : 1ull);
     });
     group.sync();
     group.combine(histogram, bins);
@@ -237,40 +295,22 @@ __device__ unsigned int radix_select(const RowGroup<Blocks>& group, const float*
   return prefix;
 }
 
-// One row per group of Blocks blocks (a cluster when Blocks > 1), each block a slice of the row.
-template <int Blocks>
-__global__ void __launch_bounds__(kThreads) sampling_threshold_kernel(const float* z, const float* probs, const long long* top_k,
-                                          const float* top_p, float* threshold, long long rows_per_request,
-                                          long long vocab) {
-  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
-  __shared__ SharedState shared;
-  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
-  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
-  const long long slice = ((vocab + Blocks - 1) / Blocks + 3) / 4 * 4;  // a multiple of 4: float4 reads
-  const long long begin = group.rank * slice < vocab ? group.rank * slice : vocab;
-  const long long n = begin + slice < vocab ? slice : vocab - begin;
-  const float* zr = z + row * vocab + begin;
-  const float* pr = probs + row * vocab + begin;
-  const int bits = sampling::fraction_bits(vocab);
-  const long long k = top_k[request] > 0 ? (top_k[request] < vocab ? top_k[request] : vocab) : vocab;
-  const float p = top_p[request];
-  if (k == vocab && !(p < 1.0f)) {
-    if (group.rank == 0 && threadIdx.x == 0) threshold[row] = -INFINITY;
-    return;  // the whole group returns: one row, one decision
-  }
+// The smallest key top-k (k < V: on), then top-p (p < 1: on) keep, over this block's slice of
+// a row shared by the group; at least one of them on.
+template <int Blocks, typename Slice>
+__device__ unsigned int row_threshold(const RowGroup<Blocks>& group, const Slice& slice, long long k, float p,
+                                      long long vocab, unsigned long long* histogram, SharedState& shared) {
   if (threadIdx.x == 0) shared.tie = 0;
   unsigned int kept = 0;
   unsigned long long total = 0;
   if (k < vocab) {
     unsigned long long larger = 0;
-    kept = radix_select<false>(group, zr, pr, n, bits, static_cast<unsigned long long>(k), 0.0f, histogram, shared,
-                               &larger);
+    kept = radix_select<false>(group, slice, static_cast<unsigned long long>(k), 0.0f, histogram, shared, &larger);
     if (p < 1.0f) {  // the mass of the k largest: those above t_k and k - larger of its ties
       unsigned long long above = 0;
-      visit_row(zr, pr, n, [&](float zi, float pi) {
-        const unsigned int key = order_key(__float_as_uint(zi));
-        if (key > kept) above += fixed_mass(pi, bits);
-        else if (key == kept) shared.tie = fixed_mass(pi, bits);  // ties: one z, one probability
+      slice.template visit<true>([&](unsigned int key, float a, float b) {
+        if (key > kept) above += slice.mass(a, b);
+        else if (key == kept) shared.tie = slice.mass(a, b);  // ties: one z, one mass
       });
       above = group.sum(above, shared);  // synchronizes: every block's shared.tie is set
       const unsigned long long tie = group.max_of(&SharedState::tie, shared);
@@ -280,11 +320,46 @@ __global__ void __launch_bounds__(kThreads) sampling_threshold_kernel(const floa
   if (p < 1.0f) {
     unsigned long long mass_above = 0;
     const unsigned int by_mass =
-        k < vocab ? radix_select<true>(group, zr, pr, n, bits, scale_mass(total, p, /*round_up=*/true), 0.0f,
-                                       histogram, shared, &mass_above)
-                  : radix_select<true>(group, zr, pr, n, bits, 0, p, histogram, shared, &mass_above);
+        k < vocab ? radix_select<true>(group, slice, scale_mass(total, p, /*round_up=*/true), 0.0f, histogram, shared,
+                                       &mass_above)
+                  : radix_select<true>(group, slice, 0, p, histogram, shared, &mass_above);
     kept = kept > by_mass ? kept : by_mass;
   }
+  return kept;
+}
+
+// This block's share of a row split over Blocks blocks: [begin, begin + n), begin a multiple of 4.
+struct Share {
+  long long begin, n;
+  __device__ static Share of(unsigned int rank, long long per_block, long long vocab) {
+    const long long begin = rank * per_block < vocab ? rank * per_block : vocab;
+    return Share{begin, begin + per_block < vocab ? per_block : vocab - begin};
+  }
+};
+
+__device__ inline long long clamp_top_k(long long top_k, long long vocab) {
+  return top_k > 0 ? (top_k < vocab ? top_k : vocab) : vocab;
+}
+
+// One row per group of Blocks blocks (a cluster when Blocks > 1), each block a slice of the row.
+template <int Blocks>
+__global__ void __launch_bounds__(kThreads) sampling_threshold_kernel(const float* z, const float* probs, const long long* top_k,
+                                          const float* top_p, float* threshold, long long rows_per_request,
+                                          long long vocab) {
+  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
+  __shared__ SharedState shared;
+  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
+  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
+  const Share share = Share::of(group.rank, ((vocab + Blocks - 1) / Blocks + 3) / 4 * 4, vocab);
+  const ProbsSlice slice{z + row * vocab + share.begin, probs + row * vocab + share.begin, share.n,
+                         sampling::fraction_bits(vocab)};
+  const long long k = clamp_top_k(top_k[request], vocab);
+  const float p = top_p[request];
+  if (k == vocab && !(p < 1.0f)) {
+    if (group.rank == 0 && threadIdx.x == 0) threshold[row] = -INFINITY;
+    return;  // the whole group returns: one row, one decision
+  }
+  const unsigned int kept = row_threshold(group, slice, k, p, vocab, histogram, shared);
   if (group.rank == 0 && threadIdx.x == 0) threshold[row] = __uint_as_float(sampling::key_bits(kept));
 }
 
@@ -385,6 +460,109 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(const float* weights, co
   }
 }
 
+// SampleToken: one row per group of Blocks blocks, the row in Blocks x 32 segments of `segment`
+// entries, block `rank` holding segments rank x 32 .. rank x 32 + 31, one per warp. Passes over
+// the logits: the largest z; the threshold's (3 per select, none where nothing truncates); the
+// segments' kept masses; then the block holding the segment the target falls in splits it a few
+// entries per thread, as draw_kernel does.
+template <int Blocks>
+__global__ void __launch_bounds__(kThreads) sample_token_kernel(const float* logits, const long long* greedy,
+                                                                const float* temperature, const long long* top_k,
+                                                                const float* top_p, const float* min_p,
+                                                                const float* u, long long* token,
+                                                                long long rows_per_request, long long vocab) {
+  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
+  __shared__ unsigned long long segment_sums[kWarps];
+  __shared__ SharedState shared;
+  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
+  const float t = temperature[request];
+  if (!(t > 0.0f)) {  // a greedy row: the argmax the graph gives
+    if (group.rank == 0 && threadIdx.x == 0) token[row] = greedy[row];
+    return;
+  }
+  const long long segment = ((vocab + Blocks * kWarps - 1) / (Blocks * kWarps) + 3) / 4 * 4;
+  const Share share = Share::of(group.rank, kWarps * segment, vocab);
+  const float* l = logits + row * vocab + share.begin;
+  const float scale = sampling::reciprocal_rn(t);
+  const int bits = sampling::fraction_bits(vocab);
+  unsigned long long largest = 0;  // order keys: their max is the largest z's
+  visit_row(l, nullptr, share.n, [&](float li, float) {
+    const unsigned long long key = order_key(__float_as_uint(sampling::mul_rn(li, scale)));
+    largest = key > largest ? key : largest;
+  });
+  const float top = __uint_as_float(sampling::key_bits(static_cast<unsigned int>(group.max(largest, shared))));
+  const LogitsSlice slice{l, share.n, scale, top, bits};
+  const long long k = clamp_top_k(top_k[request], vocab);
+  const float p = top_p[request], floor = min_p[request];
+  const unsigned int kept = k == vocab && !(p < 1.0f) ? order_key(__float_as_uint(-INFINITY))
+                                                      : row_threshold(group, slice, k, p, vocab, histogram, shared);
+  auto kept_mass = [&](float li) -> unsigned long long {
+    const float zi = sampling::mul_rn(li, scale);
+    if (order_key(__float_as_uint(zi)) < kept) return 0;
+    const float w = sampling::exp_rn(sampling::sub_rn(zi, top));
+    return floor > 0.0f && !(w >= floor) ? 0 : fixed_mass(w, bits);
+  };
+  // Level 1: each warp sums its segment's kept masses; rank 0's first warp scans all Blocks x 32
+  // (lane j holds segments j x Blocks .. j x Blocks + Blocks - 1) and names the one the target is in.
+  const long long seg_begin = warp * segment < share.n ? warp * segment : share.n;
+  const long long seg_end = seg_begin + segment < share.n ? seg_begin + segment : share.n;
+  unsigned long long sum = 0;
+  for (long long i = seg_begin + lane; i < seg_end; i += 32) sum += kept_mass(l[i]);
+  sum = warp_sum(sum);
+  if (lane == 0) segment_sums[warp] = sum;
+  group.sync();
+  if (group.rank == 0 && warp == 0) {
+    auto segment_sum = [&](int s) -> unsigned long long {
+      if constexpr (Blocks > 1) return cg::this_cluster().map_shared_rank(segment_sums, s / kWarps)[s % kWarps];
+      return segment_sums[s];
+    };
+    unsigned long long own = 0;
+    for (int j = 0; j < Blocks; ++j) own += segment_sum(lane * Blocks + j);
+    const unsigned long long through = warp_scan(own);
+    const unsigned long long total = __shfl_sync(kAll, through, 31);
+    const unsigned long long target = scale_mass(total, u[row], /*round_up=*/false);
+    const unsigned int holds = __ballot_sync(kAll, total > 0 && through - own <= target && target < through);
+    if (lane == 0) shared.digit = 0xFFFFFFFFu, shared.target = target;  // none: nothing kept
+    __syncwarp();
+    if (holds && lane == __ffs(holds) - 1) {
+      unsigned long long at = through - own;
+      int j = 0;
+      for (; j < Blocks - 1 && at + segment_sum(lane * Blocks + j) <= target; ++j) at += segment_sum(lane * Blocks + j);
+      shared.digit = static_cast<unsigned int>(lane * Blocks + j), shared.above = at;
+    }
+  }
+  group.sync();
+  const SharedState& decided = group.leader(shared);
+  const unsigned int holder = decided.digit;
+  const unsigned long long target = decided.target, before = decided.above;
+  group.sync();  // every block has read the decision before any leaves
+  if (holder == 0xFFFFFFFFu) {  // nothing kept (min_p > 1): the argmax
+    if (group.rank == 0 && threadIdx.x == 0) token[row] = greedy[row];
+    return;
+  }
+  if (holder / kWarps != group.rank) return;
+  // Level 2: this block over the segment that holds the target, a few entries per thread.
+  const long long begin = (holder % kWarps) * segment;
+  const long long end = begin + segment < share.n ? begin + segment : share.n;
+  const long long chunk = (end - begin + kThreads - 1) / kThreads;
+  const long long chunk_begin = begin + threadIdx.x * chunk < end ? begin + threadIdx.x * chunk : end;
+  const long long chunk_end = chunk_begin + chunk < end ? chunk_begin + chunk : end;
+  unsigned long long local = 0;
+  for (long long i = chunk_begin; i < chunk_end; ++i) local += kept_mass(l[i]);
+  unsigned long long cumulative = before + block_scan(local, segment_sums) - local;
+  if (local > 0 && cumulative <= target && target < cumulative + local) {
+    for (long long i = chunk_begin; i < chunk_end; ++i) {
+      cumulative += kept_mass(l[i]);
+      if (cumulative > target) {
+        token[row] = share.begin + i;
+        return;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
@@ -416,6 +594,31 @@ void draw(const float* weights, const float* u, std::int64_t* index, std::int64_
   draw_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
       weights, u, reinterpret_cast<long long*>(index), vocab);
   check_launch("draw");
+}
+
+void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
+                  const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
+                  std::int64_t rows_per_request, std::int64_t vocab, std::uintptr_t stream) {
+  if (rows == 0) return;
+  const auto* g = reinterpret_cast<const long long*>(greedy);
+  const auto* k = reinterpret_cast<const long long*>(top_k);
+  auto* out = reinterpret_cast<long long*>(token);
+  if (vocab < kClusterVocab) {
+    sample_token_kernel<1><<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
+        logits, g, temperature, k, top_p, min_p, u, out, rows_per_request, vocab);
+  } else {  // a wide row: a cluster of blocks shares it
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned int>(rows * kClusterBlocks));
+    config.blockDim = dim3(kThreads);
+    config.stream = as_stream(stream);
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kClusterBlocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster, config.numAttrs = 1;
+    cudaLaunchKernelEx(&config, sample_token_kernel<kClusterBlocks>, logits, g, temperature, k, top_p, min_p, u, out,
+                       static_cast<long long>(rows_per_request), static_cast<long long>(vocab));
+  }
+  check_launch("sample_token");
 }
 
 }  // namespace ortspec::cuda

@@ -22,7 +22,6 @@ from .checkpoint import CheckpointReader, check_tokenizer
 from .draft_vocab import DraftVocab, add_draft_head, build_draft_vocab, draft_vocab_size
 from .fused_graph import make_verify_mtp_graph, make_verify_mtp_sample_graph
 from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph, sampled_tokens
-from .sampling_graph import TEMPERED
 from .kv_windows import has_window_variants, narrow_to_window, window_buckets
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
@@ -175,8 +174,6 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
     written); the select verifies' GDN layers in the form gdn_verify (a CPU graph: per row)."""
     shapes = {"prefill": dict(rows=None), "decode": dict(rows=1),
               "decode_sample": dict(rows=1, choose=sampled_tokens(spec))}
-    if target == PORTABLE:  # the CPU's decode_sample skips its threshold search where no row needs it
-        shapes["decode_tempered"] = dict(rows=1, choose=sampled_tokens(spec, TEMPERED))
     for k in range(1, K + 1):
         shapes[graph_name("verify", k)] = dict(rows=k + 1)
         shapes[graph_name("verify_select", k)] = dict(rows=k + 1, windows=True, gdn_verify=gdn_verify)
@@ -218,8 +215,9 @@ def _cpu_per_row_builders(spec: ModelSpec, store: WeightStore, max_length: int, 
 
 
 def is_sampling_graph(name: str) -> bool:
-    """decode_sample, verify_mtp_sample_k{k}, their tempered forms (decode_tempered,
-    verify_mtp_tempered_k{k}) and their variants: what sampling_graphs=False leaves out."""
+    """decode_sample, verify_mtp_sample_k{k}, their tempered forms (verify_mtp_tempered_k{k}; and
+    decode_tempered, which models converted before ai.ortspec.SampleToken have) and their
+    variants: what sampling_graphs=False leaves out."""
     base = split_window_name(name)[0].split(".stage")[0]
     return base in ("decode_sample", "decode_tempered") or base.startswith(("verify_mtp_sample", "verify_mtp_tempered"))
 

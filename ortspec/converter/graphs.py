@@ -43,7 +43,7 @@ from .layers import (
     make_rms_norm,
     make_step_inputs,
 )
-from .sampling_graph import RowParams, draft_sampler, make_token_choice
+from .sampling_graph import RowParams, draft_sampler, make_sampled_tokens
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -183,7 +183,7 @@ def sampled_tokens(spec: ModelSpec, method: str | None = None):
     temperature, top_k, top_p, min_p [B] and uniforms float [B, 1]."""
     def choose(g: GraphBuilder, logits: str) -> str:
         params, uniforms = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
-        return make_token_choice(g, logits, params, uniforms, spec.vocab_size, method=method)[0]
+        return make_sampled_tokens(g, logits, params, uniforms, spec.vocab_size, method=method)
 
     return choose
 

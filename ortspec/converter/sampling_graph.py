@@ -24,10 +24,13 @@ ortspec's own ops, ai.ortspec.SamplingThreshold and ai.ortspec.Draw: one kernel 
 integer sums (csrc/core/sampling_ops.h; runtime/custom_ops.py registers them). ``SORT`` builds the
 same steps from ONNX ops alone (TopK over all V, blocked cumulative sums), kept to measure against.
 All find the reference's threshold.
-The portable graphs also come ``TEMPERED`` (``decode_tempered``, ``verify_mtp_tempered_k{k}``): the
-same ops with min-p as the only threshold, for batches where no row asks for top-k or top-p (the
-OpenAI API's default), whose rows get the sorting graphs' probabilities bit for bit (a row that
-keeps every token has the smallest z as its top-k / top-p threshold: the same mask).
+A sampled decode needs no probabilities, only tokens: there the portable graphs run all of it
+as one op, ai.ortspec.SampleToken (make_sampled_tokens), over weights it computes from the
+logits itself. The verifies' probabilities (p at the drafts, the residual) come from the steps
+above. Their graphs also come ``TEMPERED`` (``verify_mtp_tempered_k{k}``): the same ops with min-p
+as the only threshold, for batches where no row asks for top-k or top-p (the OpenAI API's
+default), whose rows get the sorting graphs' probabilities bit for bit (a row that keeps every
+token has the smallest z as its top-k / top-p threshold: the same mask).
 
 Exact speculative sampling (speculative.sampling's docstring) over a verify's k+1 rows: accept
 d_{i+1} while u_i q_{i+1}(d_{i+1}) < p_i(d_{i+1}); at the first rejection a draw from
@@ -46,7 +49,7 @@ from .builder import CPU, ORTSPEC_DOMAIN, GraphBuilder
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
 NATIVE = "native"  # the portable graphs: ai.ortspec.SamplingThreshold and Draw, one kernel per row (module docstring)
-TEMPERED = "tempered"  # no top-k / top-p: temperature and min-p alone (decode_tempered, verify_mtp_tempered_k{k})
+TEMPERED = "tempered"  # no top-k / top-p: temperature and min-p alone (verify_mtp_tempered_k{k})
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
 EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
 
@@ -394,6 +397,20 @@ def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, v
     greedy = (argmax(g)[0] if method_for(g) != CANDIDATES or method == TEMPERED else
               g.if_else(_any(g, greedy_rows), argmax, lambda sub: [drawn], [I64]))
     return g.op("Where", [g.op("Unsqueeze", [greedy_rows, g.const([1])]), greedy, drawn]), probs
+
+
+def make_sampled_tokens(g: GraphBuilder, logits: str, params: RowParams, u: str, vocab: int,
+                        method: str | None = None) -> str:
+    """make_token_choice's tokens [B, N] where nothing needs the probabilities (a sampled decode):
+    on the portable graphs one op, ai.ortspec.SampleToken, the whole transform and draw from the
+    logits in one kernel per row (the greedy rows' ArgMax beside it, decode's own op); the CPU
+    graphs and SORT build the steps."""
+    method = method or method_for(g)
+    if method != NATIVE:
+        return make_token_choice(g, logits, params, u, vocab, method=method)[0]
+    greedy = g.op("ArgMax", [logits], axis=-1, keepdims=0)  # [B, N]
+    return g.op("SampleToken", [logits, greedy, params.temperature, params.top_k, params.top_p, params.min_p, u],
+                domain=ORTSPEC_DOMAIN, hint="drawn")
 
 
 # -- exact speculative sampling over a verify's rows -------------------------------------------
