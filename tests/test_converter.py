@@ -156,8 +156,7 @@ def test_manifest_describes_graphs_and_states(plain):
     assert set(m.graphs) == {"prefill", "decode", "decode_sample", "verify_k1", "verify_k2", "verify_select_k1",
                              "verify_select_k2", "mtp", "mtp_propose_k1", "mtp_propose_k2", "mtp_sample_k1",
                              "mtp_sample_k2", "verify_mtp_k1", "verify_mtp_k2", "verify_mtp_sample_k1",
-                             "verify_mtp_sample_k2", "verify_mtp_tempered_k1",
-                             "verify_mtp_tempered_k2"}
+                             "verify_mtp_sample_k2"}
     kinds = {e["kind"] for e in m.states.values()}
     assert kinds == {"kv_key", "kv_value", "conv", "recurrent", "mtp_kv_key", "mtp_kv_value"}
     assert all(e["dtype"] == "float32" for e in m.states.values())

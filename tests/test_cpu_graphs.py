@@ -22,10 +22,11 @@ def op_types(manifest: Manifest, name: str, provider: str | None) -> set[str]:
 
 
 def test_float32_models_carry_a_cpu_variant_of_every_graph(models):
-    """Every graph but the tempered sampling graphs, which only CUDA runs."""
+    """Every graph (a conversion writes no GPU-only graph now: manifest.runs_on_gpus_only names
+    the tempered graphs of models converted before ortspec's sampling ops)."""
     manifest = Manifest.load(models.converted("base"))
     gpu_only = {name for name in manifest.graphs if runs_on_gpus_only(name)}
-    assert gpu_only == {f"verify_mtp_tempered_k{k}" for k in range(1, manifest.num_speculative_tokens + 1)}
+    assert gpu_only == set()
     for name, entry in manifest.graphs.items():
         assert ("cpu" not in entry) if name in gpu_only else (entry["cpu"]["file"] == f"{name}.cpu.onnx")
         assert entry["file"] == f"{name}.onnx"
@@ -49,7 +50,7 @@ def test_float16_models_have_portable_graphs_only(tmp_path, models):
     assert default.gdn_verify == "transition"
     assert {name for name, entry in default.graphs.items() if "cpu" in entry} == {
         name for name in default.graphs if name.startswith(("verify_select_k", "verify_mtp_k", "verify_mtp_sample_k"))}
-    assert any(runs_on_gpus_only(name) for name in default.graphs)  # the tempered verifies: no CPU twin
+    assert not any(runs_on_gpus_only(name) for name in default.graphs)
 
 
 def test_a_model_without_cpu_variants_still_runs_exact_on_the_cpu(models):

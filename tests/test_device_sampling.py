@@ -244,11 +244,12 @@ def test_acceptance_is_the_references(k):
 
 def test_acceptance_keeps_the_target_distribution_and_planted_rules_are_caught():
     """20,000 rows of fixed p_0..p_3 and q_1..q_3: each emitted e_i (given a >= i) follows p_i
-    (goodness of fit, 4 tests at 1e-3 / 6 each); accepting with min(1, q/p), or emitting from p
-    instead of the residual, is rejected (2 tests). A correct graph fails this test with
-    probability <= 1e-3."""
-    alpha = 1e-3 / 6
+    (goodness of fit, 4 tests at 1e-3 / 10 each), as ONNX ops and as ai.ortspec's ops; accepting
+    with min(1, q/p), or emitting from p instead of the residual, is rejected (2 tests). A correct
+    graph fails this test with probability <= 1e-3."""
+    alpha = 1e-3 / 10
     assert min(sample_dist.acceptance_p_values(20_000, 3, seed=1)) > alpha
+    assert min(sample_dist.acceptance_p_values(20_000, 3, seed=2, native=True)) > alpha  # the portable graphs' ops
     for planted in sample_dist.PLANTED.values():
         with sample_dist.planted_rule(planted):
             assert sample_dist.acceptance_p_values(20_000, 3, seed=7)[0] < alpha
@@ -285,24 +286,32 @@ def test_decode_sample_draws_and_keeps_the_greedy_rows_argmax(graphs):
     np.testing.assert_array_equal(drawn["tokens"][rows, 0], sampling.draw(probs, sampled["uniforms"][rows, 0]))
 
 
+@pytest.mark.parametrize("form", ["cpu", "portable"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_verify_mtp_sample_is_the_greedy_step_for_greedy_rows_and_the_reference_for_sampled_ones(graphs, k):
+def test_verify_mtp_sample_is_the_greedy_step_for_greedy_rows_and_the_reference_for_sampled_ones(graphs, k, form):
     """verify_mtp_sample_k{k} beside verify_mtp_k{k}: all greedy, every output equal bit for bit;
     mixed, greedy rows' step_ids still verify_mtp's; sampled rows' accept lengths and emitted tokens
     speculative_accept's over the reference transform of the verify's logits and the given q, e_i =
-    d_{i+1} before a; their drafts and the head's KV rows mtp_sample_k{k}'s over (e, a)."""
+    d_{i+1} before a; their drafts and the head's KV rows mtp_sample_k{k}'s over (e, a). For the
+    CPU's variants (the steps in ONNX ops) and the portable graphs CUDA runs (ai.ortspec's
+    TransformRows and SpeculativeAccept)."""
+    run = (lambda name: graphs[name].run) if form == "cpu" else (lambda name: portable(graphs, name))  # noqa: E731
+    if form == "portable":
+        ops = {n.op_type for n in onnx.load(str(graphs.manifest.graph_path(f"verify_mtp_sample_k{k}")),
+                                             load_external_data=False).graph.node}
+        assert {"TransformRows", "SpeculativeAccept"} <= ops and "SamplingThreshold" not in ops
     rng = np.random.default_rng(k)
     V = graphs.manifest.spec.vocab_size
     positions = np.array([[t + i for i in range(k + 1)] for t in (3, 40, 17, 99)], np.int64)
     feeds = verify_feeds(graphs, rng.integers(0, V, (4, k + 1)), positions, rng)
     feeds["input_ids"] = drafts_accepting(graphs, k, feeds, [0, k, k // 2, min(1, k)])
-    greedy = graphs[f"verify_mtp_k{k}"].run(feeds)
+    greedy = run(f"verify_mtp_k{k}")(feeds)
     q = rng.dirichlet(np.ones(V), (4, k)).astype(np.float32)
     sampled = {**sampling_feeds(rng, 4, 2 * k + 1, np.zeros(4)), "draft_probs": q}
-    out = graphs[f"verify_mtp_sample_k{k}"].run({**feeds, **sampled})
+    out = run(f"verify_mtp_sample_k{k}")({**feeds, **sampled})
     assert all(np.array_equal(greedy[n], out[n]) for n in greedy), "all greedy"
     sampled["temperature"] = np.array([0.0, 1.0, 1.5, 0.8], np.float32)
-    out = graphs[f"verify_mtp_sample_k{k}"].run({**feeds, **sampled})
+    out = run(f"verify_mtp_sample_k{k}")({**feeds, **sampled})
     np.testing.assert_array_equal(out["step_ids"][0], greedy["step_ids"][0])
     rows = [1, 2, 3]
     each = lambda x: np.repeat(x[rows], k + 1)  # noqa: E731
@@ -316,7 +325,7 @@ def test_verify_mtp_sample_is_the_greedy_step_for_greedy_rows_and_the_reference_
     emitted = out["step_ids"][rows, : k + 1]
     for j in range(3):
         assert emitted[j, : a[j]].tolist() == drafts[j, : a[j]].tolist() and emitted[j, a[j]] == token[j]
-    head = graphs[f"mtp_sample_k{k}"].run({
+    head = run(f"mtp_sample_k{k}")({
         "input_ids": out["step_ids"][:, : k + 1], "hidden": greedy["hidden"], "positions": positions,
         "last": out["accepted"], "key.mtp": feeds["key.mtp"], "value.mtp": feeds["value.mtp"],
         **{n: sampled[n] for n in ("temperature", "top_k", "top_p", "min_p")}, "uniforms": sampled["uniforms"][:, k + 1:]})
@@ -497,23 +506,6 @@ def test_the_portable_decode_sample_is_one_op_that_draws_the_references_tokens(g
         assert ((low <= got["tokens"][1:, 0]) & (got["tokens"][1:, 0] <= high)).all()
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_the_tempered_verify_accepts_and_drafts_as_the_sorting_one(graphs, k):
-    """verify_mtp_tempered_k{k} beside the portable verify_mtp_sample_k{k}: rows without top-k /
-    top-p get every output bit for bit (accept lengths, emitted tokens, drafts and their q)."""
-    rng = np.random.default_rng(10 + k)
-    V = graphs.manifest.spec.vocab_size
-    positions = np.array([[t + i for i in range(k + 1)] for t in (3, 40, 17, 99)], np.int64)
-    feeds = verify_feeds(graphs, rng.integers(0, V, (4, k + 1)), positions, rng)
-    feeds["input_ids"] = drafts_accepting(graphs, k, feeds, [0, k, k // 2, min(1, k)])
-    q = rng.dirichlet(np.ones(V), (4, k)).astype(np.float32)
-    sort, tempered = portable(graphs, f"verify_mtp_sample_k{k}"), portable(graphs, f"verify_mtp_tempered_k{k}")
-    for _ in range(5):
-        sampled = {**untruncated_feeds(rng, 4, 2 * k + 1), "draft_probs": q}
-        want, got = sort({**feeds, **sampled}), tempered({**feeds, **sampled})
-        assert all(np.array_equal(want[n], got[n]) for n in want)
-
-
 def test_runs_take_the_tempered_graphs_only_where_no_live_row_truncates():
     tempered_ks = frozenset({0, 2})
     plain, top_p, top_k = (sampling.SamplingParams(temperature=0.8, **extra)
@@ -528,32 +520,22 @@ def test_runs_take_the_tempered_graphs_only_where_no_live_row_truncates():
     assert step_kinds.runs_tempered(done, 0, tempered_ks)  # a finished row's parameters do not count
 
 
-def test_the_cpu_never_runs_the_tempered_graphs_and_a_gpu_loop_would(models, monkeypatch):
-    """The CPU's own sampling graphs skip their search where no row needs it: a CPU Decoder has no
-    tempered k. A Decoder given them (as on CUDA) opens a run of plain temperature on
-    verify_mtp_tempered_k2, and one with a top-p row on verify_mtp_sample_k2; a sampled decode is
-    decode_sample either way (one op: nothing to spare)."""
+def test_no_conversion_writes_tempered_graphs_and_no_decoder_runs_them(models):
+    """The tempered graphs (decode_tempered, verify_mtp_tempered_k{k}: no top-k / top-p, for
+    batches where no row truncates) spared the sorting graphs' search; ortspec's ops skip it per
+    row, so conversions no longer write them and a Decoder of such a model has no tempered k (a
+    model converted before still runs its own: runs_tempered above)."""
     out = models.converted("base")
+    manifest = ortspec.manifest.Manifest.load(out)
+    assert not [name for name in manifest.graphs if "tempered" in name]
     with ortspec.Session(out, num_speculative_tokens=2).batcher(max_batch_size=2) as batcher:
         kinds = batcher.decoder.kinds
-        assert kinds.tempered_ks == frozenset()
-        assert step_kinds.sampling_ks(batcher.session.manifest, kinds.fused_ks, kinds.draft_source, "tempered") == \
-            kinds.sampled_ks - {0} != frozenset()
-    graphs, original = [], step_kinds.FusedRun.__init__
-
-    def recorded(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        graphs.append(self.graph)
-
-    monkeypatch.setattr(step_kinds.FusedRun, "__init__", recorded)
-    with ortspec.Session(out, num_speculative_tokens=2).batcher(max_batch_size=2) as batcher:
-        batcher.decoder.kinds.tempered_ks = frozenset({2})
-        for top_p in (1.0, 0.9):
-            rid = batcher.add_request([5, 6, 7], max_new_tokens=8, temperature=0.8, top_p=top_p, seed=1)
-            while batcher.pending:
-                batcher.step()
-            assert len(batcher.result(rid)) == 8
-    assert [g.split(".")[0] for g in dict.fromkeys(graphs)] == ["verify_mtp_tempered_k2", "verify_mtp_sample_k2"]
+        assert kinds.tempered_ks == frozenset() and kinds.sampled_ks != frozenset()
+        assert step_kinds.sampling_ks(manifest, kinds.fused_ks, kinds.draft_source, "tempered") == frozenset()
+        rid = batcher.add_request([5, 6, 7], max_new_tokens=8, temperature=0.8, top_p=0.9, seed=1)
+        while batcher.pending:
+            batcher.step()
+        assert len(batcher.result(rid)) == 8
 
 
 def test_a_conversion_may_leave_the_sampling_graphs_out(models, tmp_path):
@@ -581,7 +563,7 @@ def test_the_gpu_hosts_subcommand_runs_on_the_cpu(monkeypatch, tmp_path):
     status = gpu.main(["sample_dist", "--samples", "1000", "--provider", "cpu", "--out", str(tmp_path / "work"),
                        "--json", str(tmp_path / "result.json")])
     result = json.loads((tmp_path / "result.json").read_text())
-    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 3 + 2 + 4 + 3 + 1 + 2
+    assert status == 0 and result["samples"] == 1000 and len(result["checks"]) == 2 * 3 + 2 + 4 + 3 + 1 + 2
     assert result["checks"]["planted model"] < result["alpha_per_test"]
 
 

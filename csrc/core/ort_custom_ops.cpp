@@ -1,5 +1,5 @@
-// ortspec's custom ops for ONNX Runtime, domain ai.ortspec: SamplingThreshold, Draw and SampleToken
-// (core/sampling_ops.h), each for the CPU and, in a CUDA build, the CUDA execution provider.
+// ortspec's custom ops for ONNX Runtime, domain ai.ortspec: SamplingThreshold, Draw, SampleToken,
+// TransformRows and SpeculativeAccept (core/sampling_ops.h), each for the CPU and, in a CUDA build, the CUDA execution provider.
 // ONNX Runtime loads them from this module's own file: SessionOptions.register_custom_ops_library
 // calls RegisterCustomOps below (ortspec/runtime/custom_ops.py does, for every session).
 //
@@ -205,6 +205,82 @@ void sample_token(const Context& context, bool cuda) {
   sampling::cpu::sample_token(lp, gp, tp, kp, pp, mp, up, token, rows, logits.dims[1], logits.dims[2]);
 }
 
+// TransformRows(logits f32[B, N, V], temperature, top_k, top_p, min_p [B]) -> i64[B, N, 3]
+void transform_rows(const Context& context, bool cuda) {
+  const Tensor logits = context.input(0), temperature = context.input(1), top_k = context.input(2),
+               top_p = context.input(3), min_p = context.input(4);
+  require(logits.dims.size() == 3 && logits.dims[2] > 0,
+          "TransformRows: logits must be [B, N, V] with V > 0, got " + dims_text(logits.dims));
+  const std::vector<std::int64_t> per_request{logits.dims[0]};
+  require(temperature.dims == per_request && top_k.dims == per_request && top_p.dims == per_request &&
+              min_p.dims == per_request,
+          "TransformRows: temperature " + dims_text(temperature.dims) + ", top_k " + dims_text(top_k.dims) +
+              ", top_p " + dims_text(top_p.dims) + " and min_p " + dims_text(min_p.dims) + " must be [B]");
+  auto* stats = static_cast<std::int64_t*>(context.output(0, {logits.dims[0], logits.dims[1], 3}));
+  const std::int64_t rows = logits.dims[0] * logits.dims[1];
+  const auto* lp = static_cast<const float*>(logits.data);
+  const auto* tp = static_cast<const float*>(temperature.data);
+  const auto* kp = static_cast<const std::int64_t*>(top_k.data);
+  const auto* pp = static_cast<const float*>(top_p.data);
+  const auto* mp = static_cast<const float*>(min_p.data);
+#ifdef ORTSPEC_WITH_CUDA
+  if (cuda) {
+    const std::uintptr_t stream = context.cuda_stream();
+    g_last_cuda_stream.store(stream);
+    cuda::transform_rows(lp, tp, kp, pp, mp, stats, rows, logits.dims[1], logits.dims[2], stream);
+    return;
+  }
+#endif
+  (void)cuda;
+  context.check_cpu_abi();
+  sampling::cpu::transform_rows(lp, tp, kp, pp, mp, stats, rows, logits.dims[1], logits.dims[2]);
+}
+
+// SpeculativeAccept(logits f32[B, k+1, V], stats i64[B, k+1, 3], drafts i64[B, k], q f32[B, k, V],
+//                   temperature, min_p [B], u f32[B, k+1], greedy_accepted, greedy_token i64[B])
+//   -> accepted i64[B], emitted i64[B]
+void speculative_accept(const Context& context, bool cuda) {
+  const Tensor logits = context.input(0), stats = context.input(1), drafts = context.input(2), q = context.input(3),
+               temperature = context.input(4), min_p = context.input(5), u = context.input(6),
+               greedy_accepted = context.input(7), greedy_token = context.input(8);
+  require(logits.dims.size() == 3 && logits.dims[1] >= 2 && logits.dims[2] > 0,
+          "SpeculativeAccept: logits must be [B, k+1, V] with k >= 1, got " + dims_text(logits.dims));
+  const std::int64_t B = logits.dims[0], k = logits.dims[1] - 1, V = logits.dims[2];
+  require(stats.dims == std::vector<std::int64_t>{B, k + 1, 3},
+          "SpeculativeAccept: stats " + dims_text(stats.dims) + " must be [B, k+1, 3] (TransformRows of the logits)");
+  require(drafts.dims == std::vector<std::int64_t>{B, k} && q.dims == std::vector<std::int64_t>{B, k, V},
+          "SpeculativeAccept: drafts " + dims_text(drafts.dims) + " and q " + dims_text(q.dims) +
+              " must be [B, k] and [B, k, V] for logits " + dims_text(logits.dims));
+  const std::vector<std::int64_t> per_request{B};
+  require(temperature.dims == per_request && min_p.dims == per_request && greedy_accepted.dims == per_request &&
+              greedy_token.dims == per_request && u.dims == std::vector<std::int64_t>{B, k + 1},
+          "SpeculativeAccept: temperature " + dims_text(temperature.dims) + ", min_p " + dims_text(min_p.dims) +
+              ", greedy_accepted " + dims_text(greedy_accepted.dims) + " and greedy_token " +
+              dims_text(greedy_token.dims) + " must be [B], u " + dims_text(u.dims) + " [B, k+1]");
+  auto* accepted = static_cast<std::int64_t*>(context.output(0, per_request));
+  auto* emitted = static_cast<std::int64_t*>(context.output(1, per_request));
+  const auto* lp = static_cast<const float*>(logits.data);
+  const auto* sp = static_cast<const std::int64_t*>(stats.data);
+  const auto* dp = static_cast<const std::int64_t*>(drafts.data);
+  const auto* qp = static_cast<const float*>(q.data);
+  const auto* tp = static_cast<const float*>(temperature.data);
+  const auto* mp = static_cast<const float*>(min_p.data);
+  const auto* up = static_cast<const float*>(u.data);
+  const auto* ga = static_cast<const std::int64_t*>(greedy_accepted.data);
+  const auto* gt = static_cast<const std::int64_t*>(greedy_token.data);
+#ifdef ORTSPEC_WITH_CUDA
+  if (cuda) {
+    const std::uintptr_t stream = context.cuda_stream();
+    g_last_cuda_stream.store(stream);
+    cuda::speculative_accept(lp, sp, dp, qp, tp, mp, up, ga, gt, accepted, emitted, B, k, V, stream);
+    return;
+  }
+#endif
+  (void)cuda;
+  context.check_cpu_abi();
+  sampling::cpu::speculative_accept(lp, sp, dp, qp, tp, mp, up, ga, gt, accepted, emitted, B, k, V);
+}
+
 struct OpSpec {
   const char* name;
   std::vector<int> inputs, outputs;
@@ -214,6 +290,10 @@ struct OpSpec {
 const OpSpec kThreshold{"SamplingThreshold", {kFloat, kFloat, kInt64, kFloat}, {kFloat}, sampling_threshold};
 const OpSpec kDraw{"Draw", {kFloat, kFloat}, {kInt64}, draw};
 const OpSpec kSampleToken{"SampleToken", {kFloat, kInt64, kFloat, kInt64, kFloat, kFloat, kFloat}, {kInt64}, sample_token};
+const OpSpec kTransformRows{"TransformRows", {kFloat, kFloat, kInt64, kFloat, kFloat}, {kInt64}, transform_rows};
+const OpSpec kSpeculativeAccept{"SpeculativeAccept",
+                                {kFloat, kInt64, kInt64, kFloat, kFloat, kFloat, kFloat, kInt64, kInt64},
+                                {kInt64, kInt64}, speculative_accept};
 
 // One op for one provider: the OrtCustomOp ONNX Runtime reads, then what its callbacks need.
 struct Op {
@@ -308,7 +388,7 @@ extern "C" __attribute__((visibility("default"))) Status* RegisterCustomOps(Sess
   if (Status* status = check_api(api)) return status;
   // The ops and their domain live as long as the process: ONNX Runtime keeps pointers to them.
   static std::vector<Op>* ops = [] {
-    const OpSpec* specs[] = {&kThreshold, &kDraw, &kSampleToken};
+    const OpSpec* specs[] = {&kThreshold, &kDraw, &kSampleToken, &kTransformRows, &kSpeculativeAccept};
     auto* made = new std::vector<Op>;
     for (const OpSpec* spec : specs) made->push_back(make_op(*spec, nullptr));
 #ifdef ORTSPEC_WITH_CUDA

@@ -20,6 +20,16 @@
 //                       (1 / T), w = exp(max(z - max z, -64)) (exp_rn: the same bits on the CPU
 //                       and CUDA), the top-k / top-p threshold over w's masses, min-p as w >=
 //                       min_p (p >= min_p x max p), the draw over the kept w.
+//   transform_rows      logits f32[R, V], temperature, top_k, top_p, min_p [B] -> stats int64[R, 3]:
+//                       each row's transform as sample_token makes it (top z's bits, the kept
+//                       key, the kept weights' fixed-point total S; zeros on greedy rows).
+//   speculative_accept  logits f32[B, k+1, V], stats int64[B, k+1, 3] (transform_rows'), drafts
+//                       int64[B, k], q f32[B, k, V] (what draft i was drawn from), temperature,
+//                       min_p [B], u f32[B, k+1], greedy_accepted, greedy_token int64[B] ->
+//                       accepted, emitted int64[B]: exact speculative sampling (speculative.
+//                       sampling.speculative_accept) with p_i = m_i / S_i, accepting d_{i+1} while
+//                       u_i q_{i+1}(d) < p_i(d), then a draw with u_k from max(0, p_a - q_{a+1})
+//                       (from p_a where that is empty or a = k); greedy rows get the greedy rule's.
 //
 // Masses are sums of fixed-point integers (each weight truncated to a multiple of 2^-F with
 // F = 61 - ceil(log2 V): 2^-43 at V = 248,320), so a sum does not depend on its order: the CPU
@@ -161,6 +171,43 @@ ORTSPEC_HOST_DEVICE inline float exp_rn(float x) {
   return mul_rn(y, bits_float(static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23));
 }
 
+// Speculative sampling's exact arithmetic over a row's fixed-point masses m (of total S): p =
+// m / S, the residual max(0, p - q) as one fma, each a correctly rounded double operation.
+ORTSPEC_HOST_DEVICE inline double to_double(std::uint64_t m) {
+#ifdef __CUDA_ARCH__
+  return __ull2double_rn(m);
+#else
+  return static_cast<double>(m);
+#endif
+}
+ORTSPEC_HOST_DEVICE inline double mass_probability(std::uint64_t m, std::uint64_t total) {
+#ifdef __CUDA_ARCH__
+  return total ? __ddiv_rn(to_double(m), to_double(total)) : 0.0;
+#else
+  return total ? to_double(m) / to_double(total) : 0.0;
+#endif
+}
+// u x q, exact in double (two 24-bit significands).
+ORTSPEC_HOST_DEVICE inline double mul_rn_d(float u, float q) { return static_cast<double>(u) * static_cast<double>(q); }
+ORTSPEC_HOST_DEVICE inline double inverse_mass(std::uint64_t total) {
+#ifdef __CUDA_ARCH__
+  return __drcp_rn(to_double(total));
+#else
+  return 1.0 / to_double(total);
+#endif
+}
+// fixed_mass(max(0, m x inverse - q)).
+ORTSPEC_HOST_DEVICE inline std::uint64_t residual_mass(std::uint64_t m, double inverse, float q, int bits) {
+#ifdef __CUDA_ARCH__
+  const double r = __fma_rn(to_double(m), inverse, -static_cast<double>(q));
+#else
+  const double r = std::fma(to_double(m), inverse, -static_cast<double>(q));
+#endif
+  if (!(r > 0.0)) return 0;
+  if (r >= 1.0) return std::uint64_t{1} << bits;
+  return static_cast<std::uint64_t>(r * static_cast<double>(std::uint64_t{1} << bits));
+}
+
 namespace cpu {
 
 // The reference the CUDA ops follow (module comment); rows_per_request = N.
@@ -170,6 +217,13 @@ void draw(const float* weights, const float* u, std::int64_t* index, std::int64_
 void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
                   const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
                   std::int64_t rows_per_request, std::int64_t vocab);
+void transform_rows(const float* logits, const float* temperature, const std::int64_t* top_k, const float* top_p,
+                    const float* min_p, std::int64_t* stats, std::int64_t rows, std::int64_t rows_per_request,
+                    std::int64_t vocab);
+void speculative_accept(const float* logits, const std::int64_t* stats, const std::int64_t* drafts, const float* q,
+                        const float* temperature, const float* min_p, const float* u,
+                        const std::int64_t* greedy_accepted, const std::int64_t* greedy_token, std::int64_t* accepted,
+                        std::int64_t* emitted, std::int64_t requests, std::int64_t k, std::int64_t vocab);
 
 }  // namespace cpu
 }  // namespace ortspec::sampling

@@ -122,22 +122,29 @@ void draw(const float* weights, const float* u, std::int64_t* index, std::int64_
   }
 }
 
-void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
-                  const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
-                  std::int64_t rows_per_request, std::int64_t vocab) {
-  const int bits = fraction_bits(vocab);
-  RowThreshold row{std::vector<std::uint32_t>(static_cast<std::size_t>(vocab)),
-                   std::vector<std::uint64_t>(static_cast<std::size_t>(vocab))};
-  std::vector<float> weight(static_cast<std::size_t>(vocab));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t request = r / rows_per_request;
-    const float t = temperature[request];
-    if (!(t > 0.0f)) {
-      token[r] = greedy[r];
-      continue;
-    }
-    const float scale = reciprocal_rn(t), *l = logits + r * vocab;
-    float top = -std::numeric_limits<float>::infinity();
+namespace {
+
+// A row of logits under the sampling transform (core/sampling_ops.h): its kept weights'
+// fixed-point masses (0 where not kept) and their total.
+struct TransformedRow {
+  float top = 0.0f;
+  std::uint32_t kept = 0;
+  std::uint64_t total = 0;
+  RowThreshold row;
+  std::vector<float> weight;
+
+  explicit TransformedRow(std::int64_t vocab)
+      : row{std::vector<std::uint32_t>(static_cast<std::size_t>(vocab)),
+            std::vector<std::uint64_t>(static_cast<std::size_t>(vocab))},
+        weight(static_cast<std::size_t>(vocab)) {}
+
+  const std::vector<std::uint64_t>& masses() const { return row.masses; }
+
+  void transform(const float* l, float temperature, std::int64_t top_k, float top_p, float min_p) {
+    const std::int64_t vocab = row.vocab();
+    const int bits = fraction_bits(vocab);
+    const float scale = reciprocal_rn(temperature);
+    top = -std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < vocab; ++i) top = std::max(top, mul_rn(l[i], scale));
     for (std::int64_t i = 0; i < vocab; ++i) {
       const auto at = static_cast<std::size_t>(i);
@@ -146,14 +153,87 @@ void sample_token(const float* logits, const std::int64_t* greedy, const float* 
       row.keys[at] = order_key(float_bits(z));
       row.masses[at] = fixed_mass(weight[at], bits);
     }
-    const std::uint32_t kept = row.threshold(clamp_top_k(top_k[request], vocab), top_p[request]);
-    const float floor = min_p[request];
-    std::uint64_t total = 0;
+    kept = row.threshold(clamp_top_k(top_k, vocab), top_p);
+    total = 0;
     for (std::size_t i = 0; i < row.keys.size(); ++i) {
-      if (row.keys[i] < kept || (floor > 0.0f && !(weight[i] >= floor))) row.masses[i] = 0;
+      if (row.keys[i] < kept || (min_p > 0.0f && !(weight[i] >= min_p))) row.masses[i] = 0;
       total += row.masses[i];
     }
-    token[r] = total > 0 ? inverse_cdf(row.masses, total, u[r]) : greedy[r];  // nothing kept (min_p > 1)
+  }
+};
+
+}  // namespace
+
+void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
+                  const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
+                  std::int64_t rows_per_request, std::int64_t vocab) {
+  TransformedRow row(vocab);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t b = r / rows_per_request;
+    if (!(temperature[b] > 0.0f)) {
+      token[r] = greedy[r];
+      continue;
+    }
+    row.transform(logits + r * vocab, temperature[b], top_k[b], top_p[b], min_p[b]);
+    token[r] = row.total > 0 ? inverse_cdf(row.masses(), row.total, u[r]) : greedy[r];  // nothing kept (min_p > 1)
+  }
+}
+
+void transform_rows(const float* logits, const float* temperature, const std::int64_t* top_k, const float* top_p,
+                    const float* min_p, std::int64_t* stats, std::int64_t rows, std::int64_t rows_per_request,
+                    std::int64_t vocab) {
+  TransformedRow row(vocab);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t b = r / rows_per_request;
+    std::int64_t* out = stats + 3 * r;
+    if (!(temperature[b] > 0.0f)) {
+      out[0] = out[1] = out[2] = 0;
+      continue;
+    }
+    row.transform(logits + r * vocab, temperature[b], top_k[b], top_p[b], min_p[b]);
+    out[0] = float_bits(row.top), out[1] = row.kept, out[2] = static_cast<std::int64_t>(row.total);
+  }
+}
+
+void speculative_accept(const float* logits, const std::int64_t* stats, const std::int64_t* drafts, const float* q,
+                        const float* temperature, const float* min_p, const float* u,
+                        const std::int64_t* greedy_accepted, const std::int64_t* greedy_token, std::int64_t* accepted,
+                        std::int64_t* emitted, std::int64_t requests, std::int64_t k, std::int64_t vocab) {
+  const int bits = fraction_bits(vocab);
+  std::vector<std::uint64_t> masses(static_cast<std::size_t>(vocab));
+  for (std::int64_t b = 0; b < requests; ++b) {
+    if (!(temperature[b] > 0.0f)) {
+      accepted[b] = greedy_accepted[b], emitted[b] = greedy_token[b];
+      continue;
+    }
+    const float scale = reciprocal_rn(temperature[b]), floor = min_p[b];
+    // the kept mass of row i at token x, from its stats (as the transform made it)
+    auto mass = [&](std::int64_t i, std::int64_t x) -> std::uint64_t {
+      const std::int64_t* s = stats + 3 * (b * (k + 1) + i);
+      const float z = mul_rn(logits[(b * (k + 1) + i) * vocab + x], scale);
+      if (order_key(float_bits(z)) < static_cast<std::uint32_t>(s[1])) return 0;
+      const float w = exp_rn(sub_rn(z, bits_float(static_cast<std::uint32_t>(s[0]))));
+      return floor > 0.0f && !(w >= floor) ? 0 : fixed_mass(w, bits);
+    };
+    auto total = [&](std::int64_t i) { return static_cast<std::uint64_t>(stats[3 * (b * (k + 1) + i) + 2]); };
+    std::int64_t a = 0;
+    for (; a < k; ++a) {
+      const std::int64_t d = drafts[b * k + a];
+      const double p = mass_probability(mass(a, d), total(a));
+      if (!(mul_rn_d(u[b * (k + 1) + a], q[(b * k + a) * vocab + d]) < p)) break;
+    }
+    accepted[b] = a;
+    std::uint64_t sum = 0;
+    if (a < k) {  // the residual max(0, p_a - q_{a+1})
+      const double inverse = inverse_mass(total(a));
+      for (std::int64_t x = 0; x < vocab; ++x) {
+        sum += masses[static_cast<std::size_t>(x)] = residual_mass(mass(a, x), inverse, q[(b * k + a) * vocab + x], bits);
+      }
+    }
+    if (sum == 0) {  // after k accepts, or p_a == q_{a+1}: from p_a itself
+      for (std::int64_t x = 0; x < vocab; ++x) sum += masses[static_cast<std::size_t>(x)] = mass(a, x);
+    }
+    emitted[b] = sum > 0 ? inverse_cdf(masses, sum, u[b * (k + 1) + k]) : greedy_token[b];  // nothing kept (min_p > 1)
   }
 }
 

@@ -166,7 +166,7 @@ void commit_conv_tails(const ConvTailPointers* layers, std::size_t count, const 
 std::string take_transition_kernel_error(int device, std::uintptr_t stream);
 
 // ---- sampling ops (sampling_ops.cu) -------------------------------------------
-// core/sampling_ops.h's sampling_threshold, draw and sample_token, bit for bit the CPU reference's;
+// core/sampling_ops.h's ops, bit for bit the CPU reference's;
 // a block or a cluster of blocks per row, enqueued on `stream` (ONNX Runtime's compute stream inside a custom op).
 
 void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
@@ -177,6 +177,14 @@ void draw(const float* weights, const float* u, std::int64_t* index, std::int64_
 void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
                   const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
                   std::int64_t rows_per_request, std::int64_t vocab, std::uintptr_t stream);
+void transform_rows(const float* logits, const float* temperature, const std::int64_t* top_k, const float* top_p,
+                    const float* min_p, std::int64_t* stats, std::int64_t rows, std::int64_t rows_per_request,
+                    std::int64_t vocab, std::uintptr_t stream);
+void speculative_accept(const float* logits, const std::int64_t* stats, const std::int64_t* drafts, const float* q,
+                        const float* temperature, const float* min_p, const float* u,
+                        const std::int64_t* greedy_accepted, const std::int64_t* greedy_token, std::int64_t* accepted,
+                        std::int64_t* emitted, std::int64_t requests, std::int64_t k, std::int64_t vocab,
+                        std::uintptr_t stream);
 
 // Synchronizes `stream`, then returns and clears the first error a state kernel
 // recorded on `device` ("" when none).

@@ -460,56 +460,69 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(const float* weights, co
   }
 }
 
-// SampleToken: one row per group of Blocks blocks, the row in Blocks x 32 segments of `segment`
-// entries, block `rank` holding segments rank x 32 .. rank x 32 + 31, one per warp. Passes over
-// the logits: the largest z; the threshold's (3 per select, none where nothing truncates); the
-// segments' kept masses; then the block holding the segment the target falls in splits it a few
-// entries per thread, as draw_kernel does.
-template <int Blocks>
-__global__ void __launch_bounds__(kThreads) sample_token_kernel(const float* logits, const long long* greedy,
-                                                                const float* temperature, const long long* top_k,
-                                                                const float* top_p, const float* min_p,
-                                                                const float* u, long long* token,
-                                                                long long rows_per_request, long long vocab) {
-  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
-  __shared__ unsigned long long segment_sums[kWarps];
-  __shared__ SharedState shared;
-  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
-  const float t = temperature[request];
-  if (!(t > 0.0f)) {  // a greedy row: the argmax the graph gives
-    if (group.rank == 0 && threadIdx.x == 0) token[row] = greedy[row];
-    return;
-  }
-  const long long segment = ((vocab + Blocks * kWarps - 1) / (Blocks * kWarps) + 3) / 4 * 4;
-  const Share share = Share::of(group.rank, kWarps * segment, vocab);
-  const float* l = logits + row * vocab + share.begin;
-  const float scale = sampling::reciprocal_rn(t);
-  const int bits = sampling::fraction_bits(vocab);
-  unsigned long long largest = 0;  // order keys: their max is the largest z's
-  visit_row(l, nullptr, share.n, [&](float li, float) {
-    const unsigned long long key = order_key(__float_as_uint(sampling::mul_rn(li, scale)));
-    largest = key > largest ? key : largest;
-  });
-  const float top = __uint_as_float(sampling::key_bits(static_cast<unsigned int>(group.max(largest, shared))));
-  const LogitsSlice slice{l, share.n, scale, top, bits};
-  const long long k = clamp_top_k(top_k[request], vocab);
-  const float p = top_p[request], floor = min_p[request];
-  const unsigned int kept = k == vocab && !(p < 1.0f) ? order_key(__float_as_uint(-INFINITY))
-                                                      : row_threshold(group, slice, k, p, vocab, histogram, shared);
-  auto kept_mass = [&](float li) -> unsigned long long {
+// A row of logits under the sampling transform, as SampleToken, TransformRows and
+// SpeculativeAccept read it: z = logits x scale, w = exp(z - top), kept where z's key >= kept
+// and (floor <= 0 or w >= floor) (core/sampling_ops.h).
+struct Transformed {
+  float scale, top, floor;
+  unsigned int kept;
+  int bits;
+  __device__ unsigned long long mass(float li) const {
     const float zi = sampling::mul_rn(li, scale);
     if (order_key(__float_as_uint(zi)) < kept) return 0;
     const float w = sampling::exp_rn(sampling::sub_rn(zi, top));
     return floor > 0.0f && !(w >= floor) ? 0 : fixed_mass(w, bits);
-  };
-  // Level 1: each warp sums its segment's kept masses; rank 0's first warp scans all Blocks x 32
-  // (lane j holds segments j x Blocks .. j x Blocks + Blocks - 1) and names the one the target is in.
-  const long long seg_begin = warp * segment < share.n ? warp * segment : share.n;
-  const long long seg_end = seg_begin + segment < share.n ? seg_begin + segment : share.n;
+  }
+};
+
+// A row's slice for the group of Blocks blocks: Blocks x 32 segments of `segment` entries (a
+// multiple of 4), block `rank` holding segments rank x 32 .. rank x 32 + 31, one per warp.
+struct Segments {
+  long long segment;
+  Share share;
+  __device__ static Segments of(unsigned int rank, int blocks, long long vocab) {
+    const long long segment = ((vocab + blocks * kWarps - 1) / (blocks * kWarps) + 3) / 4 * 4;
+    return Segments{segment, Share::of(rank, kWarps * segment, vocab)};
+  }
+};
+
+// The transform of this block's slice l[0, n) of a row at temperature t > 0: the largest z
+// (one pass), then the top-k / top-p threshold (3 passes per select; none when nothing truncates).
+template <int Blocks>
+__device__ Transformed transform_row(const RowGroup<Blocks>& group, const float* l, long long n, float t,
+                                     long long top_k, float top_p, float min_p, long long vocab,
+                                     unsigned long long* histogram, SharedState& shared) {
+  const float scale = sampling::reciprocal_rn(t);
+  unsigned long long largest = 0;  // order keys: their max is the largest z's
+  visit_row(l, nullptr, n, [&](float li, float) {
+    const unsigned long long key = order_key(__float_as_uint(sampling::mul_rn(li, scale)));
+    largest = key > largest ? key : largest;
+  });
+  const float top = __uint_as_float(sampling::key_bits(static_cast<unsigned int>(group.max(largest, shared))));
+  const int bits = sampling::fraction_bits(vocab);
+  const long long k = clamp_top_k(top_k, vocab);
+  const unsigned int kept = k == vocab && !(top_p < 1.0f)
+                                ? order_key(__float_as_uint(-INFINITY))
+                                : row_threshold(group, LogitsSlice{l, n, scale, top, bits}, k, top_p, vocab,
+                                                histogram, shared);
+  return Transformed{scale, top, min_p, kept, bits};
+}
+
+// The inverse-CDF draw over a row shared by the group: mass(i) the fixed-point weight of entry
+// share.begin + i of this block's slice. Level 1: each warp sums its segment; rank 0's first warp
+// scans all Blocks x 32 (lane j the segments j x Blocks .. j x Blocks + Blocks - 1) and names the
+// one floor(u x total) falls in; level 2: the block holding it splits it a few entries per thread
+// and the thread whose entries hold the target walks them. The holder writes *out; returns
+// (in every block) whether the total was positive.
+template <int Blocks, typename Mass>
+__device__ bool group_draw(const RowGroup<Blocks>& group, const Segments& at, Mass&& mass, float u,
+                           unsigned long long* segment_sums, SharedState& shared, long long* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long n = at.share.n, segment = at.segment;
+  const long long seg_begin = warp * segment < n ? warp * segment : n;
+  const long long seg_end = seg_begin + segment < n ? seg_begin + segment : n;
   unsigned long long sum = 0;
-  for (long long i = seg_begin + lane; i < seg_end; i += 32) sum += kept_mass(l[i]);
+  for (long long i = seg_begin + lane; i < seg_end; i += 32) sum += mass(i);
   sum = warp_sum(sum);
   if (lane == 0) segment_sums[warp] = sum;
   group.sync();
@@ -522,45 +535,183 @@ __global__ void __launch_bounds__(kThreads) sample_token_kernel(const float* log
     for (int j = 0; j < Blocks; ++j) own += segment_sum(lane * Blocks + j);
     const unsigned long long through = warp_scan(own);
     const unsigned long long total = __shfl_sync(kAll, through, 31);
-    const unsigned long long target = scale_mass(total, u[row], /*round_up=*/false);
+    const unsigned long long target = scale_mass(total, u, /*round_up=*/false);
     const unsigned int holds = __ballot_sync(kAll, total > 0 && through - own <= target && target < through);
-    if (lane == 0) shared.digit = 0xFFFFFFFFu, shared.target = target;  // none: nothing kept
+    if (lane == 0) shared.digit = 0xFFFFFFFFu, shared.target = target;  // none: no mass
     __syncwarp();
     if (holds && lane == __ffs(holds) - 1) {
-      unsigned long long at = through - own;
+      unsigned long long before = through - own;
       int j = 0;
-      for (; j < Blocks - 1 && at + segment_sum(lane * Blocks + j) <= target; ++j) at += segment_sum(lane * Blocks + j);
-      shared.digit = static_cast<unsigned int>(lane * Blocks + j), shared.above = at;
+      for (; j < Blocks - 1 && before + segment_sum(lane * Blocks + j) <= target; ++j) {
+        before += segment_sum(lane * Blocks + j);
+      }
+      shared.digit = static_cast<unsigned int>(lane * Blocks + j), shared.above = before;
     }
   }
   group.sync();
   const SharedState& decided = group.leader(shared);
   const unsigned int holder = decided.digit;
   const unsigned long long target = decided.target, before = decided.above;
-  group.sync();  // every block has read the decision before any leaves
-  if (holder == 0xFFFFFFFFu) {  // nothing kept (min_p > 1): the argmax
-    if (group.rank == 0 && threadIdx.x == 0) token[row] = greedy[row];
-    return;
-  }
-  if (holder / kWarps != group.rank) return;
-  // Level 2: this block over the segment that holds the target, a few entries per thread.
+  group.sync();  // every block has read the decision before any goes on
+  if (holder == 0xFFFFFFFFu) return false;
+  if (holder / kWarps != group.rank) return true;
   const long long begin = (holder % kWarps) * segment;
-  const long long end = begin + segment < share.n ? begin + segment : share.n;
+  const long long end = begin + segment < n ? begin + segment : n;
   const long long chunk = (end - begin + kThreads - 1) / kThreads;
   const long long chunk_begin = begin + threadIdx.x * chunk < end ? begin + threadIdx.x * chunk : end;
   const long long chunk_end = chunk_begin + chunk < end ? chunk_begin + chunk : end;
   unsigned long long local = 0;
-  for (long long i = chunk_begin; i < chunk_end; ++i) local += kept_mass(l[i]);
+  for (long long i = chunk_begin; i < chunk_end; ++i) local += mass(i);
   unsigned long long cumulative = before + block_scan(local, segment_sums) - local;
   if (local > 0 && cumulative <= target && target < cumulative + local) {
     for (long long i = chunk_begin; i < chunk_end; ++i) {
-      cumulative += kept_mass(l[i]);
+      cumulative += mass(i);
       if (cumulative > target) {
-        token[row] = share.begin + i;
-        return;
+        *out = at.share.begin + i;
+        break;
       }
     }
   }
+  __syncthreads();  // segment_sums is free again
+  return true;
+}
+
+// SampleToken: one row per group of Blocks blocks.
+template <int Blocks>
+__global__ void __launch_bounds__(kThreads) sample_token_kernel(const float* logits, const long long* greedy,
+                                                                const float* temperature, const long long* top_k,
+                                                                const float* top_p, const float* min_p,
+                                                                const float* u, long long* token,
+                                                                long long rows_per_request, long long vocab) {
+  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
+  __shared__ unsigned long long segment_sums[kWarps];
+  __shared__ SharedState shared;
+  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
+  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
+  const float t = temperature[request];
+  if (!(t > 0.0f)) {  // a greedy row: the argmax the graph gives
+    if (group.rank == 0 && threadIdx.x == 0) token[row] = greedy[row];
+    return;
+  }
+  const Segments at = Segments::of(group.rank, Blocks, vocab);
+  const float* l = logits + row * vocab + at.share.begin;
+  const Transformed row_of = transform_row(group, l, at.share.n, t, top_k[request], top_p[request], min_p[request],
+                                           vocab, histogram, shared);
+  const bool drawn = group_draw(group, at, [&](long long i) { return row_of.mass(l[i]); }, u[row], segment_sums,
+                                shared, token + row);
+  if (!drawn && group.rank == 0 && threadIdx.x == 0) token[row] = greedy[row];  // nothing kept (min_p > 1)
+}
+
+// TransformRows: a row's transform as three int64s, (top's bits, the kept key, the kept mass),
+// one row per group of Blocks blocks; zeros on greedy rows.
+template <int Blocks>
+__global__ void __launch_bounds__(kThreads) transform_rows_kernel(const float* logits, const float* temperature,
+                                                                  const long long* top_k, const float* top_p,
+                                                                  const float* min_p, long long* stats,
+                                                                  long long rows_per_request, long long vocab) {
+  __shared__ unsigned long long histogram[1 << kFirstDigitBits];
+  __shared__ SharedState shared;
+  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
+  const long long row = blockIdx.x / Blocks, request = row / rows_per_request;
+  const float t = temperature[request];
+  long long* out = stats + 3 * row;
+  if (!(t > 0.0f)) {
+    if (group.rank == 0 && threadIdx.x == 0) out[0] = out[1] = out[2] = 0;
+    return;
+  }
+  const Share share = Share::of(group.rank, ((vocab + Blocks - 1) / Blocks + 3) / 4 * 4, vocab);
+  const float* l = logits + row * vocab + share.begin;
+  const Transformed row_of = transform_row(group, l, share.n, t, top_k[request], top_p[request], min_p[request],
+                                           vocab, histogram, shared);
+  unsigned long long kept = 0;
+  visit_row(l, nullptr, share.n, [&](float li, float) { kept += row_of.mass(li); });
+  kept = group.sum(kept, shared);
+  if (group.rank == 0 && threadIdx.x == 0) {
+    out[0] = __float_as_uint(row_of.top), out[1] = row_of.kept, out[2] = static_cast<long long>(kept);
+  }
+}
+
+// SpeculativeAccept: one request per group of Blocks blocks. Each block decides the accept length
+// itself (the same inputs, the same doubles), then the group draws the token after it.
+template <int Blocks>
+__global__ void __launch_bounds__(kThreads) speculative_accept_kernel(
+    const float* logits, const long long* stats, const long long* drafts, const float* q, const float* temperature,
+    const float* min_p, const float* u, const long long* greedy_accepted, const long long* greedy_token,
+    long long* accepted_out, long long* emitted_out, long long k, long long vocab) {
+  __shared__ unsigned long long segment_sums[kWarps];
+  __shared__ SharedState shared;
+  __shared__ long long accepted_shared;
+  const RowGroup<Blocks> group = RowGroup<Blocks>::make();
+  const long long request = blockIdx.x / Blocks;
+  const float t = temperature[request];
+  if (!(t > 0.0f)) {  // a greedy row: the greedy rule's
+    if (group.rank == 0 && threadIdx.x == 0) {
+      accepted_out[request] = greedy_accepted[request], emitted_out[request] = greedy_token[request];
+    }
+    return;
+  }
+  const int bits = sampling::fraction_bits(vocab);
+  const float scale = sampling::reciprocal_rn(t);
+  auto row = [&](long long i) {
+    const long long* s = stats + 3 * (request * (k + 1) + i);
+    return Transformed{scale, __uint_as_float(static_cast<unsigned int>(s[0])), min_p[request],
+                       static_cast<unsigned int>(s[1]), bits};
+  };
+  auto total = [&](long long i) { return static_cast<unsigned long long>(stats[3 * (request * (k + 1) + i) + 2]); };
+  const float* l = logits + request * (k + 1) * vocab;
+  const float* qr = q + request * k * vocab;
+  if (threadIdx.x == 0) {
+    long long a = 0;
+    for (; a < k; ++a) {
+      const long long d = drafts[request * k + a];
+      const double p = sampling::mass_probability(row(a).mass(l[a * vocab + d]), total(a));
+      if (!(sampling::mul_rn_d(u[request * (k + 1) + a], qr[a * vocab + d]) < p)) break;
+    }
+    accepted_shared = a;
+  }
+  __syncthreads();
+  const long long a = accepted_shared;
+  const Segments at = Segments::of(group.rank, Blocks, vocab);
+  const float* la = l + a * vocab + at.share.begin;
+  const float* qa = qr + a * vocab + at.share.begin;
+  const Transformed p_row = row(a);
+  const float u_emit = u[request * (k + 1) + k];
+  bool drawn = false;
+  if (a < k) {  // the residual max(0, p_a - q_{a+1})
+    const double inverse = sampling::inverse_mass(total(a));
+    drawn = group_draw(group, at, [&](long long i) {
+      return sampling::residual_mass(p_row.mass(la[i]), inverse, qa[i], bits);
+    }, u_emit, segment_sums, shared, emitted_out + request);
+  }
+  if (!drawn) {  // after k accepts, or p_a == q_{a+1}: from p_a itself
+    drawn = group_draw(group, at, [&](long long i) { return p_row.mass(la[i]); }, u_emit, segment_sums, shared,
+                       emitted_out + request);
+  }
+  if (group.rank == 0 && threadIdx.x == 0) {
+    accepted_out[request] = a;
+    if (!drawn) emitted_out[request] = greedy_token[request];  // nothing kept (min_p > 1)
+  }
+}
+
+// One row (or request) per block, or per cluster of kClusterBlocks from V = kClusterVocab up.
+template <typename... Params, typename... Args>
+void launch_per_row(void (*one)(Params...), void (*cluster)(Params...), std::int64_t rows, std::int64_t vocab,
+                    std::uintptr_t stream, const char* name, Args... args) {
+  if (rows == 0) return;
+  if (vocab < kClusterVocab) {
+    one<<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(args...);
+  } else {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned int>(rows * kClusterBlocks));
+    config.blockDim = dim3(kThreads);
+    config.stream = as_stream(stream);
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kClusterBlocks, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute, config.numAttrs = 1;
+    cudaLaunchKernelEx(&config, cluster, static_cast<Params>(args)...);
+  }
+  check_launch(name);
 }
 
 }  // namespace
@@ -568,24 +719,9 @@ __global__ void __launch_bounds__(kThreads) sample_token_kernel(const float* log
 void sampling_threshold(const float* z, const float* probs, const std::int64_t* top_k, const float* top_p,
                         float* threshold, std::int64_t rows, std::int64_t rows_per_request, std::int64_t vocab,
                         std::uintptr_t stream) {
-  if (rows == 0) return;
-  const auto* k = reinterpret_cast<const long long*>(top_k);
-  if (vocab < kClusterVocab) {
-    sampling_threshold_kernel<1><<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
-        z, probs, k, top_p, threshold, rows_per_request, vocab);
-  } else {  // a wide row: a cluster of blocks shares it
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned int>(rows * kClusterBlocks));
-    config.blockDim = dim3(kThreads);
-    config.stream = as_stream(stream);
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kClusterBlocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster, config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, sampling_threshold_kernel<kClusterBlocks>, z, probs, k, top_p, threshold,
-                       static_cast<long long>(rows_per_request), static_cast<long long>(vocab));
-  }
-  check_launch("sampling_threshold");
+  launch_per_row(sampling_threshold_kernel<1>, sampling_threshold_kernel<kClusterBlocks>, rows, vocab, stream,
+                 "sampling_threshold", z, probs, reinterpret_cast<const long long*>(top_k), top_p, threshold,
+                 static_cast<long long>(rows_per_request), static_cast<long long>(vocab));
 }
 
 void draw(const float* weights, const float* u, std::int64_t* index, std::int64_t rows, std::int64_t vocab,
@@ -599,26 +735,32 @@ void draw(const float* weights, const float* u, std::int64_t* index, std::int64_
 void sample_token(const float* logits, const std::int64_t* greedy, const float* temperature, const std::int64_t* top_k,
                   const float* top_p, const float* min_p, const float* u, std::int64_t* token, std::int64_t rows,
                   std::int64_t rows_per_request, std::int64_t vocab, std::uintptr_t stream) {
-  if (rows == 0) return;
-  const auto* g = reinterpret_cast<const long long*>(greedy);
-  const auto* k = reinterpret_cast<const long long*>(top_k);
-  auto* out = reinterpret_cast<long long*>(token);
-  if (vocab < kClusterVocab) {
-    sample_token_kernel<1><<<static_cast<unsigned int>(rows), kThreads, 0, as_stream(stream)>>>(
-        logits, g, temperature, k, top_p, min_p, u, out, rows_per_request, vocab);
-  } else {  // a wide row: a cluster of blocks shares it
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned int>(rows * kClusterBlocks));
-    config.blockDim = dim3(kThreads);
-    config.stream = as_stream(stream);
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kClusterBlocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster, config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, sample_token_kernel<kClusterBlocks>, logits, g, temperature, k, top_p, min_p, u, out,
-                       static_cast<long long>(rows_per_request), static_cast<long long>(vocab));
-  }
-  check_launch("sample_token");
+  launch_per_row(sample_token_kernel<1>, sample_token_kernel<kClusterBlocks>, rows, vocab, stream, "sample_token",
+                 logits, reinterpret_cast<const long long*>(greedy), temperature,
+                 reinterpret_cast<const long long*>(top_k), top_p, min_p, u, reinterpret_cast<long long*>(token),
+                 static_cast<long long>(rows_per_request), static_cast<long long>(vocab));
+}
+
+void transform_rows(const float* logits, const float* temperature, const std::int64_t* top_k, const float* top_p,
+                    const float* min_p, std::int64_t* stats, std::int64_t rows, std::int64_t rows_per_request,
+                    std::int64_t vocab, std::uintptr_t stream) {
+  launch_per_row(transform_rows_kernel<1>, transform_rows_kernel<kClusterBlocks>, rows, vocab, stream,
+                 "transform_rows", logits, temperature, reinterpret_cast<const long long*>(top_k), top_p, min_p,
+                 reinterpret_cast<long long*>(stats), static_cast<long long>(rows_per_request),
+                 static_cast<long long>(vocab));
+}
+
+void speculative_accept(const float* logits, const std::int64_t* stats, const std::int64_t* drafts, const float* q,
+                        const float* temperature, const float* min_p, const float* u,
+                        const std::int64_t* greedy_accepted, const std::int64_t* greedy_token, std::int64_t* accepted,
+                        std::int64_t* emitted, std::int64_t requests, std::int64_t k, std::int64_t vocab,
+                        std::uintptr_t stream) {
+  using I = const long long*;
+  launch_per_row(speculative_accept_kernel<1>, speculative_accept_kernel<kClusterBlocks>, requests, vocab, stream,
+                 "speculative_accept", logits, reinterpret_cast<I>(stats), reinterpret_cast<I>(drafts), q,
+                 temperature, min_p, u, reinterpret_cast<I>(greedy_accepted), reinterpret_cast<I>(greedy_token),
+                 reinterpret_cast<long long*>(accepted), reinterpret_cast<long long*>(emitted),
+                 static_cast<long long>(k), static_cast<long long>(vocab));
 }
 
 }  // namespace ortspec::cuda

@@ -197,9 +197,6 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
                                                                                        gdn_verify=gdn_verify)
             builders[graph_name("verify_mtp_sample", k)] = lambda k=k: make_verify_mtp_sample_graph(
                 spec, store, max_length, k, target=target, gdn_verify=gdn_verify)
-            if target == PORTABLE:
-                builders[graph_name("verify_mtp_tempered", k)] = lambda k=k: make_verify_mtp_sample_graph(
-                    spec, store, max_length, k, target=target, gdn_verify=gdn_verify, tempered=True)
     return builders
 
 
@@ -215,9 +212,9 @@ def _cpu_per_row_builders(spec: ModelSpec, store: WeightStore, max_length: int, 
 
 
 def is_sampling_graph(name: str) -> bool:
-    """decode_sample, verify_mtp_sample_k{k}, their tempered forms (verify_mtp_tempered_k{k}; and
-    decode_tempered, which models converted before ai.ortspec.SampleToken have) and their
-    variants: what sampling_graphs=False leaves out."""
+    """decode_sample, verify_mtp_sample_k{k}, their tempered forms (decode_tempered,
+    verify_mtp_tempered_k{k}: models converted before ortspec's sampling ops have them) and
+    their variants: what sampling_graphs=False leaves out."""
     base = split_window_name(name)[0].split(".stage")[0]
     return base in ("decode_sample", "decode_tempered") or base.startswith(("verify_mtp_sample", "verify_mtp_tempered"))
 

@@ -45,7 +45,7 @@ from ..manifest import graph_name
 from ..model_spec import ModelSpec
 from .builder import PORTABLE, GraphBuilder, WeightStore
 from .graphs import add_mtp_propose, draft_argmax, draft_vocab_size, make_target_graph, mtp_state_shapes
-from .sampling_graph import TEMPERED, RowParams, draft_sampler, make_sampled_step_ids
+from .sampling_graph import RowParams, draft_sampler, make_sampled_step_ids
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 MTP_WINDOW = "Wm"  # the head's cache slots: its own dimension, apart from the target caches' W
@@ -70,14 +70,12 @@ def make_verify_mtp_graph(spec: ModelSpec, store: WeightStore, max_length: int, 
 
 
 def make_verify_mtp_sample_graph(spec: ModelSpec, store: WeightStore, max_length: int, k: int,
-                                 target: str = PORTABLE, gdn_verify: str = "per_row",
-                                 tempered: bool = False) -> GraphBuilder:
+                                 target: str = PORTABLE, gdn_verify: str = "per_row") -> GraphBuilder:
     """verify_mtp_k{k} with sampled rows (module docstring): their acceptance, emitted tokens and
     drafts drawn in the graph, so a step's host still reads one int64 array. The head samples over
-    its draft vocabulary; q reaches the full vocabulary V inside add_mtp_propose. tempered:
-    ``verify_mtp_tempered_k{k}``, the target's p without top-k / top-p (sampling_graph.TEMPERED)."""
+    its draft vocabulary; q reaches the full vocabulary V inside add_mtp_propose."""
     vocab = spec.vocab_size
-    name = graph_name("verify_mtp_tempered" if tempered else "verify_mtp_sample", k)
+    name = graph_name("verify_mtp_sample", k)
     g = make_target_graph(spec, store, max_length, name, rows=k + 1, windows=True, target=target,
                           gdn_verify=gdn_verify)
     params = RowParams.inputs(g)
@@ -85,7 +83,7 @@ def make_verify_mtp_sample_graph(spec: ModelSpec, store: WeightStore, max_length
     q = g.input("draft_probs", F32, ["B", k, vocab])
     greedy = make_greedy_acceptance(g, "input_ids", "tokens", k)  # [B]
     emitted, accepted = make_sampled_step_ids(g, "input_ids", "tokens", "logits", params, q, uniforms, greedy, k,
-                                              vocab, TEMPERED if tempered else None)  # [B, k+1], [B]
+                                              vocab)  # [B, k+1], [B]
     states = {n: g.input(n, F32, shape) for n, shape in mtp_state_shapes(spec, window=MTP_WINDOW).items()}
     drafts, draft_probs = add_mtp_propose(g, spec, max_length, k, emitted, "hidden", "positions", accepted, states,
                                           draft_sampler(g, params, uniforms, k + 1,

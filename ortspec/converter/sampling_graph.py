@@ -24,13 +24,12 @@ ortspec's own ops, ai.ortspec.SamplingThreshold and ai.ortspec.Draw: one kernel 
 integer sums (csrc/core/sampling_ops.h; runtime/custom_ops.py registers them). ``SORT`` builds the
 same steps from ONNX ops alone (TopK over all V, blocked cumulative sums), kept to measure against.
 All find the reference's threshold.
-A sampled decode needs no probabilities, only tokens: there the portable graphs run all of it
-as one op, ai.ortspec.SampleToken (make_sampled_tokens), over weights it computes from the
-logits itself. The verifies' probabilities (p at the drafts, the residual) come from the steps
-above. Their graphs also come ``TEMPERED`` (``verify_mtp_tempered_k{k}``): the same ops with min-p
-as the only threshold, for batches where no row asks for top-k or top-p (the OpenAI API's
-default), whose rows get the sorting graphs' probabilities bit for bit (a row that keeps every
-token has the smallest z as its top-k / top-p threshold: the same mask).
+The target's own choices need no probabilities, only tokens: there the portable graphs run the
+transform from the logits inside ortspec's ops, over weights exp(z - max z) they compute
+themselves: a sampled decode as one op, ai.ortspec.SampleToken (make_sampled_tokens), a sampled
+verify's acceptance as two, ai.ortspec.TransformRows (each row's max, threshold and kept mass)
+and ai.ortspec.SpeculativeAccept (the accept length and the token after it). Only the MTP head's
+drafts keep their probabilities q in the graph (the acceptance reads them), from the steps above.
 
 Exact speculative sampling (speculative.sampling's docstring) over a verify's k+1 rows: accept
 d_{i+1} while u_i q_{i+1}(d_{i+1}) < p_i(d_{i+1}); at the first rejection a draw from
@@ -49,7 +48,6 @@ from .builder import CPU, ORTSPEC_DOMAIN, GraphBuilder
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
 NATIVE = "native"  # the portable graphs: ai.ortspec.SamplingThreshold and Draw, one kernel per row (module docstring)
-TEMPERED = "tempered"  # no top-k / top-p: temperature and min-p alone (verify_mtp_tempered_k{k})
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
 EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
 
@@ -114,7 +112,7 @@ def make_sampling_probs(g: GraphBuilder, logits: str, params: RowParams, vocab: 
         weights = sub.op("Where", [sub.op("GreaterOrEqual", [z, threshold]), probs, sub.const(0.0, "float32")])
         return [sub.op("Div", [weights, sub.op("ReduceSum", [weights, sub.const([-1])])], hint="probs")]
 
-    if method in (SORT, NATIVE, TEMPERED):
+    if method in (SORT, NATIVE):
         return masked(g)[0]
 
     def thresholded(sub: GraphBuilder) -> list[str]:
@@ -189,8 +187,6 @@ def make_threshold(g: GraphBuilder, z: str, probs: str, params: RowParams, vocab
     """threshold [B, N, 1]: the kept tokens are those with z >= threshold (module docstring);
     probs [B, N, V]: Softmax(z), the mass of every token; top: row_max(z)."""
     min_p = g.op("Add", [top, g.op("Log", [per_row(g, params.min_p)])])  # -inf: off
-    if method == TEMPERED:
-        return g.op("Identity", [min_p], hint="threshold")
     if method == NATIVE:
         top_kp = g.op("SamplingThreshold", [z, probs, params.top_k, params.top_p], domain=ORTSPEC_DOMAIN)
         return g.op("Max", [top_kp, min_p], hint="threshold")
@@ -394,7 +390,7 @@ def make_token_choice(g: GraphBuilder, logits: str, params: RowParams, u: str, v
     def argmax(sub: GraphBuilder) -> list[str]:
         return [sub.op("ArgMax", [logits], axis=-1, keepdims=0)]  # [B, N]
 
-    greedy = (argmax(g)[0] if method_for(g) != CANDIDATES or method == TEMPERED else
+    greedy = (argmax(g)[0] if method_for(g) != CANDIDATES else
               g.if_else(_any(g, greedy_rows), argmax, lambda sub: [drawn], [I64]))
     return g.op("Where", [g.op("Unsqueeze", [greedy_rows, g.const([1])]), greedy, drawn]), probs
 
@@ -461,13 +457,22 @@ def make_sampled_step_ids(g: GraphBuilder, ids: str, tokens: str, logits: str, p
     e_i = d_{i+1} for i < a and e_a the emitted token, so e_a is the next pending token; for
     greedy rows that is g_a, and for i <= a e_i = g_i (the accepted drafts equal the argmaxes)."""
     drafts = g.op("Slice", [ids, g.const([1]), g.const([k + 1]), g.const([1])])  # [B, k]
-    p = make_sampling_probs(g, logits, params, vocab, method)  # [B, k+1, V]
-    sampled_a, sampled_token = make_speculative_acceptance(g, p, q, drafts, u, k, vocab)
-    samples = g.op("Greater", [params.temperature, g.const(0.0, "float32")])  # [B]
-    accepted = g.op("Where", [samples, sampled_a, greedy_accepted], hint="accepted")  # [B]
     greedy_token = g.op("Squeeze", [g.op("GatherElements", [tokens, g.op("Unsqueeze", [greedy_accepted, g.const([1])])],
                                          axis=1), g.const([1])])  # [B]: g_a
-    emitted = g.op("Unsqueeze", [g.op("Where", [samples, sampled_token, greedy_token]), g.const([1])])  # [B, 1]
+    if (method or method_for(g)) == NATIVE:  # the transform and the acceptance as two ops (module docstring)
+        stats = g.op("TransformRows", [logits, params.temperature, params.top_k, params.top_p, params.min_p],
+                     domain=ORTSPEC_DOMAIN)  # [B, k+1, 3]
+        u_step = g.op("Slice", [u, g.const([0]), g.const([k + 1]), g.const([1])])  # [B, k+1]: k accepts, the emit
+        accepted, token = g.op("SpeculativeAccept", [logits, stats, drafts, q, params.temperature, params.min_p,
+                                                     u_step, greedy_accepted, greedy_token], domain=ORTSPEC_DOMAIN,
+                               num_outputs=2)
+    else:
+        p = make_sampling_probs(g, logits, params, vocab, method)  # [B, k+1, V]
+        sampled_a, sampled_token = make_speculative_acceptance(g, p, q, drafts, u, k, vocab)
+        samples = g.op("Greater", [params.temperature, g.const(0.0, "float32")])  # [B]
+        accepted = g.op("Where", [samples, sampled_a, greedy_accepted])  # [B]
+        token = g.op("Where", [samples, sampled_token, greedy_token])
+    emitted = g.op("Unsqueeze", [token, g.const([1])])  # [B, 1]
     shifted = g.op("Concat", [drafts, g.op("Slice", [tokens, g.const([k]), g.const([k + 1]), g.const([1])])],
                    axis=1)  # [B, k+1]: d_1..d_k, then any token (column k is never < a)
     column, at = g.const(range(k + 1), hint="column"), g.op("Unsqueeze", [accepted, g.const([1])])  # [k+1], [B, 1]
