@@ -95,9 +95,8 @@ def has_state_windows(graph: str) -> bool:
 
 
 def runs_on_gpus_only(graph: str) -> bool:
-    """The graphs without a CPU variant in any conversion: the tempered sampling graphs
-    (converter/sampling_graph.py), which only CUDA runs (the CPU's decode_sample skips its
-    threshold search by itself where no row needs it)."""
+    """The graphs without a CPU variant in any conversion: the tempered sampling graphs of models
+    converted in sessions 9-11 (no conversion writes them now, and no run takes them)."""
     return graph.split(".")[0].startswith(("decode_tempered", "verify_mtp_tempered_k"))
 
 

@@ -25,7 +25,7 @@ from ortspec.runtime.graphs import GraphSet
 from ortspec.runtime.model import MTPHead, TargetModel
 from ortspec.runtime.sampling_inputs import SamplingInputs
 from ortspec.runtime.states import Rows
-from ortspec.speculative import sampler, sampling, step_kinds
+from ortspec.speculative import sampler, sampling
 from ortspec.speculative.requests import Request
 from tests.test_fused_verify import drafts_accepting, verify_feeds
 from tools.gpu_suite import sample_dist
@@ -506,32 +506,16 @@ def test_the_portable_decode_sample_is_one_op_that_draws_the_references_tokens(g
         assert ((low <= got["tokens"][1:, 0]) & (got["tokens"][1:, 0] <= high)).all()
 
 
-def test_runs_take_the_tempered_graphs_only_where_no_live_row_truncates():
-    tempered_ks = frozenset({0, 2})
-    plain, top_p, top_k = (sampling.SamplingParams(temperature=0.8, **extra)
-                           for extra in ({}, {"top_p": 0.9}, {"top_k": 40}))
-    assert step_kinds.runs_tempered(requests([plain, sampling.GREEDY]), 2, tempered_ks)
-    assert not step_kinds.runs_tempered(requests([plain, top_p]), 2, tempered_ks)
-    assert not step_kinds.runs_tempered(requests([top_k]), 0, tempered_ks)
-    assert not step_kinds.runs_tempered(requests([plain]), 1, tempered_ks)  # no tempered graph for k = 1
-    assert not step_kinds.runs_tempered(requests([sampling.GREEDY]), 0, tempered_ks)  # nothing samples
-    done = requests([plain, top_p])
-    done[1].cancel()
-    assert step_kinds.runs_tempered(done, 0, tempered_ks)  # a finished row's parameters do not count
-
-
 def test_no_conversion_writes_tempered_graphs_and_no_decoder_runs_them(models):
     """The tempered graphs (decode_tempered, verify_mtp_tempered_k{k}: no top-k / top-p, for
     batches where no row truncates) spared the sorting graphs' search; ortspec's ops skip it per
-    row, so conversions no longer write them and a Decoder of such a model has no tempered k (a
-    model converted before still runs its own: runs_tempered above)."""
+    row, so conversions no longer write them and a Decoder samples on the sample graphs alone."""
     out = models.converted("base")
     manifest = ortspec.manifest.Manifest.load(out)
     assert not [name for name in manifest.graphs if "tempered" in name]
     with ortspec.Session(out, num_speculative_tokens=2).batcher(max_batch_size=2) as batcher:
         kinds = batcher.decoder.kinds
-        assert kinds.tempered_ks == frozenset() and kinds.sampled_ks != frozenset()
-        assert step_kinds.sampling_ks(manifest, kinds.fused_ks, kinds.draft_source, "tempered") == frozenset()
+        assert kinds.sampled_ks == set(range(manifest.num_speculative_tokens + 1))
         rid = batcher.add_request([5, 6, 7], max_new_tokens=8, temperature=0.8, top_p=0.9, seed=1)
         while batcher.pending:
             batcher.step()

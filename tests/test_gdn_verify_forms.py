@@ -69,7 +69,7 @@ def test_only_the_portable_select_verifies_depend_on_the_form(forms):
         assert manifest.gdn_verify == form
         assert json.loads((manifest.dir / "manifest.json").read_text())["gdn_verify"] == form
         for name, entry in base.graphs.items():
-            if "cpu" in entry:  # every graph but the tempered ones (GPU only)
+            if "cpu" in entry:
                 assert (base.dir / entry["cpu"]["file"]).read_bytes() == (manifest.dir / entry["cpu"]["file"]).read_bytes()
             if not has_state_windows(name):
                 assert (base.dir / entry["file"]).read_bytes() == (manifest.dir / entry["file"]).read_bytes(), name

@@ -212,3 +212,14 @@ def test_sample_token_bad_shapes_are_an_error_and_the_session_goes_on(sample_ses
         sample(sample_session, logits, [1.0, 1.0], greedy=np.zeros((2, 2), np.int64))
     token, _ = sample(sample_session, logits, [1.0, 0.0])
     assert token.shape == (2, 1)
+
+
+def test_sample_token_on_nan_logits_gives_a_token_in_range(sample_session):
+    """A broken model's NaN logits: a token id inside the vocabulary, no crash (the weights of NaN
+    count as the floor's)."""
+    logits = np.random.default_rng(14).normal(0, 1, (2, 1, 300)).astype(np.float32)
+    logits[0, 0, 5] = np.nan
+    logits[1] = np.nan
+    token, _ = sample(sample_session, logits, [1.0, 1.0], [0, 10], [0.9, 1.0], [0.0, 0.1],
+                      np.full((2, 1), 0.5, np.float32), greedy=np.zeros((2, 1), np.int64))
+    assert ((0 <= token) & (token < 300)).all()

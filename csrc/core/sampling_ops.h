@@ -149,10 +149,12 @@ ORTSPEC_HOST_DEVICE inline float reciprocal_rn(float a) {
 
 constexpr float kExpFloor = -64.0f;  // z - max z below this counts as this (sampling_graph.EXP_FLOOR)
 
-// e^x for x in [kExpFloor, 0] (clamped there), within ~2 ulp: x = n ln 2 + r with |r| <= ln 2 / 2
-// (ln 2 in two parts), e^r by a degree-6 polynomial (Cephes' expf), then 2^n exactly.
+// e^x for x in [kExpFloor, 0] (clamped there; NaN counts as kExpFloor), within ~2 ulp: x = n ln 2
+// + r with |r| <= ln 2 / 2 (ln 2 in two parts), e^r by a degree-6 polynomial (Cephes' expf), then
+// 2^n exactly.
 ORTSPEC_HOST_DEVICE inline float exp_rn(float x) {
-  x = x < kExpFloor ? kExpFloor : (x > 0.0f ? 0.0f : x);
+  x = x > 0.0f ? 0.0f : x;
+  if (!(x >= kExpFloor)) x = kExpFloor;
 #ifdef __CUDA_ARCH__
   const float n = rintf(mul_rn(x, 1.44269504088896341f));
 #else

@@ -29,7 +29,7 @@ from .kv_window import RunBound, attention_window
 from .model import TargetModel
 from .states import Rows
 
-GRAPH, SAMPLED_GRAPH, TEMPERED_GRAPH = "decode", "decode_sample", "decode_tempered"
+GRAPH, SAMPLED_GRAPH = "decode", "decode_sample"
 
 
 class DecodeRun:
@@ -43,11 +43,11 @@ class DecodeRun:
     host_binding = True  # the CPU's runs over IOBinding (False: the CUDA path, for its tests on the CPU)
 
     def __init__(self, target: TargetModel, rows: Rows, hidden: bool = False, bound: RunBound | None = None,
-                 sampled: bool = False, tempered: bool = False) -> None:
+                 sampled: bool = False) -> None:
         self.target, self.rows, self.graphs = target, rows, target.graphs
         self.arrays = self.graphs.arrays
         self.last_position = self.graphs.manifest.max_length - 1
-        graph = (TEMPERED_GRAPH if tempered else SAMPLED_GRAPH) if sampled else GRAPH
+        graph = SAMPLED_GRAPH if sampled else GRAPH
         self.graph = graph if bound is None else self.graphs.kv_windows.graph(graph, bound.end(1, reach=1))
         self._key = SlotKey(self.graph, 1, len(rows), target.slot_id(rows))  # = SlotKey.for_run over ids [B, 1]
         self._bound = self.host_binding and self.arrays.device == "cpu"

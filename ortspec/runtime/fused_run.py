@@ -46,13 +46,12 @@ class FusedRun:
     host_binding = True  # the CPU's runs over IOBinding (False: the CUDA path, for its tests on the CPU)
 
     def __init__(self, target: TargetModel, mtp: MTPHead, rows: Rows, k: int, bound: RunBound | None = None,
-                 sampled: bool = False, tempered: bool = False) -> None:
+                 sampled: bool = False) -> None:
         self.target, self.mtp, self.rows, self.k = target, mtp, rows, k
         self.graphs = target.graphs
         self.arrays = self.graphs.arrays
         self.sampled = sampled  # verify_mtp_sample_k{k}: sampled rows accepted and drafted on the device
-        family = ("verify_mtp_tempered" if tempered else "verify_mtp_sample") if sampled else "verify_mtp"
-        self.graph = graph_name(family, k)  # tempered: without top-k / top-p (sampling_graph.TEMPERED)
+        self.graph = graph_name("verify_mtp_sample" if sampled else "verify_mtp", k)
         if bound is not None:
             self.graph = self.graphs.kv_windows.graph(self.graph, bound.end(k + 1, reach=k))
         self.last_start = self.graphs.manifest.max_length - (k + 1)

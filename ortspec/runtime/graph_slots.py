@@ -42,7 +42,7 @@ def is_captured_graph(name: str) -> bool:
     (M=k+1, the fused ones greedy or sampled) and the MTP head's (catch-up + drafts, argmax or
     sampled), and their KV window variants (decode.w256). Prefill runs any length, so always eagerly."""
     base = split_window_name(name)[0].split(".stage")[0]
-    return base in ("decode", "decode_sample", "decode_tempered", "mtp") or base.startswith(
+    return base in ("decode", "decode_sample", "mtp") or base.startswith(
         ("verify", "mtp_propose", "mtp_sample"))
 
 

@@ -125,10 +125,8 @@ class Decoder:
         source = make_drafts(mtp) if mtp is not None else None
         device = stages == 1 and exact is None and (arrays.device == "cpu" or arrays.shared_stream)
         fused = fusable_ks(graphs.manifest, commit, exact is not None, stages) if fused_verify else frozenset()
-        on_gpu = device and arrays.device != "cpu"  # the CPU's decode_sample skips its sort by itself
         self.kinds = StepKinds(self.engine, forwards, COMMITS[commit](forwards), source, head, stats, device, fused,
-                               sampling_ks(graphs.manifest, fused, source) if device else frozenset(),
-                               sampling_ks(graphs.manifest, fused, source, "tempered") if on_gpu else frozenset())
+                               sampling_ks(graphs.manifest, fused, source) if device else frozenset())
         self.occupants: list[Request | None] = [None] * batch_size  # by row
         self.static = False  # a generate call's requests: no request joins (auto k weighs their tail)
         self.next_k = 0  # the drafts the rows hold: what the next step verifies

@@ -37,11 +37,6 @@ def samples(requests: list[Request]) -> bool:
     return bool(_sampled(requests))
 
 
-def truncates(requests: list[Request]) -> bool:
-    """A live request that samples asks for top-k or top-p (a cut that needs the logits sorted)."""
-    return any(requests[j].sampling.top_k > 0 or requests[j].sampling.top_p < 1.0 for j in _sampled(requests))
-
-
 def asks_logprobs(requests: list[Request]) -> bool:
     """A live request asks for its tokens' log-probabilities (they need the logits on the host)."""
     return any(r.logprobs is not None and not r.done for r in requests)

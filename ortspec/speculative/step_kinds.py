@@ -63,10 +63,9 @@ class DecodeSteps:
 
     ahead, phase = True, "decode"
 
-    def __init__(self, engine: Engine, batch: Batch, stats: Stats, defer_head: bool, sampled: bool = False,
-                 tempered: bool = False) -> None:
+    def __init__(self, engine: Engine, batch: Batch, stats: Stats, defer_head: bool, sampled: bool = False) -> None:
         self.run = DecodeRun(engine.target, batch.rows, hidden=defer_head, bound=RunBound.of(batch.requests),
-                             sampled=sampled, tempered=tempered)
+                             sampled=sampled)
         self.stats, self.requests, self.sampled = stats, batch.requests, sampled
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
@@ -101,11 +100,10 @@ class FusedSteps:
 
     phase = "verify"
 
-    def __init__(self, engine: Engine, batch: Batch, stats: Stats, k: int, draft_source, sampled: bool = False,
-                 tempered: bool = False) -> None:
+    def __init__(self, engine: Engine, batch: Batch, stats: Stats, k: int, draft_source, sampled: bool = False) -> None:
         self.ahead = type(draft_source) is MTPDrafts
         bound = (RunBound.of if self.ahead else RunBound.one_step)(batch.requests)  # a run of one step otherwise
-        self.run = FusedRun(engine.target, engine.mtp, batch.rows, k, bound, sampled=sampled, tempered=tempered)
+        self.run = FusedRun(engine.target, engine.mtp, batch.rows, k, bound, sampled=sampled)
         self.stats, self.k, self.draft_source, self.sampled = stats, k, draft_source, sampled
         self.requests, self.arrays = batch.requests, engine.arrays
         self._mirror: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (T [B], drafts [B, k]) of step n
@@ -257,15 +255,13 @@ class StepKinds:
     device: the steps whose control can stay on the device may run so (one pipeline stage, not
     exact mode; on CUDA the stream shared with ONNX Runtime). fused_ks: the k with a fused graph
     (select commit, converted with it). sampled_ks: the k (0: a decode) whose steps can sample on
-    the device (``sampling_ks``); tempered_ks: those with the graphs without top-k / top-p too,
-    which a run takes where no live row asks for either (``runs_tempered``)."""
+    the device (``sampling_ks``)."""
 
     def __init__(self, engine: Engine, forwards, commit, draft_source, head: Head | None, stats: Stats,
-                 device: bool, fused_ks: frozenset[int], sampled_ks: frozenset[int] = frozenset(),
-                 tempered_ks: frozenset[int] = frozenset()) -> None:
+                 device: bool, fused_ks: frozenset[int], sampled_ks: frozenset[int] = frozenset()) -> None:
         self.engine, self.forwards, self.commit, self.draft_source = engine, forwards, commit, draft_source
         self.head, self.stats, self.device, self.fused_ks = head, stats, device, fused_ks
-        self.sampled_ks, self.tempered_ks = sampled_ks, tempered_ks
+        self.sampled_ks = sampled_ks
 
     def choose(self, requests, k: int, drafts: int) -> type:
         on_device = self.device and not sampler.asks_logprobs(requests)  # log-probabilities need the logits
@@ -277,32 +273,24 @@ class StepKinds:
 
     def open(self, kind: type, batch: Batch, k: int, drafts: int):
         defer, sampled = self.head is not None, sampler.samples(batch.requests)
-        tempered = runs_tempered(batch.requests, k, self.tempered_ks)
         if kind is DecodeSteps:
-            return DecodeSteps(self.engine, batch, self.stats, defer, sampled, tempered)
+            return DecodeSteps(self.engine, batch, self.stats, defer, sampled)
         if kind is HostDecodeSteps:
             return HostDecodeSteps(self.engine, self.forwards, self.stats, defer)
         if kind is FusedSteps:
-            return FusedSteps(self.engine, batch, self.stats, k, self.draft_source, sampled, tempered)
+            return FusedSteps(self.engine, batch, self.stats, k, self.draft_source, sampled)
         return TwoRunSteps(self.engine, self.commit, self.draft_source, self.head, self.stats, k, drafts)
 
 
-def sampling_ks(manifest: Manifest, fused: frozenset[int], draft_source, form: str = "sample") -> frozenset[int]:
+def sampling_ks(manifest: Manifest, fused: frozenset[int], draft_source) -> frozenset[int]:
     """The k whose steps can sample on the device: 0 with ``decode_sample``; k >= 1 with a fused
     graph and ``verify_mtp_sample_k{k}``, and the head's own drafts (a scripted source gives no
-    distributions to accept against). form "tempered": those with ``decode_tempered`` /
-    ``verify_mtp_tempered_k{k}`` too (the portable graphs without top-k / top-p)."""
-    ks = {0} if f"decode_{form}" in manifest.graphs else set()
+    distributions to accept against). (The tempered graphs of models converted in sessions 9-11,
+    decode_tempered / verify_mtp_tempered_k{k}, are not run: the sample graphs serve every row.)"""
+    ks = {0} if "decode_sample" in manifest.graphs else set()
     if type(draft_source) is MTPDrafts:
-        ks |= {k for k in fused if graph_name(f"verify_mtp_{form}", k) in manifest.graphs}
-    return frozenset(ks) if form == "sample" else frozenset(ks) & sampling_ks(manifest, fused, draft_source)
-
-
-def runs_tempered(requests, k: int, tempered_ks: frozenset[int]) -> bool:
-    """Whether a run of k over these requests samples with the graphs without top-k / top-p: a live
-    row samples and none asks for top-k or top-p (the tempered graphs give such rows the sorting
-    graphs' draws bit for bit, so a request's tokens do not depend on the rows beside it)."""
-    return k in tempered_ks and sampler.samples(requests) and not sampler.truncates(requests)
+        ks |= {k for k in fused if graph_name("verify_mtp_sample", k) in manifest.graphs}
+    return frozenset(ks)
 
 
 def acceptance_mismatch(k: int, graph: np.ndarray, host: np.ndarray, drafts: np.ndarray, tokens: np.ndarray,
