@@ -564,3 +564,16 @@ def test_the_cost_tools_run_on_the_cpu(models, graphs, capsys):
     timer = device_sampling_cost.Steps(graphs, 2, 2, sample_cost.CONFIGS["temperature 0.8, top-p 0.95"],
                                        np.random.default_rng(0))
     assert all(ms > 0 for ms in sample_cost.step_ms(timer, 2, 1))
+
+
+def test_the_draft_temperature_tool_converts_at_each_tau(models, capsys):
+    """tools/draft_temperature.py: a row per tau, each an acceptance rate in [0, 1]; the converter's
+    own draft_sampler back in place after it."""
+    from tools import draft_temperature
+
+    draft_temperature.main([str(models.checkpoint("base")), "--taus", "0.5,1.0", "-k", "1", "--seeds", "1"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [float(r[1]) for r in rows] == [0.5, 1.0] and all(0 <= float(c) <= 1 for r in rows for c in r[2:4])
+    assert sampling_graph.draft_sampler is draft_temperature.DRAFT_SAMPLER
+    from ortspec.converter import fused_graph, graphs as graph_module
+    assert fused_graph.draft_sampler is graph_module.draft_sampler is draft_temperature.DRAFT_SAMPLER
