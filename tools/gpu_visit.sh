@@ -24,7 +24,8 @@
 # Smaller phases: BENCH_KS, BENCH_BATCHES, BENCH_REPEATS, SAMPLE_BATCHES, SAMPLE_TOP_PS, SAMPLE_KS, SAMPLE_ROUNDS,
 # SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
 # SAMPLE_DIST_PARTS, SAMPLE_DIST_CONFIGS,
-# AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip), GL_KS, GL_CONCURRENCY, GL_SECONDS.
+# AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip), GL_KS, GL_CONCURRENCY, GL_SECONDS,
+# SERVE_TEMPERATURE, SERVE_TOP_P (sampled requests through serve).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -89,7 +90,8 @@ for phase in "$@"; do
       model=$(trained)
       run 420 serve_bench python3 tools/serve_bench.py "$model" -k "${SERVE_KS:-0,2,auto}" --provider cuda \
         --clients "${SERVE_CLIENTS:-1,16}" --requests 4 --max-tokens 128 --rounds "${SERVE_ROUNDS:-2}" \
-        --engines "${SERVE_ENGINES:-process}" --json "$out/serve_bench.json" ;;
+        --engines "${SERVE_ENGINES:-process}" --temperature "${SERVE_TEMPERATURE:-0}" --top-p "${SERVE_TOP_P:-1}" \
+        --json "$out/serve_bench${SERVE_TEMPERATURE:+_sampled}.json" ;;
     guidellm)
       model=$(trained)
       if guidellm_install; then

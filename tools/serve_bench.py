@@ -2,7 +2,7 @@
 
     python3 tools/serve_bench.py MODEL_DIR [-k 0,2] [--provider cpu|cuda] [--threads N]
         [--clients 1,8] [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2]
-        [--stream yes|no] [--engines process,thread] [--json F]
+        [--stream yes|no] [--engines process,thread] [--temperature T] [--top-p P] [--json F]
 
 Per round, per k and per --engines entry: `ortspec serve --engine E` in a child process (max
 batch size = the most clients; E = process: the engine in a grandchild of its own, thread: beside
@@ -12,7 +12,9 @@ each send --requests requests one after another; then, in this process, a Sessio
 runs the same requests as --requests generate calls of batch C. Both use the prompts of --prompts
 (a JSON list of texts; default the bench's held-out prompts), each request's under a first line
 of its own (no two requests share a prompt: ``distinct``), --max-tokens new tokens and the
-model's stop tokens, greedy. Each server run also records the CPU cores its process (uvicorn and
+model's stop tokens, greedy (or, with --temperature > 0, sampled: a server request seeded with
+its index, each generate call with its own; the two sides number a request's random stream apart,
+so sampled outputs are not compared: "n/a"). Each server run also records the CPU cores its process (uvicorn and
 the routes; with --engine thread the engine too) and its children (the engine process) kept
 busy, from /proc. Reported per (k, clients): the median tokens/s of each over the
 rounds, server / generate, and each k's tokens/s over k = the first one's (speculation against
@@ -59,9 +61,13 @@ def requests_of(prompts: list[str], clients: int, per_client: int) -> list[list[
     return [[distinct(prompts, c * per_client + r) for r in range(per_client)] for c in range(clients)]
 
 
-def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool) -> tuple[float, dict]:
-    """(tokens/s over the wall time, {prompt: text}) of every client sending its requests in order."""
+def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool,
+                sampling: dict | None = None) -> tuple[float, dict]:
+    """(tokens/s over the wall time, {prompt: text}) of every client sending its requests in order;
+    sampling: temperature and top_p for every request, each seeded with its index."""
     bodies = [[{"prompt": p, "max_tokens": max_tokens, "stream": stream} for p in mine] for mine in texts]
+    for i, body in enumerate(body for mine in bodies for body in mine):
+        body.update({**sampling, "seed": i} if sampling else {})
     results, seconds = run_clients(url, bodies, timeout=600.0)
     failed = [r for rs in results for r in rs if r.status != 200 or r.error]
     if failed:
@@ -70,14 +76,16 @@ def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool)
     return sum(len(r.token_ids) for rs in results for r in rs) / seconds, outputs
 
 
-def generate_side(session, texts: list[list[str]], max_tokens: int) -> tuple[float, dict]:
+def generate_side(session, texts: list[list[str]], max_tokens: int, sampling: dict | None = None) -> tuple[float, dict]:
     """(tokens/s, {prompt: token ids}) of the same requests as generate calls: call r batches request r
-    of every client, over the ids the server's tokenizer makes of each prompt."""
+    of every client, over the ids the server's tokenizer makes of each prompt (sampled: call r seeded r)."""
     calls = [[mine[r] for mine in texts] for r in range(len(texts[0]))]
     ids = {p: session.tokenizer.encode(p).ids for call in calls for p in call}
     tokens, outputs, start = 0, {}, time.perf_counter()
-    for prompts in calls:
-        for prompt, out in zip(prompts, session.generate([ids[p] for p in prompts], max_new_tokens=max_tokens)):
+    for r, prompts in enumerate(calls):
+        options = {**sampling, "seed": r} if sampling else {}
+        for prompt, out in zip(prompts, session.generate([ids[p] for p in prompts], max_new_tokens=max_tokens,
+                                                         **options)):
             outputs[prompt] = out
             tokens += len(out)
     return tokens / (time.perf_counter() - start), outputs
@@ -96,7 +104,7 @@ def measure(args, k: int | str, prompts: list[str], clients: list[int], generate
     rows = {}
     for (engine, c), (server_rate, served_outputs, busy) in server.items():
         rate, outputs = generated[c]
-        rows[(engine, c)] = (server_rate, rate, served_outputs == outputs, *busy)
+        rows[(engine, c)] = (server_rate, rate, "n/a" if sampling_of(args) else served_outputs == outputs, *busy)
     return rows
 
 
@@ -110,10 +118,15 @@ def server_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
                 server_side(url, requests_of(prompts, c, 1), 8, args.stream == "yes")  # warm-up at this load, as generate's
                 before, start = cpu_seconds(url.pid), time.perf_counter()
                 rate, outputs = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
-                                            args.stream == "yes")
+                                            args.stream == "yes", sampling_of(args))
                 after, wall = cpu_seconds(url.pid), time.perf_counter() - start
                 runs[(engine, c)] = (rate, outputs, tuple((a - b) / wall for a, b in zip(after, before)))
     return runs
+
+
+def sampling_of(args) -> dict | None:
+    """The requests' sampling parameters (None: greedy)."""
+    return dict(temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 else None
 
 
 def generate_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
@@ -122,7 +135,7 @@ def generate_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
     runs = {}
     for c in clients:
         session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8)  # warm-up at this batch size
-        runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens)
+        runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens, sampling_of(args))
     session.close()
     return runs
 
@@ -141,6 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stream", choices=["yes", "no"], default="yes")
     parser.add_argument("--engines", default="process", help="comma-separated: process (the default of ortspec "
                         "serve), thread")
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
@@ -156,7 +171,7 @@ def main(argv=None) -> int:
                       f"outputs equal {row[2]}; CPU cores busy: server process {row[3]:.2f}, its children "
                       f"{row[4]:.2f}", flush=True)
     median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
-                    all(r[2] for r in rows)) for key, rows in runs.items()}
+                    "n/a" if sampling_of(args) else all(r[2] for r in rows)) for key, rows in runs.items()}
     print("\n| k | engine | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "
           "generate / generate k0 | outputs equal |\n|---|---|---|---|---|---|---|---|---|")
     for (k, e, c), (server, generate, equal) in median.items():
