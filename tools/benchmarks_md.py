@@ -212,13 +212,14 @@ def soak(runs: list[dict]) -> list[str]:
 def serve(runs: list[dict]) -> list[str]:
     """Per k, engine (process / thread; older runs: thread) and clients: median tokens/s through the
     server and through generate over the rounds, server / generate, each k over the first k
-    through the same engine, and whether the tokens agreed."""
+    through the same engine, and whether the tokens agreed (n/a: sampled requests)."""
     [run] = runs
     cells = {}
     for name, rounds in run["runs"].items():
         match = re.fullmatch(r"k=(\S+)(?: engine=(\S+))? clients=(\d+)", name)
         cells[(match[1], match[2] or "thread", int(match[3]))] = (
-            statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds), all(r[2] for r in rounds))
+            statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds),
+            "n/a" if any(r[2] == "n/a" for r in rounds) else all(r[2] for r in rounds))  # n/a: sampled
     ks = list(dict.fromkeys(k for k, _, _ in cells))
     engines = len({e for _, e, _ in cells}) > 1
     lines = header("k", *(["engine"] if engines else []), "clients", "server tok/s", "generate tok/s",
@@ -227,7 +228,8 @@ def serve(runs: list[dict]) -> list[str]:
         server, generate, same = cells[(k, engine, clients)]
         first = cells[(ks[0], engine, clients)][0]
         lines.append(row(k, *([engine] if engines else []), clients, f"{server:.0f}", f"{generate:.0f}",
-                         f"{server / generate:.2f}", f"**{server / first:.2f}x**", "yes" if same else "**no**"))
+                         f"{server / generate:.2f}", f"**{server / first:.2f}x**",
+                         same if same == "n/a" else "yes" if same else "**no**"))
     return lines
 
 
