@@ -28,6 +28,7 @@ from ortspec.runtime.states import Rows
 from ortspec.speculative import sampler, sampling
 from ortspec.speculative.requests import Request
 from tests.test_fused_verify import drafts_accepting, verify_feeds
+from tests.test_sampling_ops import draw_bounds
 from tools.gpu_suite import sample_dist
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -501,8 +502,7 @@ def test_the_portable_decode_sample_is_one_op_that_draws_the_references_tokens(g
         probs = sampling.transform(plain["logits"][1:, 0].astype(np.float64), sampled["temperature"][1:].astype(float),
                                    sampled["top_k"][1:], sampled["top_p"][1:].astype(float),
                                    sampled["min_p"][1:].astype(float))
-        u = sampled["uniforms"][1:, 0].astype(np.float64)
-        low, high = (sampling.draw(probs, np.clip(u + d, 0, 1 - 1e-12)) for d in (-1e-5, 1e-5))
+        low, high = draw_bounds(probs, sampled["uniforms"][1:, 0])
         assert ((low <= got["tokens"][1:, 0]) & (got["tokens"][1:, 0] <= high)).all()
 
 

@@ -152,16 +152,23 @@ def sample(session, logits, temperature, top_k=None, top_p=None, min_p=None, u=N
     return session.run(None, feeds)[0], feeds
 
 
+def draw_bounds(probs: np.ndarray, u: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's draws [N] from probs [N, V] at u - eps and u + eps: a token between them is
+    the reference's up to float32 rounding of the probabilities (a draw moves only where u is that
+    near a boundary)."""
+    u = u.astype(np.float64)
+    low, high = (sampling.draw(probs, np.clip(u + d, 0.0, 1.0 - 1e-12)) for d in (-eps, eps))
+    return low, high
+
+
 def reference_bounds(feeds: dict, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
-    """The reference's draws [B, N] at u - eps and u + eps: a token between them is the reference's
-    up to float32 rounding of the probabilities (a draw moves only where u is that near a boundary)."""
+    """draw_bounds [B, N] of the reference transform of the feeds' logits."""
     B, N, V = feeds["logits"].shape
     each = lambda x: np.repeat(x.astype(np.float64) if x.dtype == np.float32 else x, N)  # noqa: E731
     probs = sampling.transform(feeds["logits"].reshape(-1, V), each(feeds["temperature"]), each(feeds["top_k"]),
                                each(feeds["top_p"]), each(feeds["min_p"]))
-    u = feeds["u"].reshape(-1).astype(np.float64)
-    low, high = (sampling.draw(probs, np.clip(u + d, 0.0, 1.0 - 1e-12)).reshape(B, N) for d in (-eps, eps))
-    return low, high
+    low, high = draw_bounds(probs, feeds["u"].reshape(-1), eps)
+    return low.reshape(B, N), high.reshape(B, N)
 
 
 @pytest.mark.parametrize("grid", [False, True], ids=["distinct", "ties"])

@@ -177,13 +177,13 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
     return g
 
 
-def sampled_tokens(spec: ModelSpec, method: str | None = None):
+def sampled_tokens(spec: ModelSpec):
     """``decode_sample``'s choice: (g, logits [B, 1, V]) -> tokens [B, 1], a draw for rows with
     temperature > 0, the argmax for the others (converter/sampling_graph.py), with its inputs:
     temperature, top_k, top_p, min_p [B] and uniforms float [B, 1]."""
     def choose(g: GraphBuilder, logits: str) -> str:
         params, uniforms = RowParams.inputs(g), g.input("uniforms", F32, ["B", 1])
-        return make_sampled_tokens(g, logits, params, uniforms, spec.vocab_size, method=method)
+        return make_sampled_tokens(g, logits, params, uniforms, spec.vocab_size)
 
     return choose
 

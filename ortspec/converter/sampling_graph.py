@@ -47,7 +47,7 @@ from .builder import CPU, ORTSPEC_DOMAIN, GraphBuilder
 
 BOOL, F32, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64
 SORT, CANDIDATES = "sort", "candidates"  # how the top-k / top-p threshold is found (module docstring)
-NATIVE = "native"  # the portable graphs: ai.ortspec.SamplingThreshold and Draw, one kernel per row (module docstring)
+NATIVE = "native"  # the portable graphs: the ai.ortspec ops, one kernel per row (module docstring)
 CANDIDATE_TIERS = (256, 4096)  # TopK widths the CPU graphs try in turn before sorting all V
 EXP_FLOOR = -64.0  # z - max z below this counts as this in the Softmax (_softmax says why)
 
