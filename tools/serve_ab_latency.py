@@ -8,7 +8,7 @@ size, a block of requests through A then B (B then A on odd rounds), one request
 Reported per (tree, size): p50 / p90 latency (client side) and CPU ms per request of the
 server's process and of its children (/proc), and B / A.
 """
-import argparse, json, os, re, statistics, subprocess, sys, threading, time, http.client
+import argparse, json, os, re, subprocess, sys, threading, time, http.client
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -118,7 +118,7 @@ def main():
             child.send_signal(2)
             child.wait(60)
     q = lambda xs, f: sorted(xs)[int(f * (len(xs) - 1))] * 1e3
-    print(f"| size | tree | p50 ms | p90 ms | server CPU ms/req | engine CPU ms/req | p50 / first | p90 / first | CPU / first |")
+    print("| size | tree | p50 ms | p90 ms | server CPU ms/req | engine CPU ms/req | p50 / first | p90 / first | CPU / first |")
     print("|---|---|---|---|---|---|---|---|---|")
     for s in sizes:
         for i in range(T):
