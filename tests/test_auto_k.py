@@ -92,6 +92,34 @@ def test_a_batchers_windows_are_judged_per_live_row():
     assert chosen[-10:].count(1) >= 9
 
 
+def test_sampled_and_greedy_steps_climb_apart():
+    """Sampled drafts are accepted less often: where most rows sample, another k may pay, so their
+    windows have a key of their own and one kind of traffic does not steer the other's k."""
+    chooser = KChooser(3)
+    greedy = {0: 100.0, 1: 150.0, 2: 190.0, 3: 170.0}
+    sampled = {0: 100.0, 1: 90.0, 2: 80.0, 3: 70.0}
+    for w in range(40):
+        for _ in range(auto_k.WINDOW_STEPS):
+            k = chooser.choose(8, sampled=w % 2 == 1)
+            chooser.record_step(8, 8, 32, 32 / (sampled if w % 2 else greedy)[k])
+    windows = chooser.snapshot()["windows"]
+    assert windows["batcher rows 8"]["best"] == 2 and windows["batcher rows 8 sampled"]["best"] == 0
+
+
+def test_a_cpu_batcher_files_its_windows_by_the_rows_it_runs(models):
+    """On the CPU a step runs the running rows only, and what it costs depends on how many: one
+    request in a batcher of four is timed under rows 1, not beside four rows' steps."""
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    with session.batcher(max_batch_size=4) as batcher:
+        batcher.add_request(PROMPTS[0], max_new_tokens=40)
+        while batcher.pending:
+            batcher.step()
+        batcher.add_request(PROMPTS[0], max_new_tokens=40, temperature=0.9, seed=1)
+        while batcher.pending:
+            batcher.step()
+    assert set(session.stats["auto_k"]["windows"]) == {"batcher rows 1", "batcher rows 1 sampled"}
+
+
 def test_a_calls_window_is_the_whole_call():
     """A static batch: the k chosen fresh at the call's start holds for every step of it (rows may
     leave), and the call's tokens per second judge it, tail and all."""
@@ -169,7 +197,7 @@ class TailSpy(ScriptedK):
         super().__init__(max_k, script)
         self.tails = []
 
-    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False) -> int:
+    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False, sampled: bool = False) -> int:
         self.tails.append(tail)
         return super().choose(rows, tail, fresh)
 
@@ -198,7 +226,7 @@ class TimeSpy(ScriptedK):
         super().__init__(max_k, script)
         self.timed, self.chosen = [], []
 
-    def choose(self, rows: int, tail=None, fresh: bool = False) -> int:
+    def choose(self, rows: int, tail=None, fresh: bool = False, sampled: bool = False) -> int:
         self.chosen.append(super().choose(rows, tail, fresh))
         return self.chosen[-1]
 

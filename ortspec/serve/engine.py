@@ -188,8 +188,7 @@ class Engine:
     def _run(self) -> None:
         try:
             self.batcher = self.session.batcher(max_batch_size=self.max_batch_size)
-            if self.session.graphs.arrays.device != "cpu":
-                self.batcher.warm_up()  # the CUDA graphs of every batch bucket, before a request waits for them
+            self.batcher.warm_up()  # every graph and k its requests may run (CUDA: every batch bucket), before one waits
             self._started.set()
             while self._turn():
                 pass

@@ -11,7 +11,8 @@ what the GPU's kernels make of it, and a model tuned on one set of prompts misju
   not judged by how many requests happened to be running);
 - a window that set a CUDA graph up is not counted (it timed the capture), nor a k's first at a
   key (its graphs' first runs allocate and initialise);
-- per (static or not, rows bucket) the chooser hill-climbs over k: it starts at k = 1, measures
+- per key (static or not; the rows a step runs, bucketed; whether most live rows sample, whose
+  drafts are accepted less often) the chooser hill-climbs over k: it starts at k = 1, measures
   the neighbours of the best k, measures the best and a neighbour within CLOSE of it again until
   each has CONFIRM windows (one window is noise), moves to one only when its median reward over
   its last SAMPLES windows beats the best's by HYSTERESIS, and every PROBE_EVERY windows measures
@@ -69,7 +70,7 @@ def row_bucket(rows: int) -> int:
 class Window:
     """Steps of one k since the window opened."""
 
-    key: tuple[bool, int]  # (static, rows bucket)
+    key: tuple[bool, int, bool]  # (static, rows bucket, sampled)
     k: int
     steps: int = 0
     tokens: int = 0
@@ -138,17 +139,18 @@ class KChooser:
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
         self._lock = threading.Lock()
-        self._arms: dict[tuple[bool, int], Arms] = {}
+        self._arms: dict[tuple[bool, int, bool], Arms] = {}
         self._local = threading.local()  # .window: this thread's open window
         self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
         self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
         self._times: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> steady step seconds
 
     # -- choosing ----------------------------------------------------------------------------
-    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False) -> int:
-        """The k of the next step over an engine of this many rows; tail: a static batch's (None:
-        a batcher); fresh: a call's first choice (a static window opens)."""
-        key = (tail is not None, row_bucket(rows))
+    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False, sampled: bool = False) -> int:
+        """The k of the next step over this many rows (the rows it runs); tail: a static batch's
+        (None: a batcher); fresh: a call's first choice (a static window opens); sampled: most of
+        its live rows sample."""
+        key = (tail is not None, row_bucket(rows), sampled)
         window = getattr(self._local, "window", None)
         if window is not None and window.key[0] and key[0] and not fresh:
             return window.k  # a call's window lasts the call
@@ -226,10 +228,10 @@ class KChooser:
         with self._lock:
             acceptance = self.acceptance()
             times = {key: statistics.median(t) for key, t in self._times.items() if t}
-            arms = {f"{'call' if static else 'batcher'} rows {bucket}": {
+            arms = {f"{'call' if static else 'batcher'} rows {bucket}{' sampled' if sampled else ''}": {
                 "best": arm.best, "windows": arm.windows,
                 "reward": {k: [round(arm.estimate(k), 3), len(arm.rewards[k])] for k in arm.rewards if arm.rewards[k]}}
-                for (static, bucket), arm in sorted(self._arms.items())}
+                for (static, bucket, sampled), arm in sorted(self._arms.items())}
         expected = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(acceptance))])
         buckets = sorted({b for b, _ in times})
         return {
@@ -249,5 +251,5 @@ class ScriptedK(KChooser):
         super().__init__(max_k)
         self.script = itertools.cycle(script)
 
-    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False) -> int:
+    def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False, sampled: bool = False) -> int:
         return next(self.script)

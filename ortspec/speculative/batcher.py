@@ -33,6 +33,7 @@ remains (no id, its row as it was).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 
@@ -223,21 +224,27 @@ class Batcher:
     WARM_UP = (dict(), dict(temperature=1.0, seed=0), dict(temperature=1.0, top_p=0.9, seed=0))  # greedy, sampled
 
     def warm_up(self, max_new_tokens: int = 4) -> None:
-        """A few steps at each CUDA-graph batch bucket up to max_batch_size, over one-token prompts,
-        greedy, sampled, and sampled with top-p (on CUDA: the graphs without and with the sort),
-        so that the graphs a server's first requests need are captured before they arrive (a
-        capture takes tens of milliseconds; a step, a fraction of one). Leaves no request behind
-        and nothing in the Session's stats."""
+        """A few steps of each graph a server's requests may run, before they arrive: at every k
+        the Session may choose (auto: 0..K), greedy, sampled and sampled with top-p, over
+        one-token prompts; on CUDA at each CUDA-graph batch bucket up to max_batch_size (a capture
+        takes tens of milliseconds, a step a fraction of one), on the CPU in one row (a graph's
+        session is made at its first use, 0.2-0.6 s there, and its first run prepacks weights,
+        whatever the rows). Leaves no request behind, nothing in the Session's stats and nothing
+        in auto k's measurements."""
+        ks = range(self.session.k + 1) if self.session.auto_k else [self.session.k]
+        sizes = {1} if self.session.graphs.arrays.device == "cpu" else \
+            {min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)}
         self._recording = False
         try:
-            for size in sorted({min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)}):
-                for sampling in self.WARM_UP:
-                    ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[],
-                                                  **sampling)] * size)
-                    while self.pending:
-                        self.step()
-                    for rid in ids:
-                        self.forget(rid)
+            for k in ks:
+                with self.decoder.fixed_k(k):
+                    for size, sampling in itertools.product(sorted(sizes), self.WARM_UP):
+                        ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[],
+                                                      **sampling)] * size)
+                        while self.pending:
+                            self.step()
+                        for rid in ids:
+                            self.forget(rid)
         finally:
             self._recording = True
 

@@ -41,7 +41,7 @@ from .auto_k import KChooser, Tail
 from .commits import COMMITS
 from .drafts import DraftSource, MTPDrafts
 from .head import Head
-from .k_policy import StepRecord, policy_for
+from .k_policy import FixedK, StepRecord, policy_for
 from .requests import Batch, Request
 from .stats import Stats
 from .step_kinds import FusedSteps, StepKinds, StepResult, fusable_ks, sampling_ks
@@ -288,10 +288,11 @@ class Decoder:
         sources, copies = forks(requests)
         for group in self._prefill_groups(sources):
             self._prefill(group, copies)
-        if self.head is not None and fresh:
-            live = [r for r in self.occupants if r is not None]
-            stepped = self._step_rows([r for r in live if not r.done] or live)
-            self.next_k = self.policy.next_k(self._policy_rows(stepped), self._tail(live), fresh=self.static)
+        running = [r for r in self.occupants if r is not None and not r.done]
+        if self.head is not None and fresh and running:  # the first step's drafts (none: no step follows)
+            stepped = self._step_rows(running)
+            self.next_k = self.policy.next_k(len(stepped), self._tail(running), fresh=self.static,
+                                             sampled=sampler.mostly_samples(stepped))
 
     def _prefill_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Runs of requests in consecutive rows with prompts of one length, at most
@@ -363,6 +364,16 @@ class Decoder:
         self._pipe.flight = None
         self._close_run()
 
+    @contextlib.contextmanager
+    def fixed_k(self, k: int):
+        """Every step verifies k drafts meanwhile, whatever the policy, which sees none of them (a
+        warm-up's steps: they run each k a server's requests may run, and measure nothing)."""
+        policy, self.policy = self.policy, FixedK(k)
+        try:
+            yield
+        finally:
+            self.policy = policy
+
     # -- a generate call ---------------------------------------------------------------------
     def generate(self, requests: list[Request]) -> list[list[int]]:
         for _ in self.steps(requests):
@@ -387,13 +398,12 @@ class Decoder:
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _ask(self, requests: list[Request]) -> int:
-        """The policy's k for the step after the one being planned (0 without a head), for an
-        engine of this many rows (with fixed rows: the rows the step runs)."""
-        return self.policy.next_k(self._policy_rows(requests), self._tail(requests)) if self.head is not None else 0
-
-    def _policy_rows(self, requests: list[Request]) -> int:
-        """The batch size the k policy weighs: the rows a step runs (fixed rows), else the engine's."""
-        return len(requests) if self.fixed_rows else len(self.occupants)
+        """The policy's k for the step after the one being planned (0 without a head), over the
+        rows the step runs: a step's cost and what its drafts gain depend on them (on the CPU, the
+        running rows; on CUDA, a graph bucket), and on whether its rows sample."""
+        if self.head is None:
+            return 0
+        return self.policy.next_k(len(requests), self._tail(requests), sampled=sampler.mostly_samples(requests))
 
     def _tail(self, requests: list[Request]) -> Tail | None:
         """A generate call's tail (its slowest request sets the steps); none in a batcher, whose rows are refilled."""

@@ -1,6 +1,6 @@
 """How many drafts each step verifies: one policy object per Session, asked by the loop in one place.
 
-The loop asks ``next_k(rows, tail)`` once per step, when it plans that step, for the drafts the
+The loop asks ``next_k(rows, tail, sampled=...)`` once per step, when it plans that step, for the drafts the
 step's MTP head makes: the k of the step after it (a fused step drafts inside the verify's
 graph, so the choice comes a step early). It tells the policy what every step did with
 ``record(step)``. ``FixedK`` answers its k; ``AutoK`` asks the measured chooser
@@ -44,7 +44,7 @@ class FixedK:
     def __init__(self, k: int) -> None:
         self.max_k = self.k = k
 
-    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False) -> int:
+    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False, sampled: bool = False) -> int:
         return self.k
 
     def record(self, step: StepRecord) -> None:
@@ -63,10 +63,11 @@ class AutoK:
     def __init__(self, chooser: KChooser) -> None:
         self.chooser, self.max_k = chooser, chooser.max_k
 
-    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False) -> int:
-        """tail: a static batch's (a generate call's: its slowest request sets the steps);
-        fresh: a call's first choice, before any draft, where changing k costs nothing."""
-        return self.chooser.choose(rows, tail, fresh=fresh)
+    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False, sampled: bool = False) -> int:
+        """rows: the rows the step runs; tail: a static batch's (a generate call's: its slowest
+        request sets the steps); fresh: a call's first choice, before any draft, where changing k
+        costs nothing; sampled: most of its live rows sample."""
+        return self.chooser.choose(rows, tail, fresh=fresh, sampled=sampled)
 
     def record(self, step: StepRecord) -> None:
         if step.k > 0:

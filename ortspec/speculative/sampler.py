@@ -37,6 +37,11 @@ def samples(requests: list[Request]) -> bool:
     return bool(_sampled(requests))
 
 
+def mostly_samples(requests: list[Request]) -> bool:
+    """More than half the live requests sample (the k policy keeps their measurements apart)."""
+    return 2 * len(_sampled(requests)) > sum(not r.done for r in requests)
+
+
 def asks_logprobs(requests: list[Request]) -> bool:
     """A live request asks for its tokens' log-probabilities (they need the logits on the host)."""
     return any(r.logprobs is not None and not r.done for r in requests)
