@@ -102,8 +102,9 @@ def test_fixed_rows_step_the_rows_up_to_the_last_running_one_bucketed(models, mo
 
 @pytest.mark.parametrize("fixed_rows", [False, True])
 def test_warm_up_leaves_no_request_and_no_counters(models, fixed_rows):
-    """Batcher.warm_up (a server's first turn on CUDA) steps every batch bucket, then serves as if
-    it had not run: no request, the Session's stats as they were, requests equal solo decoding."""
+    """Batcher.warm_up (a server's first turn) steps every batch bucket where steps run fixed rows
+    (one row where they run the running rows only), then serves as if it had not run: no request,
+    the Session's stats as they were, requests equal solo decoding."""
     out = models.converted("base")
     solo = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
     session = ortspec.Session(out, num_speculative_tokens=2)
@@ -113,12 +114,36 @@ def test_warm_up_leaves_no_request_and_no_counters(models, fixed_rows):
         original = batcher.step
         batcher.step = lambda: (steps.append(len(batcher.running)), original())[1]
         batcher.warm_up()
-        assert sorted(set(steps)) == [1, 2, 4, 5] and len(steps) >= 3 * 4 and batcher.requests == {}
+        buckets = [1, 2, 4, 5] if fixed_rows else [1]
+        assert sorted(set(steps)) == buckets and len(steps) >= 3 * len(buckets) and batcher.requests == {}
         assert batcher.pending == []
         assert {key: session.stats[key] for key in ("steps", "requests", "generated_tokens")} == \
             {key: before[key] for key in ("steps", "requests", "generated_tokens")}
         del batcher.step
         assert run_arrivals(batcher, REQUESTS) == solo
+
+
+def test_auto_ks_warm_up_runs_every_k_and_switch_and_measures_nothing(models, monkeypatch):
+    """With auto k a server's requests may run any k and switch between neighbours (a switch runs
+    the head in a Run of its own): its warm-up runs each, greedy and sampled, and leaves auto k's
+    windows empty."""
+    from ortspec.speculative.decoder import Decoder
+
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens="auto")
+    seen = set()
+    original = Decoder._record
+    monkeypatch.setattr(Decoder, "_record", lambda self, flight, result: (
+        seen.add((flight.plan.k, flight.plan.drafts, any(r.samples for r in flight.run.requests))),
+        original(self, flight, result))[1])
+    with session.batcher(max_batch_size=2) as batcher:
+        batcher.warm_up()
+        assert batcher.requests == {}
+    ks = range(session.k + 1)
+    steady = {(k, k) for k in ks}
+    switches = {(k, k + 1) for k in ks[:-1]} | {(k + 1, k) for k in ks[:-1]}
+    for sampled in (False, True):
+        assert steady | switches <= {(k, d) for k, d, s in seen if s == sampled}
+    assert session.stats["auto_k"]["windows"] == {}
 
 
 def test_report_hands_over_the_first_tokens_before_a_step(models):

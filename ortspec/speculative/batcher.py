@@ -41,6 +41,7 @@ from .. import validation
 from ..errors import ClosedError, ConcurrentUseError, InputError
 from ..runtime.graph_slots import batch_bucket
 from .decoder import Decoder
+from .k_policy import KScript
 from .logprobs import TokenLogprob
 from .requests import Request
 from .stats import Stats
@@ -223,28 +224,28 @@ class Batcher:
 
     WARM_UP = (dict(), dict(temperature=1.0, seed=0), dict(temperature=1.0, top_p=0.9, seed=0))  # greedy, sampled
 
-    def warm_up(self, max_new_tokens: int = 4) -> None:
-        """A few steps of each graph a server's requests may run, before they arrive: at every k
-        the Session may choose (auto: 0..K), greedy, sampled and sampled with top-p, over
-        one-token prompts; on CUDA at each CUDA-graph batch bucket up to max_batch_size (a capture
-        takes tens of milliseconds, a step a fraction of one), on the CPU in one row (a graph's
-        session is made at its first use, 0.2-0.6 s there, and its first run prepacks weights,
-        whatever the rows). Leaves no request behind, nothing in the Session's stats and nothing
-        in auto k's measurements."""
-        ks = range(self.session.k + 1) if self.session.auto_k else [self.session.k]
-        sizes = {1} if self.session.graphs.arrays.device == "cpu" else \
-            {min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)}
+    def warm_up(self) -> None:
+        """Steps of each graph a server's requests may run, before they arrive: every k and, with
+        auto k, every switch between neighbouring k (``KScript.warm_up``), greedy, sampled and
+        sampled with top-p, over one-token prompts; where steps run fixed rows (CUDA) at each
+        CUDA-graph batch bucket up to max_batch_size (a capture takes tens of milliseconds, a step
+        a fraction of one), else in one row (the CPU: a graph's session is made at its first
+        use, 0.2-0.6 s there, and its first run prepacks the weights, whatever the rows). Leaves
+        no request behind, nothing in the Session's stats and nothing in auto k's measurements."""
+        session = self.session
+        steps = len(KScript.warm_up(session.k, session.auto_k).ks)
+        sizes = {min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)} \
+            if self.decoder.fixed_rows else {1}
+        tokens = max(4, min(steps * (session.k + 1), session.manifest.max_length - session.k - 2))  # the script through
         self._recording = False
         try:
-            for k in ks:
-                with self.decoder.fixed_k(k):
-                    for size, sampling in itertools.product(sorted(sizes), self.WARM_UP):
-                        ids = self.add_requests([dict(prompt=[0], max_new_tokens=max_new_tokens, stop_tokens=[],
-                                                      **sampling)] * size)
-                        while self.pending:
-                            self.step()
-                        for rid in ids:
-                            self.forget(rid)
+            for size, sampling in itertools.product(sorted(sizes), self.WARM_UP):
+                with self.decoder.scripted_k(KScript.warm_up(session.k, session.auto_k)):
+                    ids = self.add_requests([dict(prompt=[0], max_new_tokens=tokens, stop_tokens=[], **sampling)] * size)
+                    while self.pending:
+                        self.step()
+                for rid in ids:
+                    self.forget(rid)
         finally:
             self._recording = True
 

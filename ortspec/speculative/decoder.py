@@ -41,7 +41,7 @@ from .auto_k import KChooser, Tail
 from .commits import COMMITS
 from .drafts import DraftSource, MTPDrafts
 from .head import Head
-from .k_policy import FixedK, StepRecord, policy_for
+from .k_policy import KScript, StepRecord, policy_for
 from .requests import Batch, Request
 from .stats import Stats
 from .step_kinds import FusedSteps, StepKinds, StepResult, fusable_ks, sampling_ks
@@ -365,10 +365,10 @@ class Decoder:
         self._close_run()
 
     @contextlib.contextmanager
-    def fixed_k(self, k: int):
-        """Every step verifies k drafts meanwhile, whatever the policy, which sees none of them (a
-        warm-up's steps: they run each k a server's requests may run, and measure nothing)."""
-        policy, self.policy = self.policy, FixedK(k)
+    def scripted_k(self, script: KScript):
+        """The steps meanwhile take their k from the script, whatever the policy, which sees none of
+        them (a warm-up's: they run each k and switch a server's requests may run, and measure nothing)."""
+        policy, self.policy = self.policy, script
         try:
             yield
         finally:

@@ -15,6 +15,7 @@ time is what a long run of that k costs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -55,6 +56,28 @@ class FixedK:
 
     def snapshot(self) -> dict | None:
         return None
+
+
+class KScript(FixedK):
+    """Answers the k of a script in turn, cycled, and measures nothing (a warm-up's steps)."""
+
+    def __init__(self, ks) -> None:
+        super().__init__(max(ks))
+        self.ks = list(ks)
+        self._next = itertools.cycle(self.ks)
+
+    def next_k(self, rows: int, tail: Tail | None, fresh: bool = False, sampled: bool = False) -> int:
+        return next(self._next)
+
+    @classmethod
+    def warm_up(cls, k: int, auto: bool) -> "KScript":
+        """Every step a Session of k may run: k itself; with auto k, each k in 0..k a few steps in
+        a row and each switch to a neighbour, up and down (a switch runs the head in a Run of its
+        own, a k = 0 stretch ends with a catch-up)."""
+        if not auto:
+            return cls([k])
+        up = list(range(k + 1))
+        return cls([j for j in up + up[-2:0:-1] for _ in range(3)])
 
 
 class AutoK:
