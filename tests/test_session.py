@@ -90,3 +90,19 @@ def test_cpu_sessions_do_not_spin(models):
     session = ortspec.Session(models.converted("base"), num_speculative_tokens=2, threads=1)
     runners = [session.graphs[name] for name in ("decode", "verify_select_k2", "mtp_propose_k2")]
     assert all(r.session.get_session_options().get_session_config_entry(NO_SPINNING) == "0" for r in runners)
+
+
+def test_cuda_sessions_run_their_cpu_nodes_on_the_calling_thread(models):
+    """On CUDA a graph's CPU nodes are shape arithmetic: its session gets one intra-op thread
+    unless threads are asked for (a pool per session spinning after each Run kept cores busy),
+    where the CPU keeps ONNX Runtime's default."""
+    import types
+
+    from ortspec.runtime.graphs import SharedWeights
+
+    session = ortspec.Session(models.converted("base"))
+    weights = SharedWeights(session.manifest, session.graphs.arrays)
+    assert weights.session_options([], None).intra_op_num_threads == 0  # the CPU: ONNX Runtime's default
+    weights.arrays = types.SimpleNamespace(device="cuda", synchronize=lambda: None)
+    assert weights.session_options([], None).intra_op_num_threads == 1
+    assert weights.session_options([], 3).intra_op_num_threads == 3

@@ -90,11 +90,13 @@ class SharedWeights:
         """Options of one graph's session: these weights as shared initializers, ``threads``
         intra-op threads. On the CPU the thread pools do not spin: a speculative step alternates
         between the verify and the MTP sessions, and a pool left spinning after its Run takes the
-        cores the other session's Run needs (docs/history.md, "Spinning thread pools")."""
+        cores the other session's Run needs (docs/history.md, "Spinning thread pools"). On CUDA
+        (threads unset) one: a graph's CPU nodes there are shape arithmetic, and a pool per session,
+        a thread per core spinning after each Run, kept 2-4 cores busy under auto k's sessions."""
         options = custom_ops.session_options()  # the sampling graphs' ai.ortspec ops
         options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = threads
+        if threads or self.arrays.device != "cpu":
+            options.intra_op_num_threads = threads or 1
         if self.arrays.device == "cpu":
             options.add_session_config_entry(NO_SPINNING, "0")
         for name in names:
