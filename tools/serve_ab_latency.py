@@ -31,10 +31,11 @@ def cpu(pid):
     return stat(pid), sum(stat(int(k)) for k in kids)
 
 
-def start(tree, model, k, engine, threads=None):
-    env = dict(os.environ, PYTHONPATH=tree)
-    cmd = [sys.executable, "-m", "ortspec", "serve", model, "--port", "0", "-k", str(k), "--max-batch-size", "8",
-           "--max-queue", "1024", "--engine", engine] + (["--threads", str(threads)] if threads else [])
+def start(tree, model, k, engine, threads=None, provider="cpu", max_batch_size=8):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    cmd = [sys.executable, "-m", "ortspec", "serve", model, "--port", "0", "-k", str(k), "--max-batch-size",
+           str(max_batch_size), "--max-queue", "1024", "--engine", engine, "--provider", provider] + \
+        (["--threads", str(threads)] if threads else [])
     child = subprocess.Popen(cmd, cwd=tree, env=env, stderr=subprocess.PIPE, text=True)
     seen = []
     for line in child.stderr:

@@ -1,6 +1,7 @@
 """A/B throughput: servers of N trees up at once; per round and tree (order alternating) C clients
 each send R streamed requests of --max-tokens one after another; tok/s and CPU ms per 1000 tokens.
-    python3 tools/serve_ab_throughput.py MODEL TREE... [--clients 1,8] [--requests 2] [--rounds 10] [--engine process]"""
+    python3 tools/serve_ab_throughput.py MODEL TREE... [--clients 1,8] [--requests 2] [--rounds 10] [--engine process]
+        [--provider cuda]  (the server's max batch size: the most clients)"""
 import argparse, statistics, sys, threading, time
 from pathlib import Path
 
@@ -15,9 +16,10 @@ def main() -> None:
     p.add_argument("--clients", default="1,8"); p.add_argument("--requests", type=int, default=2)
     p.add_argument("--rounds", type=int, default=10); p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--engine", default="process"); p.add_argument("-k", default="0"); p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--provider", default="cpu")
     a = p.parse_args()
     T, cs = len(a.trees), [int(c) for c in a.clients.split(",")]
-    servers = [start(t, a.model, a.k, a.engine, a.threads) for t in a.trees]
+    servers = [start(t, a.model, a.k, a.engine, a.threads, a.provider, max(cs)) for t in a.trees]
     res = {(i, c): [] for i in range(T) for c in cs}
     cpu_per = {(i, c): [0.0, 0, 0.0] for i in range(T) for c in cs}
 
