@@ -134,7 +134,8 @@ def generate_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
     runs = {}
     for c in clients:
-        session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8)  # warm-up at this batch size
+        session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8,  # warm-up at this batch size,
+                         **({**sampling_of(args), "seed": 0} if sampling_of(args) else {}))  # with the runs' graphs
         runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens, sampling_of(args))
     session.close()
     return runs
