@@ -70,6 +70,16 @@ def test_the_climb_finds_the_best_k_and_tries_few_others():
     assert chooser.snapshot()["windows"]["batcher rows 4"]["best"] == 3
 
 
+def test_after_a_warm_up_each_ks_first_window_counts():
+    """A server's warm-up ran every k's graphs: its climb measures from the first window on
+    instead of warming each k up again (the climb above spends a window per k on that)."""
+    chooser = KChooser(2)
+    chooser.warmed_up()
+    chosen = batcher_windows(chooser, 4, 6, {0: 100.0, 1: 150.0, 2: 190.0}.get)
+    assert chosen[:3] == [1, 2, 2]
+    assert chooser.snapshot()["windows"]["batcher rows 4"]["reward"][1][1] == 1
+
+
 def test_a_k_within_the_hysteresis_does_not_take_the_best_place():
     chooser = KChooser(2)
     chosen = batcher_windows(chooser, 1, 30, {0: 100.0, 1: 200.0, 2: 201.0}.get)  # k = 2 0.5% better

@@ -10,7 +10,7 @@ what the GPU's kernels make of it, and a model tuned on one set of prompts misju
   leave: its reward is tokens per live row-step over seconds per row-step run, so a window is
   not judged by how many requests happened to be running);
 - a window that set a CUDA graph up is not counted (it timed the capture), nor a k's first at a
-  key (its graphs' first runs allocate and initialise);
+  key (its graphs' first runs allocate and initialise) unless a warm-up ran every k already;
 - per key (static or not; the rows a step runs, bucketed; whether most live rows sample, whose
   drafts are accepted less often) the chooser hill-climbs over k: it starts at k = 1, measures
   the neighbours of the best k, measures the best and a neighbour within CLOSE of it again until
@@ -93,12 +93,13 @@ class Arms:
 
     START = 1  # where the climb starts
 
-    def __init__(self, max_k: int) -> None:
+    def __init__(self, max_k: int, warm: bool = False) -> None:
         self.max_k = max_k
         self.best = min(self.START, max_k)
         self.rewards = {k: collections.deque(maxlen=SAMPLES) for k in range(max_k + 1)}
         self.windows = 0
-        self.warm: set[int] = set()  # the k that ran a window here before (a k's first is not counted)
+        # the k whose graphs have run here (a k's first window is not counted): all after a warm-up
+        self.warm: set[int] = set(range(max_k + 1)) if warm else set()
         self._probe = itertools.cycle((1, -1))
 
     def estimate(self, k: int) -> float | None:
@@ -144,6 +145,7 @@ class KChooser:
         self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
         self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
         self._times: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> steady step seconds
+        self._warmed_up = False  # every k's graphs have run (a server's warm-up)
 
     # -- choosing ----------------------------------------------------------------------------
     def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False, sampled: bool = False) -> int:
@@ -164,8 +166,16 @@ class KChooser:
 
     def _arms_of(self, key) -> Arms:
         if key not in self._arms:
-            self._arms[key] = Arms(self.max_k)
+            self._arms[key] = Arms(self.max_k, warm=self._warmed_up)
         return self._arms[key]
+
+    def warmed_up(self) -> None:
+        """Every k's graphs have run (``Batcher.warm_up``): from now on a k's first window at a
+        key counts, so a server's climb measures instead of warming each k up again."""
+        with self._lock:
+            self._warmed_up = True
+            for arms in self._arms.values():
+                arms.warm.update(range(self.max_k + 1))
 
     def _close(self, window: Window) -> None:
         reward = window.reward()

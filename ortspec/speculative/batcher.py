@@ -246,6 +246,8 @@ class Batcher:
                         self.step()
                 for rid in ids:
                     self.forget(rid)
+            if session.k_chooser is not None:
+                session.k_chooser.warmed_up()
         finally:
             self._recording = True
 
