@@ -112,6 +112,19 @@ def test_a_planted_greedy_step_at_its_own_shape_is_caught(model, greedy, monkeyp
     assert target_shapes(monkeypatch, lambda: session.generate(PROMPTS, max_new_tokens=NEW)) != FIXED
 
 
+def test_a_servers_warm_up_in_exact_mode(model, greedy):
+    """An exact-mode server warms up too (every step runs one shape, so in one row), auto k's every
+    k and switch included, and then serves greedy's tokens."""
+    session = ortspec.Session(model, num_speculative_tokens="auto", exact=True, exact_batch_size=2)
+    with session.batcher(max_batch_size=2) as batcher:
+        batcher.warm_up()
+        assert batcher.requests == {} and session.stats["auto_k"]["windows"] == {}
+        rid = batcher.add_request(PROMPTS[0], max_new_tokens=NEW)
+        while batcher.pending:
+            batcher.step()
+        assert batcher.result(rid) == greedy[0]
+
+
 # -- limits and errors -------------------------------------------------------------------------
 
 def test_exact_mode_reserves_k_positions(tokenized_model):

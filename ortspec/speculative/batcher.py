@@ -229,14 +229,15 @@ class Batcher:
         auto k, every switch between neighbouring k (``KScript.warm_up``), greedy, sampled and
         sampled with top-p, over one-token prompts; where steps run fixed rows (CUDA) at each
         CUDA-graph batch bucket up to max_batch_size (a capture takes tens of milliseconds, a step
-        a fraction of one), else in one row (the CPU: a graph's session is made at its first
+        a fraction of one), else (and in exact mode, whose steps all run one shape) in one row (the CPU: a graph's session is made at its first
         use, 0.2-0.6 s there, and its first run prepacks the weights, whatever the rows). Leaves
         no request behind, nothing in the Session's stats and nothing in auto k's measurements."""
         session = self.session
         steps = len(KScript.warm_up(session.k, session.auto_k).ks)
         sizes = {min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)} \
-            if self.decoder.fixed_rows else {1}
-        tokens = max(4, min(steps * (session.k + 1), session.manifest.max_length - session.k - 2))  # the script through
+            if self.decoder.fixed_rows and not session.exact else {1}  # exact mode: every step at one shape
+        room = session.manifest.max_length - session.manifest.num_speculative_tokens - 2  # exact mode reserves K
+        tokens = max(4, min(steps * (session.k + 1), room))  # the script through
         self._recording = False
         try:
             for size, sampling in itertools.product(sorted(sizes), self.WARM_UP):
