@@ -227,11 +227,12 @@ class Batcher:
     def warm_up(self) -> None:
         """Steps of each graph a server's requests may run, before they arrive: every k and, with
         auto k, every switch between neighbouring k (``KScript.warm_up``), greedy, sampled and
-        sampled with top-p, over one-token prompts; where steps run fixed rows (CUDA) at each
+        sampled with top-p, over one-token prompts. Where steps run fixed rows (CUDA) at each
         CUDA-graph batch bucket up to max_batch_size (a capture takes tens of milliseconds, a step
-        a fraction of one), else (and in exact mode, whose steps all run one shape) in one row (the CPU: a graph's session is made at its first
-        use, 0.2-0.6 s there, and its first run prepacks the weights, whatever the rows). Leaves
-        no request behind, nothing in the Session's stats and nothing in auto k's measurements."""
+        a fraction of one); else, and in exact mode (its steps all run one shape), in one row (on
+        the CPU a graph's session is made at its first use, 0.2-0.6 s, and its first run prepacks
+        the weights, whatever the rows). Leaves no request behind, nothing in the Session's stats
+        and nothing in auto k's measurements."""
         session = self.session
         steps = len(KScript.warm_up(session.k, session.auto_k).ks)
         sizes = {min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)} \
