@@ -234,15 +234,15 @@ class Batcher:
         the weights, whatever the rows). Leaves no request behind, nothing in the Session's stats
         and nothing in auto k's measurements."""
         session = self.session
-        steps = len(KScript.warm_up(session.k, session.auto_k).ks)
+        script = KScript.warm_up(session.k, session.auto_k).ks  # each pass steps it from its start
         sizes = {min(batch_bucket(n), self.max_batch_size) for n in range(1, self.max_batch_size + 1)} \
             if self.decoder.fixed_rows and not session.exact else {1}  # exact mode: every step at one shape
         room = session.manifest.max_length - session.manifest.num_speculative_tokens - 2  # exact mode reserves K
-        tokens = max(4, min(steps * (session.k + 1), room))  # the script through
+        tokens = max(4, min(len(script) * (session.k + 1), room))  # the script through
         self._recording = False
         try:
             for size, sampling in itertools.product(sorted(sizes), self.WARM_UP):
-                with self.decoder.scripted_k(KScript.warm_up(session.k, session.auto_k)):
+                with self.decoder.scripted_k(KScript(script)):
                     ids = self.add_requests([dict(prompt=[0], max_new_tokens=tokens, stop_tokens=[], **sampling)] * size)
                     while self.pending:
                         self.step()
