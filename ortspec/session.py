@@ -113,8 +113,8 @@ class Session:
         self._totals.reset()
 
     def record_stats(self, stats: Stats) -> None:
-        """Adds one call's counters to the totals that ``stats`` reports (thread-safe); a batcher
-        calls it after each of its calls."""
+        """Adds one call's counters to the totals that ``stats`` reports and zeroes them (thread-safe);
+        a batcher calls it after each of its calls."""
         self._totals.add(stats)
 
     @property

@@ -106,9 +106,10 @@ class Batcher:
                     yield engine
                 finally:
                     if self.decoder is not None:
-                        stats = self.decoder.take_stats()
                         if self._recording:
-                            self.session.record_stats(stats)
+                            self.session.record_stats(self.decoder.stats)  # and zeroes them
+                        else:
+                            self.decoder.stats.clear()
 
     @contextlib.contextmanager
     def _one_thread(self):

@@ -119,20 +119,18 @@ class Stats:
         self.drafted += k * len(accepted)
         self.accepted += int(sum(accepted))
 
-    def take(self) -> "Stats":
-        """These counters as a copy, then zero again (in place: the loop's step kinds keep a
-        reference; a batcher reports its counters to the Session after each call)."""
-        taken = copy.copy(self)  # it keeps the lists and dicts; these counters get new ones below
+    def clear(self) -> None:
+        """Every counter back to zero, in place (the loop's step kinds keep a reference to these)."""
         for name in _COUNTERS:
             setattr(self, name, 0)
         for name, factory in _CONTAINERS:
             setattr(self, name, factory())
-        return taken
 
     def merge(self, other: "Stats") -> None:
         """Adds another call's counters to these (every int counter, the histogram, the phase times)."""
         for name in _COUNTERS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+            if value := getattr(other, name):
+                setattr(self, name, getattr(self, name) + value)
         for mine, theirs in ((self.accept_histogram, other.accept_histogram), (self.steps_by_k, other.steps_by_k)):
             for index, count in enumerate(theirs):
                 _count(mine, index, count)
@@ -170,7 +168,7 @@ class Stats:
 
 
 DERIVED = ("acceptance_rate", "mean_tokens_per_step", "tokens_per_second")
-_PUBLIC = [f for f in dataclasses.fields(Stats) if not f.name.startswith("_")]  # once: take/merge run every call
+_PUBLIC = [f for f in dataclasses.fields(Stats) if not f.name.startswith("_")]  # once: merge / clear run every call
 _COUNTERS = tuple(f.name for f in _PUBLIC if f.default is not dataclasses.MISSING)  # the int counters (default 0)
 _CONTAINERS = tuple((f.name, f.default_factory) for f in _PUBLIC if f.default is dataclasses.MISSING)
 
@@ -192,8 +190,10 @@ class StatsTotals:
         self._stats = Stats()
 
     def add(self, stats: Stats) -> None:
+        """Adds a call's counters and zeroes them (a batcher's, counted again from its next call)."""
         with self._lock:
             self._stats.merge(stats)
+        stats.clear()
 
     def snapshot(self) -> Stats:
         with self._lock:
