@@ -12,6 +12,7 @@ from ortspec.speculative.batcher import run_arrivals
 from ortspec.speculative.decoder import Decoder
 from ortspec.speculative.drafts import MTPDrafts, ScriptedDrafts
 from ortspec.speculative.exactness import ExactnessError, plain_decode_states, row_state
+from ortspec.speculative.k_policy import FixedK
 
 REQUESTS = [([5, 17, 99, 3, 250, 7, 11], 30), ([42], 45), ([8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9], 12),
             ([1, 2], 25), ([400, 3, 3, 3], 40), ([77] * 20, 18)]
@@ -26,10 +27,10 @@ def solo_references(graphs, k):
     return refs
 
 
-def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3):
-    """Adds a request every other step while rows are free; checks states after every commit."""
+def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3, **options):
+    """Adds a request every other step while rows are free; checks states after every commit
+    (at depth 1: wherever no step is in flight, at each join and at the end)."""
     checked = []
-    options = {}
     if refs is not None:
         def compare(decoder, batch):
             for req in batch.requests:
@@ -40,15 +41,17 @@ def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3):
                 if req.placeholder:
                     continue  # fills a free row in the fixed-rows batching
                 tokens, table = refs[tuple(req.prompt)]
-                diffs = row_state(decoder.engine, req).differences(table[req.processed])
+                diffs = row_state(decoder.engine, req).differences(table[req.processed], head=decoder.head is not None)
                 if diffs:
                     raise ExactnessError(f"request {req.prompt[:3]}... at length {req.processed}: {', '.join(diffs)}")
                 checked.append(req.processed)
 
         done_rows = set()
         vocab = session.manifest.spec.vocab_size
-        options = dict(on_commit=compare, make_drafts=lambda mtp: ScriptedDrafts(
-            MTPDrafts(mtp), lambda r: r.tokens if r.placeholder else refs[tuple(r.prompt)][0], vocab, p=p, seed=3))
+        options.update(on_commit=compare)
+        if p is not None:  # drafts right with probability p (None: the MTP head's own)
+            options["make_drafts"] = lambda mtp: ScriptedDrafts(
+                MTPDrafts(mtp), lambda r: r.tokens if r.placeholder else refs[tuple(r.prompt)][0], vocab, p=p, seed=3)
     if fixed_rows is not None:
         options["fixed_rows"] = fixed_rows
     return run_arrivals(session.batcher(max_batch_size=max_batch_size, **options), REQUESTS), checked
@@ -75,6 +78,59 @@ def test_staggered_arrivals_with_fixed_rows(models):
     graphs = GraphSet(session.manifest)
     outputs, checked = run_staggered(session, refs=solo_references(graphs, 3), fixed_rows=True)
     assert outputs == solo and len(checked) > 60
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_joins_behind_a_step_in_flight_equal_solo_decoding(models, monkeypatch, k):
+    """Depth 1 (the CUDA loop, here on the CPU): a join's prefill is enqueued behind the step in
+    flight, over a row that step runs as a finished placeholder, and that step is read out after
+    it. Tokens equal solo decoding, and states at every join and at the end; the steps read out
+    at a join are counted but not timed for the k policy."""
+    out = models.converted("mixed")
+    solo = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
+    session = ortspec.Session(out, num_speculative_tokens=k)
+    behind, prefill_forward = [], Decoder._prefill_forward
+
+    def recorded(decoder, requests, copies):
+        behind.append(decoder._pipe.flight is not None)
+        return prefill_forward(decoder, requests, copies)
+
+    timed, drained_steps, record = [], [], Decoder._record
+
+    def noted(decoder, flight, result, drained=False):
+        if drained:
+            drained_steps.append(any(not r.done for r in flight.run.requests))
+        return record(decoder, flight, result, drained)
+
+    monkeypatch.setattr(Decoder, "_prefill_forward", recorded)
+    monkeypatch.setattr(Decoder, "_record", noted)
+    monkeypatch.setattr(FixedK, "record", lambda policy, step: timed.append(step.k))
+    stats_before = session.stats["steps"]
+    outputs, checked = run_staggered(session, refs=solo_references(GraphSet(session.manifest), k), p=None,
+                                     fixed_rows=True, pipelined=True)  # the head's drafts: fused steps run ahead
+    assert outputs == solo and len(checked) >= len(REQUESTS)
+    assert sum(behind) >= 2  # joins did go in behind a step in flight
+    assert sum(drained_steps) >= 2  # steps read at a join: counted, not told to the k policy
+    assert len(timed) + sum(drained_steps) == session.stats["steps"] - stats_before
+
+
+def test_sampled_joins_behind_a_step_in_flight_draw_as_if_alone(models):
+    """Sampled requests joining a depth-1 batch (fused sampled steps in flight) draw what each
+    draws in a generate call of its own with its seed."""
+    session = ortspec.Session(models.converted("mixed"), num_speculative_tokens=2)
+    sampling = dict(temperature=0.8, top_p=0.9)
+    alone = [session.generate(p, max_new_tokens=n, seed=i, **sampling) for i, (p, n) in enumerate(REQUESTS)]
+    ids, queue, step = [], list(enumerate(REQUESTS)), 0
+    with session.batcher(max_batch_size=3, fixed_rows=True, pipelined=True) as batcher:
+        while queue or batcher.pending:
+            if queue and step % 2 == 0 and len(batcher.running) < batcher.max_batch_size:
+                i, (prompt, n) = queue.pop(0)
+                ids.append(batcher.add_request(prompt, max_new_tokens=n, seed=i, **sampling))
+            if batcher.pending:
+                batcher.step()
+            step += 1
+        assert [batcher.result(i) for i in ids] == alone
+    assert session.stats["pipelined_speculative_steps"] > 0
 
 
 def test_fixed_rows_step_the_rows_up_to_the_last_running_one_bucketed(models, monkeypatch):

@@ -66,7 +66,7 @@ def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: 
     return sum(map(len, outputs)) / seconds, outputs, steps, stepping
 
 
-TIMED = [("ortspec.speculative.decoder", "Decoder", ["admit", "drain", "_prefill", "_close_run", "step"]),
+TIMED = [("ortspec.speculative.decoder", "Decoder", ["admit", "drain", "_prefill_forward", "_prefill_finish", "_close_run", "step"]),
          ("ortspec.runtime.model", "TargetModel", ["reset", "prefill", "_run"]),
          ("ortspec.runtime.graphs", "GraphRunner", ["run_bound", "run"]),
          ("ortspec.runtime.graphs", "GraphSet", ["begin_step"]),

@@ -5,7 +5,7 @@
 
 For each k a Session runs --calls generate calls of ``ortspec bench``'s prompts (or --prompts,
 a JSON list of texts) after two warm-up calls. Each prefill group and each step is timed from
-outside (``Decoder._prefill``, ``Decoder.step``) and each graph Run from inside
+outside (``Decoder._prefill_forward``, ``Decoder.step``) and each graph Run from inside
 (``GraphRunner.run``), so every row of the table splits its time into the Runs and the host's
 work around them (feeds, commits, acceptance, bookkeeping). Rows: the prefill groups by prompt
 length, and the steps by the rows they ran: all of the batch, or (the static batch's tail, once
@@ -35,8 +35,9 @@ from ortspec.speculative.decoder import Decoder  # noqa: E402
 
 
 class RunClock:
-    """Times Decoder._prefill, Decoder.step and GraphRunner.run while ``installed``:
-    records (what, seconds, seconds inside Runs) per prefill group and per step that ran."""
+    """Times Decoder._prefill_forward / _prefill_finish, Decoder.step and GraphRunner.run while
+    ``installed``: records (what, seconds, seconds inside Runs) per prefill group (its forward,
+    then its host side) and per step that ran."""
 
     def __init__(self) -> None:
         self.records: list[tuple[str, float, float]] = []
@@ -44,19 +45,23 @@ class RunClock:
 
     @contextlib.contextmanager
     def installed(self):
-        originals = Decoder._prefill, Decoder.step, GraphRunner.run
+        originals = Decoder._prefill_forward, Decoder._prefill_finish, Decoder.step, GraphRunner.run
         clock = self
 
         def run(runner, feeds, slot=None, wait=True):
             start = time.perf_counter()
             try:
-                return originals[2](runner, feeds, slot, wait)
+                return originals[3](runner, feeds, slot, wait)
             finally:
                 clock._in_runs += time.perf_counter() - start
 
-        def prefill_group(decoder, requests, *args, **kwargs):
+        def prefill_forward(decoder, requests, *args, **kwargs):
             with clock._timed(f"prefill, {len(requests)} x {len(requests[0].prompt)} tokens"):
-                originals[0](decoder, requests, *args, **kwargs)
+                return originals[0](decoder, requests, *args, **kwargs)
+
+        def prefill_finish(decoder, requests, *args, **kwargs):
+            with clock._timed(f"prefill's first tokens, {len(requests)} x {len(requests[0].prompt)} tokens"):
+                return originals[1](decoder, requests, *args, **kwargs)
 
         def step(decoder):
             occupants = [r for r in decoder.occupants if r is not None]
@@ -65,13 +70,14 @@ class RunClock:
             label = (f"step, k={decoder.next_k}, {len(live)} of {len(occupants)} rows"
                      + ("" if contiguous else " (subset)"))
             with clock._timed(label):
-                return originals[1](decoder)
+                return originals[2](decoder)
 
-        Decoder._prefill, Decoder.step, GraphRunner.run = prefill_group, step, run
+        Decoder._prefill_forward, Decoder._prefill_finish, Decoder.step, GraphRunner.run = \
+            prefill_forward, prefill_finish, step, run
         try:
             yield self
         finally:
-            Decoder._prefill, Decoder.step, GraphRunner.run = originals
+            Decoder._prefill_forward, Decoder._prefill_finish, Decoder.step, GraphRunner.run = originals
 
     @contextlib.contextmanager
     def _timed(self, label: str):

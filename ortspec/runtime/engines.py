@@ -47,14 +47,15 @@ class Engine:
         return self.target.graphs.arrays
 
     @contextlib.contextmanager
-    def step(self):
+    def step(self, check_errors: bool = True):
         """Holds the device for one step's or prefill's work done from the host: the device lock
         (on CUDA every caller's steps take turns) and a fresh step scratch, after reporting any
-        index error a kernel recorded. The loops whose control stays on the device take it
-        themselves (``decode_run``, ``fused_run``)."""
+        index error a kernel recorded (which waits for the GPU; check_errors=False: work enqueued
+        behind a step in flight, whose read checks). The loops whose control stays on the device
+        take it themselves (``decode_run``, ``fused_run``)."""
         graphs = self.target.graphs
         with graphs.device_lock:
-            graphs.begin_step()
+            graphs.begin_step(check_errors)
             yield
 
     def reset(self, rows) -> None:

@@ -230,10 +230,11 @@ class Decoder:
             run.steps.enqueue(0, batch)
         return Flight(run, run.n, plan, ahead)
 
-    def _record(self, flight: Flight, result: StepResult) -> None:
+    def _record(self, flight: Flight, result: StepResult, drained: bool = False) -> None:
         """What a read step did: emit each live row's tokens (with their log-probabilities where it
-        asks), check positions, count, keep the head's entries, tell the policy; the hook where
-        nothing is in flight."""
+        asks), check positions, count, keep the head's entries, tell the policy (not of a step
+        drained at a join: the GPU ran it while the host was outside the loop, so the loop's clock
+        saw a fraction of its time); the hook where nothing is in flight."""
         plan, requests = flight.plan, flight.run.requests
         live = np.array([not r.done for r in requests])
         if not live.any():
@@ -257,8 +258,9 @@ class Decoder:
                 self.head.catch_up_deferred(plan.drafts)
         self.next_k = plan.drafts
         elapsed, seconds, setup = self._clock.read(flight.n, plan)
-        self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live],
-                                      self.stats.generated_tokens - generated, elapsed, seconds, setup))
+        if not drained:
+            self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live],
+                                          self.stats.generated_tokens - generated, elapsed, seconds, setup))
         if self.on_commit and self._pipe.flight is None:
             self.on_commit(self, Batch([r for r, was_live in zip(requests, live) if was_live]))
 
@@ -274,8 +276,14 @@ class Decoder:
     # -- joining and leaving -----------------------------------------------------------------
     def admit(self, requests: list[Request]) -> None:
         """Prefills requests into their rows (``request.row``; a finished row is free), between
-        steps: what is in flight is read out first. Their first tokens come from the prefill; the
-        MTP head's entries over their prompts wait for the next step that drafts."""
+        steps. Their forwards are enqueued first, behind a step in flight (depth 1), which the GPU
+        runs meanwhile: they write only their own rows, which that step runs as finished
+        placeholders, after it in stream order. That step is then read out, and only then do the
+        new requests reach the host's side (rows, first tokens, the MTP head's entries over their
+        prompts, which wait for the next step that drafts)."""
+        sources, copies = forks(requests)
+        groups = self._prefill_groups(sources)
+        forwards = [self._prefill_forward(group, copies) for group in groups]
         self.drain()
         fresh = not any(r is not None and not r.done for r in self.occupants)  # no row holds drafts
         for req in requests:
@@ -285,9 +293,8 @@ class Decoder:
             if self.head.deferred.has_steps:  # rows in a k = 0 stretch catch up first: their entries stay in step
                 with self.engine.step(), self.stats.timed("commit"):
                     self.head.catch_up_deferred(max(self.next_k, 1))
-        sources, copies = forks(requests)
-        for group in self._prefill_groups(sources):
-            self._prefill(group, copies)
+        for group, out in zip(groups, forwards):
+            self._prefill_finish(group, copies, out)
         running = [r for r in self.occupants if r is not None and not r.done]
         if self.head is not None and fresh and running:  # the first step's drafts (none: no step follows)
             stepped = self._step_rows(running)
@@ -311,28 +318,34 @@ class Decoder:
                 groups.append([req])
         return groups
 
-    def _prefill(self, requests: list[Request], copies: dict[int, list[Request]] | None = None) -> None:
-        """Requests with prompts of one length n in consecutive rows, in one forward: the target
-        over the prompts (positions 0..n-1) -> each first token; the MTP head's entries 0..n-1 wait.
+    def _prefill_forward(self, requests: list[Request], copies: dict[int, list[Request]]):
+        """The device side of a prefill: requests with prompts of one length n in consecutive rows,
+        their states reset and the target over the prompts (positions 0..n-1) in one forward;
         copies: per row, the requests of the same prompt (``forks``) whose rows take copies of its
-        states, and whose first tokens come from its logits."""
+        states. With a step in flight nothing waits for it (errors are checked when it is read)."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
         ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
-        with self.engine.step(), self.stats.timed("prefill"):
-            target = self.engine.target
+        with self.engine.step(check_errors=self._pipe.flight is None), self.stats.timed("prefill"):
             self.engine.reset(rows)
-            out = target.prefill(rows, ids, positions)
-            copies = copies or {}
-            forked = [(j, f) for j, req in enumerate(requests) for f in copies.get(req.row, [])]
+            out = self.engine.target.prefill(rows, ids, positions)
             for req in requests:
                 if req.row in copies:
-                    target.fork(req.row, Rows([f.row for f in copies[req.row]]))
+                    self.engine.target.fork(req.row, Rows([f.row for f in copies[req.row]]))
+        return out
+
+    def _prefill_finish(self, requests: list[Request], copies: dict[int, list[Request]], out) -> None:
+        """The host side of a prefill (``_prefill_forward``'s out): each first token (the forks' from
+        the same logits), its log-probabilities where asked, the MTP head's entries 0..n-1 deferred."""
+        n = len(requests[0].prompt)
+        with self.engine.step(), self.stats.timed("prefill"):
+            forked = [(j, f) for j, req in enumerate(requests) for f in copies.get(req.row, [])]
             source = list(range(len(requests))) + [j for j, _ in forked]  # each request's row of out
+            ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
             requests = requests + [f for _, f in forked]
             for req in requests:
                 req.tokens = list(req.prompt)
-            last = np.full(len(rows), n - 1, np.int64)
+            last = np.full(len(ids), n - 1, np.int64)
             first = sampler.pick(requests, out, last, source)  # [R]
             first_logprobs = logprobs.of_forward(requests, out, first[:, None], last, source) or {}
             if self.head is not None:
@@ -350,7 +363,7 @@ class Decoder:
         with self._clock.inside():
             while self._pipe.flight is not None:
                 flight, self._pipe.flight = self._pipe.flight, None
-                self._record(flight, flight.run.steps.read(flight.n))
+                self._record(flight, flight.run.steps.read(flight.n), drained=True)
             self._close_run()
 
     def _close_run(self) -> None:
@@ -427,10 +440,6 @@ class Decoder:
         before = req.output_length
         req.extend(tokens, token_logprobs)
         self.stats.generated_tokens += req.output_length - before
-
-    def take_stats(self) -> Stats:
-        """The counters since the last take (a batcher reports them to its Session after each call)."""
-        return self.stats.take()
 
 
 class StepClock:
