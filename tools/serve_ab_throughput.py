@@ -1,7 +1,8 @@
 """A/B throughput: servers of N trees up at once; per round and tree (order alternating) C clients
 each send R streamed requests of --max-tokens one after another; tok/s and CPU ms per 1000 tokens.
     python3 tools/serve_ab_throughput.py MODEL TREE... [--clients 1,8] [--requests 2] [--rounds 10] [--engine process]
-        [--provider cuda]  (the server's max batch size: the most clients)"""
+        [--provider cuda] [--temperature T]  (the server's max batch size: the most clients; T > 0: sampled
+        requests, top-p 0.95, each seeded)"""
 import argparse, statistics, sys, threading, time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def main() -> None:
     p.add_argument("--clients", default="1,8"); p.add_argument("--requests", type=int, default=2)
     p.add_argument("--rounds", type=int, default=10); p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--engine", default="process"); p.add_argument("-k", default="0"); p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--provider", default="cpu")
+    p.add_argument("--provider", default="cpu"); p.add_argument("--temperature", type=float, default=0.0)
     a = p.parse_args()
     T, cs = len(a.trees), [int(c) for c in a.clients.split(",")]
     servers = [start(t, a.model, a.k, a.engine, a.threads, a.provider, max(cs)) for t in a.trees]
@@ -29,8 +30,11 @@ def main() -> None:
         def client(j):
             cl = Client(addr, False)
             for r in range(a.requests):
-                _, n = cl.request(dict(prompt=f"# {tag} {j} {r}\ndef g{j}(x):\n    return", max_tokens=a.max_tokens,
-                                       temperature=0, ignore_eos=True, stream=True), True)
+                body = dict(prompt=f"# {tag} {j} {r}\ndef g{j}(x):\n    return", max_tokens=a.max_tokens, temperature=0,
+                            ignore_eos=True, stream=True)
+                if a.temperature > 0:
+                    body.update(temperature=a.temperature, top_p=0.95, seed=1000 * j + r)
+                _, n = cl.request(body, True)
                 counts[j] += n
         th = [threading.Thread(target=client, args=(j,)) for j in range(c)]
         t = time.perf_counter()
