@@ -80,17 +80,6 @@ def test_onnx_transform_and_draw_equal_the_numpy_ones():
     np.testing.assert_array_equal(token[:, 0], sampling.draw(want, u[:, 0]))
 
 
-def test_a_request_stream_hands_out_what_its_generator_draws_in_blocks():
-    """sampling.Uniforms draws BLOCK at a time: every take(n) equals drawing n from the Generator
-    itself, across block edges, so a seed's tokens do not depend on the block."""
-    sizes = [1, 7, 3, 1, 250, 5, 300, 1, 2]
-    stream = sampling.Uniforms(np.random.default_rng(11))
-    direct = np.random.default_rng(11)
-    for n in sizes:
-        np.testing.assert_array_equal(stream.take(n), direct.random(n, dtype=np.float32))
-    assert stream.take(3).dtype == np.float32
-
-
 def test_draw_never_returns_a_token_of_probability_zero():
     weights = np.array([[0.0, 0.3, 0.7, 0.0], [0.5, 0.0, 0.0, 0.0]])
     assert sampling.draw(weights, np.array([0.9999999, 0.9999999])).tolist() == [2, 0]

@@ -15,7 +15,6 @@ fixed count per event, so a seed reproduces its tokens whatever rows run beside 
     device_inputs(requests, k)   decode_sample (k = 0)                 1 uniform
                                  verify_mtp_sample_k{k}                2k + 1 uniforms: k + 1 for
                                                                        the acceptance, k for the drafts
-    StepInputs(requests, k)      the same, step by step over one run's requests
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def _uniforms(requests: list[Request], n: int) -> np.ndarray:
     """[B, n] float32 uniforms in [0, 1), each row from its request's stream."""
-    return np.stack([r.random.take(n) for r in requests])
+    return np.stack([r.random.random(n, dtype=np.float32) for r in requests])
 
 
 def pick(requests: list[Request], out: Forward, at: np.ndarray, source=None) -> np.ndarray:
@@ -111,26 +110,6 @@ def device_inputs(requests: list[Request], k: int) -> SamplingInputs:
     its row from its own stream, the same count every step, so a seed reproduces its tokens for a
     given k whatever rows run beside it; greedy and done rows get temperature 0 and no draws."""
     return _inputs(requests, 1 if k == 0 else 2 * k + 1)
-
-
-class StepInputs:
-    """``device_inputs`` of each step of a run over the same requests: the rows' parameters made
-    again only when the rows that draw change (a row finishes), the uniforms drawn every step."""
-
-    def __init__(self, requests: list[Request], k: int) -> None:
-        self.requests, self.draws = requests, 1 if k == 0 else 2 * k + 1
-        self._live: list[int] | None = None
-        self._params: dict[str, np.ndarray] = {}
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        live = _sampled(self.requests)
-        if live != self._live:
-            inputs = _inputs(self.requests, 0)
-            self._live, self._params = live, {n: v for n, v in inputs.feeds().items() if n != "uniforms"}
-        uniforms = np.zeros((len(self.requests), self.draws), np.float32)
-        if live:
-            uniforms[live] = _uniforms([self.requests[j] for j in live], self.draws)
-        return {**self._params, "uniforms": uniforms}
 
 
 def _inputs(requests: list[Request], draws: int) -> SamplingInputs:

@@ -46,36 +46,13 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-class Uniforms:
-    """A request's stream of float32 uniforms in [0, 1), drawn from its Generator BLOCK at a time
-    and handed out in order: the same numbers as drawing each take(n) from the Generator itself (a
-    float32 draw takes the stream's next 32-bit word, whatever the call's size), for one Generator
-    call per BLOCK numbers instead of one per row and step."""
-
-    BLOCK = 256
-
-    def __init__(self, generator: np.random.Generator) -> None:
-        self._generator = generator
-        self._block = np.empty(0, np.float32)
-        self._at = 0
-
-    def take(self, n: int) -> np.ndarray:
-        """The next n uniforms, float32 [n]."""
-        if self._at + n > len(self._block):
-            self._block = np.concatenate([self._block[self._at:],
-                                          self._generator.random(max(self.BLOCK, n), dtype=np.float32)])
-            self._at = 0
-        self._at += n
-        return self._block[self._at - n: self._at]
-
-
-def random_stream(params: SamplingParams, index: int) -> Uniforms | None:
+def random_stream(params: SamplingParams, index: int) -> np.random.Generator | None:
     """The random stream of the index-th request of a call: None when greedy. Streams of one seed
     are independent across indices (SeedSequence spawn keys), and index 0 is what a single prompt
     gets, so generate(p, seed=s) == generate([p, q], seed=s)[0] == the batcher's add_request(p, seed=s)."""
     if params.greedy:
         return None
-    return Uniforms(np.random.default_rng(np.random.SeedSequence(params.seed, spawn_key=(index,))))
+    return np.random.default_rng(np.random.SeedSequence(params.seed, spawn_key=(index,)))
 
 
 def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:

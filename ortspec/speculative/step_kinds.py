@@ -67,11 +67,10 @@ class DecodeSteps:
         self.run = DecodeRun(engine.target, batch.rows, hidden=defer_head, bound=RunBound.of(batch.requests),
                              sampled=sampled)
         self.stats, self.requests, self.sampled = stats, batch.requests, sampled
-        self._sampling = sampler.StepInputs(batch.requests, 0) if sampled else None
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
         with self.stats.timed("decode"):
-            sampling = self._sampling.feeds() if self.sampled else None
+            sampling = sampler.device_inputs(self.requests, 0).feeds() if self.sampled else None
             if n == 0:
                 self.run.enqueue(0, batch.pending[:, None], batch.processed[:, None], sampling)  # [B, 1] each
             else:
@@ -108,14 +107,13 @@ class FusedSteps:
         self.stats, self.k, self.draft_source, self.sampled = stats, k, draft_source, sampled
         self.requests, self.arrays = batch.requests, engine.arrays
         self._mirror: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (T [B], drafts [B, k]) of step n
-        self._sampling = sampler.StepInputs(batch.requests, k) if sampled else None
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
         if n == 0:
             with self.stats.timed("propose"):
                 drafts = self.draft_source.propose(batch, self.k)  # [B, k]
         with self.stats.timed("verify"):
-            sampling = self._sampling.feeds() if self.sampled else None
+            sampling = sampler.device_inputs(self.requests, self.k).feeds() if self.sampled else None
             if n == 0:
                 if self.sampled:
                     self._upload_draft_probs()
