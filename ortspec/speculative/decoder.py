@@ -283,7 +283,7 @@ class Decoder:
         prompts, which wait for the next step that drafts)."""
         sources, copies = forks(requests)
         groups = self._prefill_groups(sources)
-        forwards = [self._prefill_forward(group, copies) for group in groups]
+        forwards = [self._prefill_forward(group, copies) for group in groups]  # (ids, out) each
         self.drain()
         fresh = not any(r is not None and not r.done for r in self.occupants)  # no row holds drafts
         for req in requests:
@@ -293,8 +293,8 @@ class Decoder:
             if self.head.deferred.has_steps:  # rows in a k = 0 stretch catch up first: their entries stay in step
                 with self.engine.step(), self.stats.timed("commit"):
                     self.head.catch_up_deferred(max(self.next_k, 1))
-        for group, out in zip(groups, forwards):
-            self._prefill_finish(group, copies, out)
+        for group, (ids, out) in zip(groups, forwards):
+            self._prefill_finish(group, copies, ids, out)
         running = [r for r in self.occupants if r is not None and not r.done]
         if self.head is not None and fresh and running:  # the first step's drafts (none: no step follows)
             stepped = self._step_rows(running)
@@ -322,7 +322,8 @@ class Decoder:
         """The device side of a prefill: requests with prompts of one length n in consecutive rows,
         their states reset and the target over the prompts (positions 0..n-1) in one forward;
         copies: per row, the requests of the same prompt (``forks``) whose rows take copies of its
-        states. With a step in flight nothing waits for it (errors are checked when it is read)."""
+        states. Returns (ids [B, n], the forward). With a step in flight nothing waits for it (errors
+        are checked when it is read)."""
         rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
         ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
@@ -332,16 +333,17 @@ class Decoder:
             for req in requests:
                 if req.row in copies:
                     self.engine.target.fork(req.row, Rows([f.row for f in copies[req.row]]))
-        return out
+        return ids, out
 
-    def _prefill_finish(self, requests: list[Request], copies: dict[int, list[Request]], out) -> None:
-        """The host side of a prefill (``_prefill_forward``'s out): each first token (the forks' from
-        the same logits), its log-probabilities where asked, the MTP head's entries 0..n-1 deferred."""
-        n = len(requests[0].prompt)
+    def _prefill_finish(self, requests: list[Request], copies: dict[int, list[Request]], ids: np.ndarray,
+                        out) -> None:
+        """The host side of a prefill (``_prefill_forward``'s ids [B, n] and out): each first token
+        (the forks' from the same logits), its log-probabilities where asked, the MTP head's entries
+        0..n-1 deferred."""
+        n = ids.shape[1]
         with self.engine.step(), self.stats.timed("prefill"):
             forked = [(j, f) for j, req in enumerate(requests) for f in copies.get(req.row, [])]
             source = list(range(len(requests))) + [j for j, _ in forked]  # each request's row of out
-            ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
             requests = requests + [f for _, f in forked]
             for req in requests:
                 req.tokens = list(req.prompt)
