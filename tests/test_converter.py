@@ -210,7 +210,9 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 assert (np.take_along_axis(probs[0], out["drafts"][0][:, None], 1) > 0).all()
                 assert ((probs[0] > 0).sum(-1) <= 5).all()  # top_k = 5 (the CPU graphs truncate q)
             continue
-        assert out["tokens"].shape == (2, rows) and np.isfinite(out["logits"]).all()
+        scored = 1 if name == "prefill" else rows  # a prefill scores its prompt's last row alone
+        assert out["tokens"].shape == (2, scored) and out["logits"].shape == (2, scored, m.spec.vocab_size)
+        assert np.isfinite(out["logits"]).all()
         assert "CPUExecutionProvider" in session.get_providers()
 
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from ortspec.runtime.model import TargetModel
-from ortspec.runtime.states import Rows
 from ortspec.serve import chat as chat_module
 from ortspec.serve.engine_process import EngineProcess
 from ortspec.serve.server import Server
 from ortspec.speculative.logprobs import log_softmax
+from tests.forced import forced_logits
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra: pip install -e '.[test]'")
 
@@ -57,10 +57,8 @@ def streamed(chunks) -> tuple[dict, dict, dict]:
 
 
 def forced_logprobs(session, prompt: list[int], tokens: list[int]) -> np.ndarray:
-    """[len(tokens), V] log-softmax of the target's logits before each token, from one prefill over prompt + tokens."""
-    ids = np.array([prompt + tokens[:-1]], np.int64)
-    out = TargetModel(session.graphs, 1).prefill(Rows([0]), ids, np.arange(ids.shape[1])[None])
-    return log_softmax(out["logits"][0, len(prompt) - 1:])
+    """[len(tokens), V] log-softmax of the target's logits before each token, teacher-forced."""
+    return log_softmax(forced_logits(session.graphs, prompt, tokens))
 
 
 def test_models_and_an_unknown_model(client, server, session):

@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 
 import ortspec
 from ortspec.errors import InputError
-from ortspec.runtime.model import TargetModel
-from ortspec.runtime.states import Rows
 from ortspec.speculative import step_kinds
 from ortspec.speculative.logprobs import log_softmax
 from ortspec.speculative.requests import Request
 from ortspec.speculative.sampling import SamplingParams
+from tests.forced import forced_logits
 from ortspec.stop_strings import StopStrings
 
 PROMPT = "def main("
@@ -150,9 +149,7 @@ def test_logprobs_requests_keep_greedy_tokens_and_score_them_as_a_forced_decode(
             entries = batcher.logprobs(asks)
             with pytest.raises(InputError, match="was added without logprobs"):
                 batcher.logprobs(plain)
-        ids = np.array([prompt + want[:-1]])
-        out = TargetModel(each.graphs, 1).prefill(Rows([0]), ids, np.arange(ids.shape[1])[None])
-        forced = log_softmax(out["logits"][0, len(prompt) - 1:])  # [12, V]
+        forced = log_softmax(forced_logits(each.graphs, prompt, want))  # [12, V]
         assert [e.token for e in entries] == want
         np.testing.assert_allclose([e.logprob for e in entries], forced[np.arange(12), want], atol=1e-4)
         for entry, row in zip(entries, forced):

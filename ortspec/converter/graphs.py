@@ -9,7 +9,8 @@ Target graph I/O (B requests, M rows each, L = max_length):
     or (gdn_verify="state_window" verifies) conv.{i}.past{M} [M, B, K-1, C], recurrent.{i}.past{M}
                          [M, B, nv, dk, dv]: the ops' past windows, the live state in slot M-1
   out  tokens int64 [B, M] (argmax)  logits [B, M, V] float32  hidden [B, M, H] (final-normed, in the
-       activations' dtype: float32, or the model's with convert(activations="model"))
+       activations' dtype: float32, or the model's with convert(activations="model")); a prefill's
+       tokens [B, 1] and logits [B, 1, V] are its last row's alone
        new_key.{i} [B, kvh, hd, M], new_value.{i} [B, kvh, M, hd]     rows to write at positions
        conv_out.{i}, recurrent_out.{i}                                states after the last row
     or conv_window.{i} [M, ...], recurrent_window.{i} [M, ...]       state after each row (select)
@@ -93,15 +94,21 @@ def _decoder_layer(g, spec, x, residual, prefix, mixer):
     return make_mlp(g, spec, h, prefix), residual
 
 
-def _head(g, spec, x, residual, norm_weight, hidden_name, rows, choose):
+def _head(g, spec, x, residual, norm_weight, hidden_name, rows, choose, last_only=False):
     """Final norm, lm_head; the logits float32 whatever the activations (argmax ties and sampling
     see the values the runtime reads), the hidden rows in the activations' dtype. choose(logits)
-    -> the tokens [B, M] (None: the argmax)."""
+    -> the tokens [B, M] (None: the argmax). last_only (a prefill) scores the last row alone:
+    only that row's token is chosen, and scoring every row of a long prompt costs M x V logits
+    (half a GB for 512 prompt tokens at a 248,320-token vocabulary) and M lm_head products; a
+    weight product's row has the same bits alone as among others (tools/row_invariance.py)."""
     hidden, _ = make_add_rms_norm(g, x, residual, norm_weight, spec.rms_norm_eps)
-    logits = g.linear(hidden, "lm_head", out_dtype=F32)
+    scored, scored_rows = hidden, rows
+    if last_only:
+        scored, scored_rows = g.op("Slice", [hidden, g.const([-1]), g.const([2 ** 62]), g.const([1])]), 1
+    logits = g.linear(scored, "lm_head", out_dtype=F32)
     tokens = g.op("ArgMax", [logits], axis=-1, keepdims=0) if choose is None else choose(logits)
-    g.output(tokens, "tokens", I64, ["B", rows])
-    g.output(logits, "logits", F32, ["B", rows, spec.vocab_size])
+    g.output(tokens, "tokens", I64, ["B", scored_rows])
+    g.output(logits, "logits", F32, ["B", scored_rows, spec.vocab_size])
     g.output(hidden, hidden_name, g.activations, ["B", rows, spec.hidden_size])
 
 
@@ -167,7 +174,7 @@ def make_target_graph(spec: ModelSpec, store: WeightStore, max_length: int, name
         x, residual = _decoder_layer(g, spec, x, residual, prefix, mixer)
     if last:
         _head(g, spec, x, residual, "final_norm", "hidden", dim_m, None if choose is None else
-              (lambda logits: choose(g, logits)))
+              (lambda logits: choose(g, logits)), last_only=rows is None)
     else:
         g.output(x, "proxy.hidden", g.activations, ["B", dim_m, spec.hidden_size])
         if residual is not None:

@@ -347,7 +347,7 @@ class Decoder:
             requests = requests + [f for _, f in forked]
             for req in requests:
                 req.tokens = list(req.prompt)
-            last = np.full(len(ids), n - 1, np.int64)
+            last = np.full(len(ids), out.tokens.shape[1] - 1, np.int64)  # the prompt's last row: a prefill's one
             first = sampler.pick(requests, out, last, source)  # [R]
             first_logprobs = logprobs.of_forward(requests, out, first[:, None], last, source) or {}
             if self.head is not None:

@@ -93,7 +93,7 @@ def plain_decode_states(graphs: GraphSet, prompts, max_new_tokens: int, k: int, 
         with engine.step():
             engine.target.reset(rows)
             out = engine.target.prefill(rows, ids, positions)
-            first = out.tokens[:, n - 1]  # [1]
+            first = out.tokens[:, -1]  # [1]: the prompt's last row
             if head is not None:
                 head.catch_up(rows, out["hidden"], np.concatenate([ids[:, 1:], first[:, None]], axis=1), out.positions,
                               np.array([n - 1]), [req], k, graphed=False)

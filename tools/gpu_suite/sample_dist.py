@@ -289,7 +289,7 @@ def _prefill_and_fork(target: TargetModel, rows: Rows, prompt, config: dict, rng
     target.reset(rows)
     out = target.prefill(Rows([0]), np.array([prompt], np.int64), np.arange(n, dtype=np.int64)[None])
     target.fork(0, Rows(range(1, samples)))
-    logits = out.logits(np.array([n - 1]))  # [1, V]
+    logits = out.logits(np.array([out.tokens.shape[1] - 1]))  # [1, V]: the prompt's last row
     temperature, top_k, top_p, min_p = _params(config, samples)
     greedy = temperature == 0
     probs = sampling.transform(np.repeat(logits, samples, axis=0), np.where(greedy, 1.0, temperature), top_k,
