@@ -3,13 +3,16 @@ generate before the server adds anything (tools/serve_bench.py measures the serv
 
     python3 tools/batcher_bench.py MODEL_DIR [--provider cpu|cuda] [--threads N] [-k 0] [--batch 1,16]
         [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2] [--profile N] [--timing]
+        [--temperature T --top-p P]
 
 Per batch size B: B x --requests held-out prompts, each under a first line of its own
 (serve_bench.distinct: no prompt repeats, so generate forks none; the model's stop tokens, greedy) as
 --requests generate calls of batch B, then through one batcher of B rows that admits the next
 request the moment a row is free; rounds interleave the two. Reported: tokens/s of each,
 batcher / generate, the batcher's steps and mean milliseconds per step() call, and whether every
-request's tokens equal generate's. Then each side's seconds per phase (Stats.seconds) over its
+request's tokens equal generate's (sampled, --temperature > 0: generate call i seeded i, its
+prompt j drawing stream j, and the batcher's request given that seed and stream, so a sampled
+request's tokens must equal generate's too). Then each side's seconds per phase (Stats.seconds) over its
 last round; --profile N: the N functions of most cumulative time in one more batcher pass;
 --timing: host seconds and calls of the pieces of a join (drain, prefill, its Run, its download,
 a run's opening) in one more pass of each side.
@@ -36,18 +39,22 @@ DEFAULT_PROMPTS = ROOT / "benchmarks" / "heldout_prompts.json"
 
 
 def through_generate(session, requests: list[list[int]], batch: int, max_tokens: int,
-                     stop_tokens=None) -> tuple[float, list]:
-    """(tokens/s, outputs): the requests as generate calls of `batch` (stop_tokens: generate's)."""
+                     stop_tokens=None, sampling: dict | None = None) -> tuple[float, list]:
+    """(tokens/s, outputs): the requests as generate calls of `batch` (stop_tokens: generate's;
+    sampling: temperature, top_p, call i seeded i)."""
     start, outputs = time.perf_counter(), []
     for i in range(0, len(requests), batch):
-        outputs += session.generate(requests[i:i + batch], max_new_tokens=max_tokens, stop_tokens=stop_tokens)
+        seeded = {**sampling, "seed": i // batch} if sampling else {}
+        outputs += session.generate(requests[i:i + batch], max_new_tokens=max_tokens, stop_tokens=stop_tokens,
+                                    **seeded)
     return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
 
 
 def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: int, stop_tokens=None,
-                    warm_up: bool = False) -> tuple[float, list, int, float]:
+                    warm_up: bool = False, sampling: dict | None = None) -> tuple[float, list, int, float]:
     """(tokens/s, outputs in request order, steps, seconds inside step()): one batcher of `batch`
-    rows, a row refilled the moment it is free; warm_up: Batcher.warm_up first, as a server does."""
+    rows, a row refilled the moment it is free; warm_up: Batcher.warm_up first, as a server does;
+    sampling: request i seeded as prompt i % batch of generate call i // batch (through_generate)."""
     with session.batcher(max_batch_size=batch) as batcher:
         if warm_up:
             batcher.warm_up()
@@ -56,7 +63,9 @@ def through_batcher(session, requests: list[list[int]], batch: int, max_tokens: 
         while queue or batcher.pending:
             while queue and len(batcher.running) < batch:
                 index, prompt = queue.pop(0)
-                ids[index] = batcher.add_request(prompt, max_new_tokens=max_tokens, stop_tokens=stop_tokens)
+                seeded = {**sampling, "seed": index // batch, "seed_index": index % batch} if sampling else {}
+                ids[index] = batcher.add_request(prompt, max_new_tokens=max_tokens, stop_tokens=stop_tokens,
+                                                 **seeded)
             began = time.perf_counter()
             batcher.step()
             stepping += time.perf_counter() - began
@@ -134,7 +143,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="print the N functions of most cumulative time")
     parser.add_argument("--timing", action="store_true", help="host time of a join's pieces, per side")
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests, seeded")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args(argv)
+    sampling = dict(temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 else None
     k = args.k if args.k == "auto" else int(args.k)
     session = ortspec.Session(args.model, provider=args.provider, num_speculative_tokens=k, threads=args.threads)
     texts = json.loads(args.prompts.read_text())
@@ -146,15 +158,15 @@ def main(argv=None) -> int:
           "|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch.split(",")):
         requests = [prompts[i % len(prompts)] for i in range(batch * args.requests)]
-        session.generate(requests[:batch], max_new_tokens=8)  # warm-up at this batch size (graphs)
-        through_batcher(session, requests[:batch], batch, 8)
+        through_generate(session, requests[:batch], batch, 8, sampling=sampling)  # warm-up at this batch size (graphs)
+        through_batcher(session, requests[:batch], batch, 8, sampling=sampling)
         rates, phases = {"generate": [], "batcher": []}, {}
         for _ in range(args.rounds):
             session.reset_stats()
-            generated, want = through_generate(session, requests, batch, args.max_tokens)
+            generated, want = through_generate(session, requests, batch, args.max_tokens, sampling=sampling)
             phases["generate"] = session.stats["seconds"]
             session.reset_stats()
-            batched, got, steps, stepping = through_batcher(session, requests, batch, args.max_tokens)
+            batched, got, steps, stepping = through_batcher(session, requests, batch, args.max_tokens, sampling=sampling)
             phases["batcher"] = session.stats["seconds"]
             rates["generate"].append(generated)
             rates["batcher"].append(batched)
@@ -164,12 +176,14 @@ def main(argv=None) -> int:
         for side, seconds in phases.items():
             print(f"  {side} phases: " + ", ".join(f"{name} {value:.3f} s" for name, value in seconds.items()), flush=True)
         if args.timing:
-            for side, run in [("generate", lambda: through_generate(session, requests, batch, args.max_tokens)),
-                              ("batcher", lambda: through_batcher(session, requests, batch, args.max_tokens))]:
+            for side, run in [("generate", lambda: through_generate(session, requests, batch, args.max_tokens,
+                                                                    sampling=sampling)),
+                              ("batcher", lambda: through_batcher(session, requests, batch, args.max_tokens,
+                                                                  sampling=sampling))]:
                 print(f"  {side} timing:", *timed_pass(run), sep="\n", flush=True)
         if args.profile:
             profile = cProfile.Profile()
-            profile.runcall(through_batcher, session, requests, batch, args.max_tokens)
+            profile.runcall(through_batcher, session, requests, batch, args.max_tokens, sampling=sampling)
             pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
     session.close()
     return 0

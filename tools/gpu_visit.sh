@@ -25,7 +25,8 @@
 # SAMPLE_DIST_SAMPLES, SAMPLE_DIST_S,
 # SAMPLE_DIST_PARTS, SAMPLE_DIST_CONFIGS,
 # AGREE_KS, AGREE_BUDGET, AGREE_Q08B= (empty: skip), GL_KS, GL_CONCURRENCY, GL_SECONDS,
-# SERVE_TEMPERATURE, SERVE_TOP_P (sampled requests through serve).
+# SERVE_TEMPERATURE, SERVE_TOP_P (sampled requests through serve), BATCHER_KS, BATCHER_BATCHES, BATCHER_TIMING,
+# BATCHER_TEMPERATURE (sampled, top-p 0.95).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -104,8 +105,9 @@ for phase in "$@"; do
     batcher)
       model=$(trained)
       for k in ${BATCHER_KS:-0 2}; do
-        run 150 "batcher_k$k" python3 tools/batcher_bench.py "$model" --provider cuda -k $k --batch ${BATCHER_BATCHES:-1,16} \
-          --requests 4 --rounds 2 ${BATCHER_TIMING:+--timing}
+        run 150 "batcher_k$k${BATCHER_TEMPERATURE:+_sampled}" python3 tools/batcher_bench.py "$model" --provider cuda -k $k \
+          --batch ${BATCHER_BATCHES:-1,16} --requests 4 --rounds 2 ${BATCHER_TIMING:+--timing} \
+          ${BATCHER_TEMPERATURE:+--temperature $BATCHER_TEMPERATURE --top-p 0.95}
       done ;;
     bench)
       model=$(trained)
