@@ -1,7 +1,7 @@
 """Where the server's tokens go: the same requests through each layer of `ortspec serve`, one run.
 
     python3 tools/serve_layers.py MODEL_DIR [--provider cuda] [-k 0] [--clients 1,16] [--requests 4]
-        [--max-tokens 128] [--rounds 3] [--latency 40] [--threads N] [--json F]
+        [--max-tokens 128] [--rounds 3] [--latency 40] [--threads N] [--temperature T --top-p P] [--json F]
 
 Throughput (per client count C): C clients each send --requests requests one after another,
 every request its own prompt and --max-tokens tokens (ignore_eos), through
@@ -12,7 +12,8 @@ every request its own prompt and --max-tokens tokens (ignore_eos), through
     engine process   serve.engine_process.EngineProcess: the same loop in a child process, over
                      the pipe the server uses
 
-so a loss between two rows is that layer's. The HTTP layer is tools/serve_bench.py's. Each layer
+so a loss between two rows is that layer's. --temperature > 0 makes every request sampled (top-p
+--top-p, each request seeded by its index). The HTTP layer is tools/serve_bench.py's. Each layer
 runs one untimed round first (a cold first generate call ran at a third of its speed on the H200).
 
 Latency (--latency N > 0): N requests one at a time, each alone in the engine, of 1 token and of
@@ -40,7 +41,7 @@ from ortspec.manifest import Manifest  # noqa: E402
 from ortspec.prompts import Prompts  # noqa: E402
 from ortspec.serve.engine import Engine, Failed, Finished, Job  # noqa: E402
 from ortspec.serve.engine_process import EngineProcess  # noqa: E402
-from ortspec.speculative.sampling import GREEDY  # noqa: E402
+from ortspec.speculative.sampling import GREEDY, SamplingParams  # noqa: E402
 from tools.batcher_bench import through_batcher, through_generate  # noqa: E402
 from tools.serve_load import complete, served  # noqa: E402
 
@@ -54,14 +55,16 @@ def token_ids(prompts: Prompts, lines: list[str]) -> list[list[int]]:
     return prompts.token_prompts(lines)[0]
 
 
-def job(prompt: list[int], max_tokens: int, on_event) -> Job:
-    return Job(prompt=prompt, max_tokens=max_tokens, sampling=GREEDY, deadline=time.monotonic() + 600,
+def job(prompt: list[int], max_tokens: int, on_event, sampling: SamplingParams = GREEDY) -> Job:
+    return Job(prompt=prompt, max_tokens=max_tokens, sampling=sampling, deadline=time.monotonic() + 600,
                deliver=on_event, ignore_eos=True)
 
 
-def through_engine(engine, prompts: list[list[int]], clients: int, max_tokens: int) -> float:
-    """tokens/s of an Engine-like object (submit(job)) under `clients` clients in turn."""
-    queues = [prompts[c::clients] for c in range(clients)]
+def through_engine(engine, prompts: list[list[int]], clients: int, max_tokens: int,
+                   sampling: dict | None = None) -> float:
+    """tokens/s of an Engine-like object (submit(job)) under `clients` clients in turn (sampling:
+    temperature, top_p; request i seeded i)."""
+    queues = [list(enumerate(prompts))[c::clients] for c in range(clients)]
     finished, lock = threading.Event(), threading.Lock()
     state = {"tokens": 0, "left": len(prompts)}
 
@@ -76,7 +79,9 @@ def through_engine(engine, prompts: list[list[int]], clients: int, max_tokens: i
                     send(c)
             else:
                 state["tokens"] += len(event.ids)
-        engine.submit(job(queues[c].pop(0), max_tokens, on_event))
+        index, prompt = queues[c].pop(0)
+        params = SamplingParams(**sampling, seed=index) if sampling else GREEDY
+        engine.submit(job(prompt, max_tokens, on_event, params))
 
     start = time.perf_counter()
     for c in range(clients):
@@ -107,12 +112,14 @@ def throughput(args, options: dict, prompts: Prompts) -> dict:
         for r in range(-1, args.rounds):  # round -1 warms every layer up (the first generate call is cold) and is dropped
             ids = token_ids(prompts, texts(n, f"round {r} clients {clients}"))
             row = rows.setdefault(str(clients), {}) if r >= 0 else {}
-            row.setdefault("generate", []).append(through_generate(session, ids, clients, args.max_tokens, [])[0])
+            row.setdefault("generate", []).append(through_generate(session, ids, clients, args.max_tokens, [],
+                                                                   sampling=args.sampling)[0])
             row.setdefault("batcher", []).append(through_batcher(session, ids, clients, args.max_tokens, [],
-                                                                 warm_up=on_cuda)[0])
+                                                                 warm_up=on_cuda, sampling=args.sampling)[0])
             engine = Engine(session, clients, 1024)
             engine.start()
-            row.setdefault("engine thread", []).append(through_engine(engine, ids, clients, args.max_tokens))
+            row.setdefault("engine thread", []).append(through_engine(engine, ids, clients, args.max_tokens,
+                                                                      args.sampling))
             engine.stop()
     session.close()
     for clients in args.clients:
@@ -120,7 +127,7 @@ def throughput(args, options: dict, prompts: Prompts) -> dict:
         engine.start()
         for r in range(-1, args.rounds):
             ids = token_ids(prompts, texts(clients * args.requests, f"process round {r} clients {clients}"))
-            tokens_per_second = through_engine(engine, ids, clients, args.max_tokens)
+            tokens_per_second = through_engine(engine, ids, clients, args.max_tokens, args.sampling)
             if r >= 0:
                 rows[str(clients)].setdefault("engine process", []).append(tokens_per_second)
         engine.stop()
@@ -178,8 +185,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency", type=int, default=40, help="requests alone per latency row (0: none)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests (throughput rows)")
+    parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    args.sampling = dict(temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 else None
     args.clients = [int(c) for c in args.clients.split(",")]
     options = dict(provider=args.provider, num_speculative_tokens=args.k)
     if args.threads:
@@ -187,7 +197,7 @@ def main(argv=None) -> int:
     prompts = Prompts(Manifest.load(args.model))
     report = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "throughput": throughput(args, options, prompts)}
-    print(f"k={args.k} provider={args.provider}, {args.requests} requests per client x {args.max_tokens} tokens, "
+    print(f"k={args.k} provider={args.provider}{f', temperature {args.temperature} top-p {args.top_p}' if args.sampling else ''}, {args.requests} requests per client x {args.max_tokens} tokens, "
           f"medians of {args.rounds} rounds")
     print("| clients | layer | tok/s | / generate |\n|---|---|---|---|")
     for clients, row in report["throughput"].items():
