@@ -2,7 +2,8 @@
 each send R streamed requests of --max-tokens one after another; tok/s and CPU ms per 1000 tokens.
     python3 tools/serve_ab_throughput.py MODEL TREE... [--clients 1,8] [--requests 2] [--rounds 10] [--engine process]
         [--provider cuda] [--temperature T]  (the server's max batch size: the most clients; T > 0: sampled
-        requests, top-p 0.95, each seeded)"""
+        requests, top-p 0.95, each seeded). A TREE written TREE@MODEL serves its own model directory (one its
+        converter made) instead of MODEL."""
 import argparse, statistics, sys, threading, time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def main() -> None:
     p.add_argument("--provider", default="cpu"); p.add_argument("--temperature", type=float, default=0.0)
     a = p.parse_args()
     T, cs = len(a.trees), [int(c) for c in a.clients.split(",")]
-    servers = [start(t, a.model, a.k, a.engine, a.threads, a.provider, max(cs)) for t in a.trees]
+    servers = [start(t.partition("@")[0], t.partition("@")[2] or a.model, a.k, a.engine, a.threads, a.provider, max(cs))
+               for t in a.trees]
     res = {(i, c): [] for i in range(T) for c in cs}
     cpu_per = {(i, c): [0.0, 0, 0.0] for i in range(T) for c in cs}
 
@@ -66,7 +68,7 @@ def main() -> None:
         b, bc, bh = statistics.median(res[(0, c)]), cpu_per[(0, c)][0] / cpu_per[(0, c)][1], cpu_per[(0, c)][2] / cpu_per[(0, c)][1]
         for i in range(T):
             m, mc, mh = statistics.median(res[(i, c)]), cpu_per[(i, c)][0] / cpu_per[(i, c)][1], cpu_per[(i, c)][2] / cpu_per[(i, c)][1]
-            print(f"| {c} | {i}:{Path(a.trees[i]).name} | {m:.0f} | {m / b:.3f} | {1e6 * mc:.1f} | {mc / bc:.3f} | {1e6 * mh:.1f} | {mh / bh:.3f} |")
+            print(f"| {c} | {i}:{Path(a.trees[i].partition('@')[0]).name} | {m:.0f} | {m / b:.3f} | {1e6 * mc:.1f} | {mc / bc:.3f} | {1e6 * mh:.1f} | {mh / bh:.3f} |")
 
 
 if __name__ == "__main__":
