@@ -153,7 +153,7 @@ def test_manifest_describes_graphs_and_states(plain):
     root, _ = plain
     m = Manifest.load(root / "out")
     assert m.num_speculative_tokens == 2 and m.max_length == 64
-    assert set(m.graphs) == {"prefill", "decode", "decode_sample", "verify_k1", "verify_k2", "verify_select_k1",
+    assert set(m.graphs) == {"prefill", "decode", "decode_sample", "sample_logits", "verify_k1", "verify_k2", "verify_select_k1",
                              "verify_select_k2", "mtp", "mtp_propose_k1", "mtp_propose_k2", "mtp_sample_k1",
                              "mtp_sample_k2", "verify_mtp_k1", "verify_mtp_k2", "verify_mtp_sample_k1",
                              "verify_mtp_sample_k2"}
@@ -184,7 +184,7 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
     for name in m.graphs:
         runner = graphs[name]
         session = runner.session
-        rows = (3 if name in ("prefill", "mtp") or name.startswith("mtp_") else 1 if name.startswith("decode")
+        rows = (3 if name in ("prefill", "mtp") or name.startswith("mtp_") else 1 if name.startswith(("decode", "sample"))
                 else int(name[-1]) + 1)
         feeds = {}
         for i in session.get_inputs():
@@ -194,6 +194,8 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 feeds[i.name] = np.tile(np.arange(5, 5 + rows), (2, 1))
             elif i.name == "hidden":
                 feeds[i.name] = rng.standard_normal((2, rows, m.spec.hidden_size)).astype(np.float32)
+            elif i.name == "logits":  # sample_logits: a prefill's last row
+                feeds[i.name] = rng.standard_normal((2, 1, m.spec.vocab_size)).astype(np.float32)
             elif i.name == "last":
                 feeds[i.name] = np.array([rows - 1, 0])
             elif i.name in SAMPLING_FEEDS:  # the sampling graphs: row 0 samples, row 1 is greedy
@@ -209,6 +211,9 @@ def test_every_graph_loads_and_runs_on_cpu(plain):
                 np.testing.assert_allclose(probs.sum(-1), 1, atol=1e-5)
                 assert (np.take_along_axis(probs[0], out["drafts"][0][:, None], 1) > 0).all()
                 assert ((probs[0] > 0).sum(-1) <= 5).all()  # top_k = 5 (the CPU graphs truncate q)
+            continue
+        if name == "sample_logits":  # tokens alone: row 0 drawn, row 1 (greedy) the argmax
+            assert out["tokens"].shape == (2, 1) and out["tokens"][1, 0] == feeds["logits"][1, 0].argmax()
             continue
         scored = 1 if name == "prefill" else rows  # a prefill scores its prompt's last row alone
         assert out["tokens"].shape == (2, scored) and out["logits"].shape == (2, scored, m.spec.vocab_size)

@@ -506,6 +506,50 @@ def test_the_portable_decode_sample_is_one_op_that_draws_the_references_tokens(g
         assert ((low <= got["tokens"][1:, 0]) & (got["tokens"][1:, 0] <= high)).all()
 
 
+@pytest.mark.parametrize("form", ["cpu", "portable"])
+def test_sample_logits_draws_the_references_tokens_from_a_prefills_last_row(graphs, form):
+    """sample_logits over a prefill's logits (its last row's alone, [B, 1, V]), in the CPU graph and
+    the portable one (what CUDA runs): greedy rows' tokens the prefill's argmax, sampled rows' the
+    reference's draws (top-k, top-p, min-p, plain), up to a uniform within 1e-5 of a boundary."""
+    rng = np.random.default_rng(9)
+    V = graphs.manifest.spec.vocab_size
+    target = TargetModel(graphs, 4)
+    target.reset(Rows([0, 1, 2, 3]))
+    ids = rng.integers(0, V, (4, 6))
+    out = target.prefill(Rows([0, 1, 2, 3]), ids, np.tile(np.arange(6), (4, 1)))
+    assert out["logits"].shape == (4, 1, V) and target.samples_last_rows(out)
+    run = portable(graphs, "sample_logits") if form == "portable" else (lambda f: graphs["sample_logits"].run(f))
+    for _ in range(25):
+        sampled = sampling_feeds(rng, 4, 1, [0.0, 1.0, 0.7, 1.3])
+        got = run({"logits": out["logits"], **sampled})["tokens"]
+        assert got.shape == (4, 1) and got[0, 0] == out.tokens[0, 0]
+        probs = sampling.transform(out["logits"][1:, 0].astype(np.float64), sampled["temperature"][1:].astype(float),
+                                   sampled["top_k"][1:], sampled["top_p"][1:].astype(float),
+                                   sampled["min_p"][1:].astype(float))
+        low, high = draw_bounds(probs, sampled["uniforms"][1:, 0])
+        assert ((low <= got[1:, 0]) & (got[1:, 0] <= high)).all()
+
+
+def test_a_prefills_sampled_first_tokens_are_drawn_where_the_logits_lie(models, monkeypatch):
+    """The decoder draws a prefill's sampled first tokens through sample_logits (one uniform per
+    request, as the host's pick draws), so seeded requests keep the host path's tokens; forks of
+    one prompt (n > 1) draw apart on the host; a greedy call never runs it."""
+    session = ortspec.Session(models.converted("base"), num_speculative_tokens=2)
+    prompts = [[5, 17, 99, 3], [42, 8, 8], [1, 2, 3, 4]]
+    calls = []
+    real = TargetModel.sample_last_rows
+    monkeypatch.setattr(TargetModel, "sample_last_rows", lambda self, out, inputs: calls.append(1) or real(self, out, inputs))
+    options = [dict(temperature=0.8, top_p=0.9, seed=s) for s in range(6)] + [dict(temperature=1.0, top_k=5, seed=7)]
+    on_device = [session.generate(prompts, max_new_tokens=6, **o) for o in options]
+    assert len(calls) >= len(options)  # one per prefill
+    drawn = len(calls)
+    session.generate(prompts, max_new_tokens=6)
+    session.generate(prompts[:1] * 3, max_new_tokens=6, temperature=0.8, seed=3)  # forks of one row
+    assert len(calls) == drawn
+    monkeypatch.setattr(TargetModel, "samples_last_rows", lambda self, out: False)
+    assert [session.generate(prompts, max_new_tokens=6, **o) for o in options] == on_device
+
+
 def test_no_conversion_writes_tempered_graphs_and_no_decoder_runs_them(models):
     """The tempered graphs (decode_tempered, verify_mtp_tempered_k{k}: no top-k / top-p, for
     batches where no row truncates) spared the sorting graphs' search; ortspec's ops skip it per

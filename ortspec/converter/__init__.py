@@ -21,7 +21,7 @@ from .builder import CPU, PORTABLE, WeightStore
 from .checkpoint import CheckpointReader, check_tokenizer
 from .draft_vocab import DraftVocab, add_draft_head, build_draft_vocab, draft_vocab_size
 from .fused_graph import make_verify_mtp_graph, make_verify_mtp_sample_graph
-from .graphs import make_mtp_graph, make_mtp_propose_graph, make_target_graph, sampled_tokens
+from .graphs import make_mtp_graph, make_mtp_propose_graph, make_sample_logits_graph, make_target_graph, sampled_tokens
 from .kv_windows import has_window_variants, narrow_to_window, window_buckets
 from .options import MAX_SPECULATIVE_TOKENS, ConvertOptions, check_max_length  # noqa: F401  (Session quotes K max)
 from .output_dir import check_output_dir
@@ -57,7 +57,8 @@ def convert(checkpoint_dir, out_dir, *, num_speculative_tokens: int = 4, dtype: 
     state_window; CUDA only, k <= 7) or "transition" (the ops once and the rows' transition record,
     which the commit replays onto the live state in one native kernel). The CPU variants run per
     row whatever it is. Recorded in the manifest.
-    sampling_graphs (default True) writes the graphs that sample on the device: decode_sample and,
+    sampling_graphs (default True) writes the graphs that sample on the device: decode_sample,
+    sample_logits (a prefill's sampled first tokens) and,
     with a head, verify_mtp_sample_k{k} for k = 1..K (converter/sampling_graph.py); False leaves
     them out (a quarter less conversion time for the tests' tiny models; greedy decoding and the
     host's sampling need none of them).
@@ -185,6 +186,7 @@ def _graph_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int
             for s, (start, stop) in enumerate(zip(boundaries, boundaries[1:])):
                 builders[stage_graph_name(name, s)] = lambda name=name, shape=shape, s=s, r=range(start, stop): (
                     make_target_graph(spec, store, max_length, stage_graph_name(name, s), layers=r, stage=s, **shape))
+    builders["sample_logits"] = lambda: make_sample_logits_graph(spec, store, target)
     if with_mtp:
         builders["mtp"] = lambda: make_mtp_graph(spec, store, max_length, target)
         for k in range(1, K + 1):
@@ -212,11 +214,12 @@ def _cpu_per_row_builders(spec: ModelSpec, store: WeightStore, max_length: int, 
 
 
 def is_sampling_graph(name: str) -> bool:
-    """decode_sample, verify_mtp_sample_k{k}, their tempered forms (decode_tempered,
+    """decode_sample, sample_logits, verify_mtp_sample_k{k}, their tempered forms (decode_tempered,
     verify_mtp_tempered_k{k}: models converted before ortspec's sampling ops have them) and
     their variants: what sampling_graphs=False leaves out."""
     base = split_window_name(name)[0].split(".stage")[0]
-    return base in ("decode_sample", "decode_tempered") or base.startswith(("verify_mtp_sample", "verify_mtp_tempered"))
+    return base in ("decode_sample", "decode_tempered", "sample_logits") or base.startswith(
+        ("verify_mtp_sample", "verify_mtp_tempered"))
 
 
 def _window_builders(spec: ModelSpec, store: WeightStore, max_length: int, K: int, with_mtp: bool,

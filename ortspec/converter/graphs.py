@@ -195,6 +195,18 @@ def sampled_tokens(spec: ModelSpec):
     return choose
 
 
+def make_sample_logits_graph(spec: ModelSpec, store: WeightStore, target: str = PORTABLE) -> GraphBuilder:
+    """``sample_logits``: tokens [B, 1] chosen from logits [B, 1, V] as ``decode_sample`` chooses
+    (a draw for rows with temperature > 0, the argmax for the others), with its inputs. A prefill's
+    logits are its last row's alone, so its sampled first tokens are drawn here, where the logits
+    lie, instead of on the host: no [B, V] download, and no numpy transform, which sorts the whole
+    vocabulary on the engine's thread for a top-p request. No weights: no second prefill graph."""
+    g = GraphBuilder("sample_logits", store, target)
+    logits = g.input("logits", F32, ["B", 1, spec.vocab_size])
+    g.output(sampled_tokens(spec)(g, logits), "tokens", I64, ["B", 1])
+    return g
+
+
 def mtp_lm_head(store: WeightStore) -> str:
     """The MTP head's own full-vocabulary lm_head when it has one (an int4 draft head without a
     draft vocabulary), else the shared one: what the one-pass "mtp" graph scores."""

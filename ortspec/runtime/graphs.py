@@ -247,7 +247,7 @@ class GraphSet:
         return self.devices[stage] if len(self.devices) > 1 else self.devices[0]
 
     def graph_device(self, name: str) -> int:
-        if name == "mtp" or name.startswith("mtp_"):
+        if name in ("mtp", "sample_logits") or name.startswith("mtp_"):  # they read the last stage's outputs
             return self.devices[-1]
         return self.stage_device(int(name.rsplit(".stage", 1)[1]) if ".stage" in name else 0)
 

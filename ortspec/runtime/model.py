@@ -190,6 +190,17 @@ class TargetModel:
         self.states.advance(out, rows, positions)
         return out
 
+    def samples_last_rows(self, out: Forward) -> bool:
+        """``sample_last_rows`` can choose from out: one row of logits per request (a prefill's,
+        since they are its last row's alone) and a model with ``sample_logits``."""
+        return "sample_logits" in self.graphs.manifest.graphs and "logits" in out and out["logits"].shape[1] == 1
+
+    def sample_last_rows(self, out: Forward, sampling: SamplingInputs) -> np.ndarray:
+        """tokens [B] chosen where out's logits [B, 1, V] lie (``sample_logits``): a draw for rows
+        with temperature > 0, the argmax for the others; only the ids come to the host."""
+        drawn = self.graphs["sample_logits"].run({"logits": out["logits"], **sampling.feeds()})
+        return self.graphs.arrays.download(drawn["tokens"])[:, 0]
+
     def decode(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
         """ids/positions [B, 1]."""
         out = self._run("decode", rows, ids, positions, graphed=True)

@@ -348,7 +348,9 @@ class Decoder:
             for req in requests:
                 req.tokens = list(req.prompt)
             last = np.full(len(ids), out.tokens.shape[1] - 1, np.int64)  # the prompt's last row: a prefill's one
-            first = sampler.pick(requests, out, last, source)  # [R]
+            target = self.engine.target
+            on_device = (lambda inputs: target.sample_last_rows(out, inputs)) if target.samples_last_rows(out) else None
+            first = sampler.pick(requests, out, last, source, on_device)  # [R]
             first_logprobs = logprobs.of_forward(requests, out, first[:, None], last, source) or {}
             if self.head is not None:
                 next_ids = np.concatenate([ids[source, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [R, n]

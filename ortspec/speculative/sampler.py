@@ -2,8 +2,8 @@
 the argmax for greedy requests, a draw from the transformed distribution for sampled ones;
 and builds the inputs of the graphs that choose them on the device (``device_inputs``).
 
-Sampled rows draw on the device where the model has the sampling graphs (``device_inputs``);
-logits come to the host only for a request that asks for log-probabilities, or where a step's
+Sampled rows draw on the device where the model has the sampling graphs (``device_inputs``; a
+prefill's first tokens through ``sample_logits``); logits come to the host only for a request that asks for log-probabilities, or where a step's
 tokens are picked here (exact mode, pipeline stages, older models). A request that is done (a
 finished row that keeps running on CUDA) draws nothing. Each sampled request draws from its own random stream, a
 fixed count per event, so a seed reproduces its tokens whatever rows run beside it:
@@ -60,14 +60,18 @@ def _uniforms(requests: list[Request], n: int) -> np.ndarray:
     return np.stack([r.random.random(n, dtype=np.float32) for r in requests])
 
 
-def pick(requests: list[Request], out: Forward, at: np.ndarray, source=None) -> np.ndarray:
+def pick(requests: list[Request], out: Forward, at: np.ndarray, source=None, on_device=None) -> np.ndarray:
     """The token after row at[i] of out's batch row i for each request [R]: the argmax, or a draw
     for a sampled request. source [R]: each request's batch row (default: request j's is j; the
-    forks of a prompt share its row)."""
+    forks of a prompt share its row). on_device(SamplingInputs) -> tokens [R] (a prefill's,
+    ``TargetModel.sample_last_rows``): the draws made where the logits lie, with the same uniform
+    each; not for forks, which draw apart from one row."""
     source = np.arange(len(requests)) if source is None else np.asarray(source)
     tokens = out.tokens[source, at[source]]  # [R]
     live = _sampled(requests)
-    if live:
+    if live and on_device is not None and len(source) == len(out.tokens):
+        tokens[live] = on_device(_inputs(requests, 1))[live]
+    elif live:
         chosen = [requests[j] for j in live]
         probs = sampling.transform(out.logits(at)[source[live]], *_params(chosen))  # [n, V]
         tokens[live] = sampling.draw(probs, _uniforms(chosen, 1)[:, 0])
