@@ -153,9 +153,13 @@ def test_routes(server):
     assert status == 404
     no_chat = complete(server.url, {"messages": [{"role": "user", "content": "hi"}]}, route="/v1/chat/completions")
     assert no_chat.status == 404 and "no chat template" in no_chat.error
+    assert complete(server.url, {"prompt": "a", "max_tokens": 2}).status == 200
     text = get(server.url, "/metrics")[1]
     for name in ("tokens_per_second", "acceptance_rate", "queue_depth", "running_requests", "generated_tokens_total"):
         assert f"\nortspec_{name} " in text
+    busy = {line.split("{")[1].split("}")[0]: float(line.split()[-1]) for line in text.splitlines()
+            if line.startswith("ortspec_engine_seconds_total{")}
+    assert busy.get('phase="prefill"', 0) > 0  # the completion above was prefilled
 
 
 def test_a_full_queue_answers_429(session, monkeypatch):

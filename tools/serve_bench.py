@@ -21,16 +21,22 @@ rounds, server / generate, and each k's tokens/s over k = the first one's (specu
 greedy, through the server and through generate). Both sides warm up at each client count
 first (C requests of 8 tokens), as a server does at its start on CUDA (Batcher.warm_up), and odd
 rounds run generate's side first. Outputs are compared too: a request's tokens
-from the server must equal generate's.
+from the server must equal generate's. Where the server's tokens/s goes, as three ratios of
+the server's over generate's (``Steps``, from the decoder's counters: the server's /metrics,
+generate's Session.stats): tokens per step (rows filled), steps per second of decoder time
+(the step's own cost), and the decoder's share of the wall time (the rest: the engine's turns
+and the wait for requests).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,26 +108,73 @@ def measure(args, k: int | str, prompts: list[str], clients: list[int], generate
         server = server_runs(args, k, prompts, clients)
         generated = generate_runs(args, k, prompts, clients)
     rows = {}
-    for (engine, c), (server_rate, served_outputs, busy) in server.items():
-        rate, outputs = generated[c]
-        rows[(engine, c)] = (server_rate, rate, "n/a" if sampling_of(args) else served_outputs == outputs, *busy)
+    for (engine, c), (server_rate, served_outputs, busy, server_steps) in server.items():
+        rate, outputs, generate_steps = generated[c]
+        rows[(engine, c)] = (server_rate, rate, "n/a" if sampling_of(args) else served_outputs == outputs, *busy,
+                             dataclasses.asdict(server_steps), dataclasses.asdict(generate_steps))
     return rows
 
 
 def server_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
-    """{(engine, clients): (tok/s, outputs, CPU cores busy)} through `ortspec serve --engine E`."""
+    """{(engine, clients): (tok/s, outputs, CPU cores busy, Steps)} through `ortspec serve --engine E`."""
     runs = {}
     for engine in args.engines.split(","):
         with served(args.model, k, args.provider, args.threads, max(clients), engine) as url:
             server_side(url, requests_of(prompts, 2, 1), 8, args.stream == "yes")  # warm-up: sessions, graphs
             for c in clients:
                 server_side(url, requests_of(prompts, c, 1), 8, args.stream == "yes")  # warm-up at this load, as generate's
+                counted = server_counters(url)
                 before, start = cpu_seconds(url.pid), time.perf_counter()
                 rate, outputs = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
                                             args.stream == "yes", sampling_of(args))
                 after, wall = cpu_seconds(url.pid), time.perf_counter() - start
-                runs[(engine, c)] = (rate, outputs, tuple((a - b) / wall for a, b in zip(after, before)))
+                steps = Steps.between(counted, server_counters(url), wall)
+                runs[(engine, c)] = (rate, outputs, tuple((a - b) / wall for a, b in zip(after, before)), steps)
     return runs
+
+
+@dataclasses.dataclass
+class Steps:
+    """What a run's steps did, from the decoder's counters: tokens per step (the prefill's first
+    tokens left out), steps per second of the decoder's busy time, and that busy time's share of
+    the wall time (the rest: the engine's own turns and the wait for requests). Their product
+    over the wall is the step side of tokens/s: server over generate = the product of the ratios."""
+
+    tokens_per_step: float
+    steps_per_busy_second: float
+    busy_share: float
+
+    @classmethod
+    def between(cls, before: dict, after: dict, wall: float) -> "Steps":
+        steps, busy = after["steps"] - before["steps"], after["busy"] - before["busy"]
+        made = (after["generated"] - before["generated"]) - (after["requests"] - before["requests"])
+        return cls(made / max(steps, 1), steps / busy if busy else 0.0, busy / wall)
+
+
+def server_counters(url: str) -> dict:
+    """The server's decoder counters from /metrics, once the engine process's stats caught up
+    (it sends them every 0.25 s)."""
+    time.sleep(0.6)
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("ortspec_"):
+            name, value = line.split("{")[0].split()[0], float(line.split()[-1])
+            values[name] = values.get(name, 0.0) + value
+    return dict(steps=values["ortspec_steps_total"], busy=values.get("ortspec_engine_seconds_total", 0.0),
+                generated=values["ortspec_generated_tokens_total"], requests=values["ortspec_requests_admitted_total"])
+
+
+def session_counters(session) -> dict:
+    """generate's side of server_counters, from the Session's stats."""
+    stats = session.stats
+    return dict(steps=sum(stats["steps_by_k"]), busy=sum(stats["seconds"].values()),
+                generated=stats["generated_tokens"], requests=stats["requests"])
+
+
+def shares(server: dict, generate: dict) -> str:
+    """A round's Steps of the server over generate's, one ratio per field."""
+    return ", ".join(f"{name.replace('_', ' ')} {server[name]:.3g} / {generate[name]:.3g}" for name in server)
 
 
 def sampling_of(args) -> dict | None:
@@ -136,7 +189,9 @@ def generate_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
     for c in clients:
         session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8,  # warm-up at this batch size,
                          **({**sampling_of(args), "seed": 0} if sampling_of(args) else {}))  # with the runs' graphs
+        counted, start = session_counters(session), time.perf_counter()
         runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens, sampling_of(args))
+        runs[c] += (Steps.between(counted, session_counters(session), time.perf_counter() - start),)
     session.close()
     return runs
 
@@ -170,15 +225,18 @@ def main(argv=None) -> int:
                 runs[(k, e, c)].append(row)
                 print(f"round {round_} k={k} engine {e} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
                       f"outputs equal {row[2]}; CPU cores busy: server process {row[3]:.2f}, its children "
-                      f"{row[4]:.2f}", flush=True)
+                      f"{row[4]:.2f}; server / generate: " + shares(row[5], row[6]), flush=True)
     median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
-                    "n/a" if sampling_of(args) else all(r[2] for r in rows)) for key, rows in runs.items()}
+                    "n/a" if sampling_of(args) else all(r[2] for r in rows),
+                    {name: statistics.median(r[5][name] / r[6][name] if r[6][name] else 0.0 for r in rows)
+                     for name in rows[0][5]}) for key, rows in runs.items()}
     print("\n| k | engine | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "
-          "generate / generate k0 | outputs equal |\n|---|---|---|---|---|---|---|---|---|")
-    for (k, e, c), (server, generate, equal) in median.items():
-        base_server, base_generate, _ = median[(ks[0], e, c)]
+          "generate / generate k0 | outputs equal | server / generate: tokens per step, steps per busy s, busy share |"
+          "\n|---|---|---|---|---|---|---|---|---|---|")
+    for (k, e, c), (server, generate, equal, parts) in median.items():
+        base_server, base_generate = median[(ks[0], e, c)][:2]
         print(f"| {k} | {e} | {c} | {server:.0f} | {generate:.0f} | {server / generate:.2f} | {server / base_server:.2f} | "
-              f"{generate / base_generate:.2f} | {equal} |")
+              f"{generate / base_generate:.2f} | {equal} | {' / '.join(f'{v:.2f}' for v in parts.values())} |")
     if args.json:
         args.json.write_text(json.dumps({"settings": {**vars(args), "model": str(args.model), "prompts": shown(args.prompts),
                                                       "json": str(args.json)},

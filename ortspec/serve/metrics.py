@@ -35,4 +35,7 @@ def prometheus_text(engine: Engine, stats: dict) -> str:
             [("", float(stats["mean_tokens_per_step"]))])
     _metric(lines, "steps_total", "counter", "Target forwards over new tokens (decode and speculative steps).",
             [("", stats["steps"])])
+    _metric(lines, "engine_seconds_total", "counter", "Seconds the decoder spent in each phase of its steps (the "
+            "rest of the wall time: the engine's own turns, and waiting for requests).",
+            [(f'{{phase="{phase}"}}', float(seconds)) for phase, seconds in sorted(stats.get("seconds", {}).items())])
     return "\n".join(lines) + "\n"
