@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 17's GPU host calls (H200), each bounded, printing as it goes; results under $OUT.
+#   OUT=$OUT bash benchmarks/session17/visit.sh a   setup; tools/gpu.py check on the committed graphs (the
+#                                                  prefill's last row, sample_logits)
+#   OUT=$OUT bash benchmarks/session17/visit.sh b   the loops' checks (greedy, speculative, auto; no timing)
+#   OUT=$OUT bash benchmarks/session17/visit.sh c   serve_bench greedy k = 0, 2 with the step split (rows,
+#                                                  step cost, busy share), then the servers of older trees
+#                                                  side by side (probe/treeB: 7b17ea3, before the prefill's
+#                                                  last row; probe/treeC: 91919c8, before sample_logits),
+#                                                  each serving a model its own converter made
+set -u
+cd "$(dirname "$0")/../.."
+export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/ortgpu:/tmp/site:$PWD LD_LIBRARY_PATH=/usr/local/cuda/lib64 ORTSPEC_CUDA=1 PATH=/tmp/site/bin:$PATH
+models=/tmp/visit_models
+convert() {  # convert TREE DIR: the trained model, fp16, by TREE's converter
+  [ -e "$2/manifest.json" ] || (cd "$1" && PYTHONPATH=$PWD:/tmp/ortgpu:/tmp/site python3 -m ortspec convert \
+    "$OLDPWD/models/qwen35-python-20m" "$2" -k 4 --dtype float16 --max-length 1024 --overwrite > /dev/null)
+}
+case "$1" in
+  a)
+    bash tools/gpu_visit.sh setup || exit 1
+    convert . $models/trained_fp16
+    echo "=== $(date +%T) check"
+    timeout 300 python3 tools/gpu.py check --no-bench --json "$OUT/check.json" 2>&1 | tail -40 ;;
+  b)
+    bash tools/gpu_visit.sh check 2>&1 | grep -v "^round" | tail -60 ;;
+  c)
+    convert . $models/trained_fp16
+    SERVE_KS=0,2 bash tools/gpu_visit.sh serve
+    for tree in treeB treeC; do
+      cp ortspec/_native*.so probe/$tree/ortspec/ && convert probe/$tree $models/$tree
+    done
+    echo "=== $(date +%T) greedy: HEAD against 7b17ea3"
+    timeout 200 python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeB@$models/treeB" -k 0 \
+      --provider cuda --clients 1,16 --requests 4 --rounds 4 2>&1 | tee "$OUT/ab_prefill_row.log" | tail -8
+    echo "=== $(date +%T) sampled: HEAD against 91919c8"
+    timeout 200 python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeC@$models/treeC" -k 0 \
+      --provider cuda --clients 1,16 --requests 4 --rounds 4 --temperature 0.8 2>&1 | tee "$OUT/ab_sample_logits.log" | tail -8 ;;
+esac
