@@ -1,5 +1,5 @@
-"""tools/benchmarks_md.py: BENCHMARKS.md is what its template and the JSON runs make, and the
-renderers put each run's own numbers in the cells."""
+"""tools/benchmarks_md.py: BENCHMARKS.md and docs/benchmarks-history.md are what their templates and
+the JSON runs make, and the renderers put each run's own numbers in the cells."""
 
 import json
 
@@ -18,7 +18,22 @@ def bench_row(k, batch, tps, speedup, steps_by_k=()):
 
 
 def test_benchmarks_md_is_what_the_template_makes():
-    assert benchmarks_md.main(["--check"]) == 0, "run python3 tools/benchmarks_md.py and commit BENCHMARKS.md"
+    assert [output.name for _, output in benchmarks_md.PAGES] == ["BENCHMARKS.md", "benchmarks-history.md"]
+    assert benchmarks_md.main(["--check"]) == 0, \
+        "run python3 tools/benchmarks_md.py and commit BENCHMARKS.md and docs/benchmarks-history.md"
+
+
+def test_check_fails_when_either_page_differs(tmp_path, monkeypatch):
+    pages = []
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.in.md").write_text(f"# {name}\n")
+        pages.append((tmp_path / f"{name}.in.md", tmp_path / f"{name}.md"))
+    monkeypatch.setattr(benchmarks_md, "ROOT", tmp_path)
+    monkeypatch.setattr(benchmarks_md, "PAGES", pages)
+    assert benchmarks_md.main([]) == 0 and benchmarks_md.main(["--check"]) == 0
+    assert "from a.in.md" in (tmp_path / "a.md").read_text()  # the header names its template
+    (tmp_path / "b.md").write_text("edited by hand\n")
+    assert benchmarks_md.main(["--check"]) == 1
 
 
 def test_bench_puts_runs_side_by_side(tmp_path):
