@@ -10,8 +10,11 @@ and float16) and models/qwen35-python-20m (float16), then per model and k = 1..4
     invalidations 0. Whether the tokens also equal greedy's (k = 0) is printed, not checked
     (float16 M=1 and M=k+1 products may round apart);
 (2) float32, batch 3: each request's target and MTP states at its end (right after the step that
-    ended it, before the next is enqueued: ``request_end_states``) equal bitwise the plain loop's
-    at its end (the same graph ran over the same inputs);
+    ended it, before the next is enqueued: ``request_end_states``) against the plain loop's at its
+    end: bitwise where that step ran the same rows in both loops (the same graph over the same
+    inputs); where it did not (the plain loop plans each step anew and steps a smaller CUDA-graph
+    bucket once rows finish, the pipelined run keeps its rows to its end, so a request's last step
+    can run another kernel) within 1e-5 x (1 + the state's largest |value|), as check's state check;
 (3) --rounds interleaved rounds on the trained model of generate over the bench's prompts at
     batch 1, 4 and 16, 128 new tokens, no stop tokens: pipelined greedy (k = 0), the plain
     speculative loop and the pipelined one at each k: tokens/s (median), tokens per step, and
@@ -93,8 +96,8 @@ def identity(session, greedy, label: str, prompts: list, n: int, checks: Checks)
 def request_end_states():
     """Records, while open, each request's target and MTP states (every position) right after the
     fused step that ended it, before the next step is enqueued (on CUDA the download waits for the
-    stream up to that step's commit): yields {row: (request, (target, mtp), steps read so far)}."""
-    after_step, ends, reads = {}, {}, [0]
+    stream up to that step's commit): yields {row: (request, (target, mtp), rows of that step)}."""
+    after_step, ends = {}, {}
     enqueue, record = FusedRun.enqueue, Decoder._record
 
     def recorded(self, n, *args, **kwargs):
@@ -103,28 +106,49 @@ def request_end_states():
         after_step[(id(self), n)] = {row: (self.target.states.row_state(row, L), self.mtp.row_state(row, L))
                                      for row in self.rows.indices}
 
-    def taken(self, flight, result):
+    def taken(self, flight, result, *args, **kwargs):
         running = [r for r in flight.run.requests if not r.done]
-        record(self, flight, result)
+        record(self, flight, result, *args, **kwargs)
         steps = flight.run.steps
         if isinstance(steps, FusedSteps):
-            reads[0] += 1
             states = after_step[(id(steps.run), flight.n)]
-            ends.update({r.row: (r, states[r.row], reads[0]) for r in running if r.done})
+            ends.update({r.row: (r, states[r.row], len(flight.run.requests)) for r in running if r.done})
 
     with mock.patch.object(FusedRun, "enqueue", recorded), mock.patch.object(Decoder, "_record", taken):
         yield ends
 
 
-def differences(ends: dict, wanted) -> list[str]:
-    """Each recorded request end against wanted(row, length) -> (target, mtp) state dicts cut to
-    its live positions (a plain loop's or a plain decode's); names of what differs."""
-    diffs = []
-    for row, (req, states, _) in ends.items():
-        for label, mine, theirs in zip(("target", "MTP"), states, wanted(row, req.processed)):
-            diffs += [f"row {row} length {req.processed}: {label} {name}" for name, value in theirs.items()
-                      if not np.array_equal(mine[name][tuple(slice(0, s) for s in value.shape)], value)]
-    return diffs
+@contextlib.contextmanager
+def step_rows():
+    """Records, while open, the rows of each step the decoder reads: yields a list, one entry per step."""
+    rows, record = [], Decoder._record
+
+    def taken(self, flight, result, *args, **kwargs):
+        rows.append(len(flight.run.requests))
+        record(self, flight, result, *args, **kwargs)
+
+    with mock.patch.object(Decoder, "_record", taken):
+        yield rows
+
+
+def differences(ends: dict, wanted, atol: float = 1e-5) -> tuple[list[str], int]:
+    """Each recorded request end against wanted(row) -> (target, mtp, rows of its last step): names
+    of what differs (bitwise where the two last steps ran the same rows, else beyond atol x (1 +
+    the state's largest |value|)), and how many ends were compared within the tolerance."""
+    diffs, tolerant = [], 0
+    for row, (req, states, rows) in ends.items():
+        *theirs_both, their_rows = wanted(row)
+        same_shape = rows == their_rows
+        tolerant += not same_shape
+        for label, mine, theirs in zip(("target", "MTP"), states, theirs_both):
+            for name, value in theirs.items():
+                cut = mine[name][tuple(slice(0, s) for s in value.shape)]
+                close = (np.array_equal(cut, value) if same_shape else
+                         np.abs(cut.astype(np.float64) - value).max(initial=0.0) <= atol * (1 + np.abs(value).max(initial=0.0)))
+                if not close:
+                    diffs.append(f"row {row} length {req.processed}: {label} {name} "
+                                 f"({'bitwise' if same_shape else f'rows {rows} against {their_rows}, beyond {atol}'})")
+    return diffs, tolerant
 
 
 def states_equal(model: Path, label: str, k: int, prompts: list, n: int, checks: Checks) -> None:
@@ -135,16 +159,18 @@ def states_equal(model: Path, label: str, k: int, prompts: list, n: int, checks:
         for req in batch.requests:
             if req.done and req.row not in plain_ends:
                 plain_ends[req.row] = (decoder.target.states.row_state(req.row, req.processed),
-                                       decoder.mtp.row_state(req.row, req.processed))
+                                       decoder.mtp.row_state(req.row, req.processed), rows[-1])
 
     requests = lambda: [Request(row=i, prompt=p, max_new_tokens=n) for i, p in enumerate(prompts)]  # noqa: E731
-    Decoder(graphs, len(prompts), k, "select", Stats(), on_commit=at_end, pipelined=False).generate(requests())
+    with step_rows() as rows:
+        Decoder(graphs, len(prompts), k, "select", Stats(), on_commit=at_end, pipelined=False).generate(requests())
     with request_end_states() as ends:
         Decoder(graphs, len(prompts), k, "select", Stats()).generate(requests())
-    different = differences(ends, lambda row, length: plain_ends[row])
+    different, tolerant = differences(ends, lambda row: plain_ends[row])
     ok = sorted(ends) == sorted(plain_ends) == list(range(len(prompts))) and not different
     checks.record(f"{label} states equal", ok, different or ok)
-    print(f"{label}: each request's states at its end bitwise equal to the plain loop's: {ok} {different or ''}")
+    print(f"{label}: each request's states at its end equal to the plain loop's ({len(ends) - tolerant} bitwise, "
+          f"{tolerant} within 1e-5 where the last step ran other rows): {ok} {different or ''}")
     graphs.close()
 
 
