@@ -3,8 +3,10 @@
 #   OUT=$OUT bash benchmarks/session17/visit.sh a   setup; tools/gpu.py check on the committed graphs (the
 #                                                  prefill's last row, sample_logits)
 #   OUT=$OUT bash benchmarks/session17/visit.sh b   the loops' checks (greedy, speculative, auto; no timing)
-#   OUT=$OUT bash benchmarks/session17/visit.sh c   serve_bench greedy k = 0, 2 with the step split (rows,
-#                                                  step cost, busy share), then the servers of older trees
+#   OUT=$OUT bash benchmarks/session17/visit.sh c   (setup on a fresh machine) spec_loop's checks again (the
+#                                                  end-state check by the rows of each end's step); serve_bench
+#                                                  greedy k = 0, 2 with the step split (rows, step cost, busy share)
+#   OUT=$OUT bash benchmarks/session17/visit.sh d   the servers of older trees
 #                                                  side by side (probe/treeB: 7b17ea3, before the prefill's
 #                                                  last row; probe/treeC: 91919c8, before sample_logits),
 #                                                  each serving a model its own converter made
@@ -26,8 +28,12 @@ case "$1" in
   b)
     bash tools/gpu_visit.sh check 2>&1 | grep -v "^round" | tail -60 ;;
   c)
+    python3 -c "import onnxruntime" 2> /dev/null || bash tools/gpu_visit.sh setup || exit 1
     convert . $models/trained_fp16
-    SERVE_KS=0,2 bash tools/gpu_visit.sh serve
+    echo "=== $(date +%T) spec_loop"
+    timeout 200 python3 tools/gpu.py spec_loop --rounds 0 --json "$OUT/spec_loop.json" 2>&1 | grep -v "pipelined == plain: True"
+    SERVE_KS=0,2 bash tools/gpu_visit.sh serve ;;
+  d)
     for tree in treeB treeC; do
       cp ortspec/_native*.so probe/$tree/ortspec/ && convert probe/$tree $models/$tree
     done
