@@ -6,6 +6,7 @@
 #   OUT=$OUT bash benchmarks/session17/visit.sh c   (setup on a fresh machine) spec_loop's checks again (the
 #                                                  end-state check by the rows of each end's step); serve_bench
 #                                                  greedy k = 0, 2 with the step split (rows, step cost, busy share)
+#   OUT=$OUT bash benchmarks/session17/visit.sh e   serve_bench sampled k = 0, 2 with the step split
 #   OUT=$OUT bash benchmarks/session17/visit.sh d   the servers of older trees
 #                                                  side by side (probe/treeB: 7b17ea3, before the prefill's
 #                                                  last row; probe/treeC: 91919c8, before sample_logits),
@@ -43,4 +44,6 @@ case "$1" in
     echo "=== $(date +%T) sampled: HEAD against 91919c8"
     timeout 200 python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeC@$models/treeC" -k 0 \
       --provider cuda --clients 1,16 --requests 4 --rounds 4 --temperature 0.8 2>&1 | tee "$OUT/ab_sample_logits.log" | tail -8 ;;
+  e)
+    SERVE_KS=0,2 SERVE_TEMPERATURE=0.8 SERVE_TOP_P=0.95 bash tools/gpu_visit.sh serve ;;
 esac
