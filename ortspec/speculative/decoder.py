@@ -241,15 +241,17 @@ class Decoder:
             return  # a step run past the end of every request: its tokens are dropped, it is not counted
         self._count(plan, result.accepted[live], flight)
         generated = self.stats.generated_tokens
-        for j, req in enumerate(requests):
-            if result.next_drafts is not None:
-                req.next_drafts, req.draft_probs = result.next_drafts[j].tolist(), None
-            if live[j]:
-                self._check_positions(req, int(result.first[j]))
-                req.last_first_position, req.last_accepted = int(result.first[j]), int(result.accepted[j])
+        if result.next_drafts is not None:
+            for req, drafts in zip(requests, result.next_drafts.tolist()):
+                req.next_drafts, req.draft_probs = drafts, None
+        # the rows' results as Python ints, once per step: a step's host time grows with its rows
+        rows = zip(requests, live.tolist(), result.first.tolist(), result.accepted.tolist(), result.tokens.tolist())
+        for j, (req, is_live, first, accepted, tokens) in enumerate(rows):
+            if is_live:
+                self._check_positions(req, first)
+                req.last_first_position, req.last_accepted = first, accepted
                 row_logprobs = result.logprobs.get(j) if result.logprobs else None
-                self._emit(req, result.tokens[j, : result.accepted[j] + 1],
-                           row_logprobs and row_logprobs[: result.accepted[j] + 1])
+                self._emit(req, tokens[: accepted + 1], row_logprobs and row_logprobs[: accepted + 1])
         if result.hidden is not None:  # a decode: its head entries wait
             self.head.defer_step(requests, flight.run.rows, result.hidden, result.hidden_dtype, result.tokens[:, 0],
                                  result.first)

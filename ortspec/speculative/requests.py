@@ -10,7 +10,7 @@ from ..errors import InternalError
 from ..runtime.states import Rows
 from ..stop_strings import StopStrings
 from .logprobs import TokenLogprob
-from .sampling import GREEDY, SamplingParams
+from .sampling import GREEDY, SamplingParams, UniformStream
 
 
 @dataclasses.dataclass
@@ -34,7 +34,7 @@ class Request:
     next_drafts: list[int] = dataclasses.field(default_factory=list)  # d1..dk from the last catch-up
     draft_probs: np.ndarray | None = None  # [k, V] what a sampled request's next_drafts were drawn from
     sampling: SamplingParams = GREEDY
-    random: np.random.Generator | None = None
+    random: UniformStream | None = None  # sampling.random_stream: its uniforms, drawn in order
     stop_strings: StopStrings | None = None
     logprobs: int | None = None
     token_logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # by generated token
@@ -66,12 +66,16 @@ class Request:
         the request done at max_new_tokens, a stop token or a stop string (only the new tokens
         are scanned: a step costs the same at any length)."""
         before, first = len(self.tokens) - len(self.prompt), len(self.prompt)
-        self.tokens.extend(int(t) for t in new_tokens)
+        self.tokens.extend(map(int, new_tokens))
         if self.logprobs is not None:
             self._keep_logprobs(len(new_tokens), logprobs)
         generated = len(self.tokens) - first
-        end = next((i + 1 for i in range(before, min(generated, self.max_new_tokens))
-                    if self.tokens[first + i] in self.stop_tokens), None)  # just past a stop token
+        end = None
+        if self.stop_tokens:
+            for i in range(before, min(generated, self.max_new_tokens)):
+                if self.tokens[first + i] in self.stop_tokens:
+                    end = i + 1  # just past a stop token
+                    break
         if self.stop_strings is not None:
             taken = self.stop_strings.add(self.tokens[first + before: first + (end or self.max_new_tokens)])
             end = before + taken if taken is not None else end
