@@ -89,8 +89,8 @@ def test_tokens_acceptance_and_states_equal_the_plain_loop(graphs, reference, mo
     assert b.pipelined_speculative_steps == b.speculative_steps == a.speculative_steps == a.fused_verify_steps
     assert b.accept_histogram == a.accept_histogram and min(a.accept_histogram) > 0, a.accept_histogram
     assert sorted(ends) == [0, 1, 2] and differences(ends, from_plain_decode(table)) == []
-    final = max(n for _, _, n in ends.values())
-    for req, (target, _), n in ends.values():  # ended by the last step read: as the plain loop left them (a
+    final = max(n for _, _, n, _ in ends.values())
+    for req, (target, _), n, _ in ends.values():  # ended by the last step read: as the plain loop left them (a
         if n == final:                         # step run past the end may have changed them since: never read)
             theirs = plain_decoder.target.states.row_state(req.row, req.processed)
             assert all(np.array_equal(target[name][tuple(slice(0, s) for s in value.shape)], value)
