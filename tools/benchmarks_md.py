@@ -215,24 +215,31 @@ def soak(runs: list[dict]) -> list[str]:
 def serve(runs: list[dict]) -> list[str]:
     """Per k, engine (process / thread; older runs: thread) and clients: median tokens/s through the
     server and through generate over the rounds, server / generate, each k over the first k
-    through the same engine, and whether the tokens agreed (n/a: sampled requests)."""
+    through the same engine, and whether the tokens agreed (n/a: sampled requests); runs that hold
+    serve_bench's step split (since session 17) add its three ratios, server / generate, medians
+    over the rounds: tokens per step, steps per busy second, busy share."""
     [run] = runs
-    cells = {}
+    cells, split = {}, {}
     for name, rounds in run["runs"].items():
         match = re.fullmatch(r"k=(\S+)(?: engine=(\S+))? clients=(\d+)", name)
-        cells[(match[1], match[2] or "thread", int(match[3]))] = (
+        key = (match[1], match[2] or "thread", int(match[3]))
+        cells[key] = (
             statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds),
             "n/a" if any(r[2] == "n/a" for r in rounds) else all(r[2] for r in rounds))  # n/a: sampled
+        if all(len(r) > 6 and isinstance(r[5], dict) for r in rounds):
+            split[key] = [statistics.median(r[5][f] / r[6][f] if r[6][f] else 0.0 for r in rounds) for f in rounds[0][5]]
     ks = list(dict.fromkeys(k for k, _, _ in cells))
     engines = len({e for _, e, _ in cells}) > 1
+    parts = ["tokens per step", "steps per busy s", "busy share"] if split else []
     lines = header("k", *(["engine"] if engines else []), "clients", "server tok/s", "generate tok/s",
-                   "server / generate", "server: k / k=" + ks[0], "same tokens")
+                   "server / generate", "server: k / k=" + ks[0], "same tokens", *parts)
     for k, engine, clients in cells:
         server, generate, same = cells[(k, engine, clients)]
         first = cells[(ks[0], engine, clients)][0]
+        ratios = [f"{v:.2f}" for v in split.get((k, engine, clients), [])] or ["-"] * len(parts)
         lines.append(row(k, *([engine] if engines else []), clients, f"{server:.0f}", f"{generate:.0f}",
                          f"{server / generate:.2f}", f"**{server / first:.2f}x**",
-                         same if same == "n/a" else "yes" if same else "**no**"))
+                         same if same == "n/a" else "yes" if same else "**no**", *ratios))
     return lines
 
 
