@@ -48,7 +48,8 @@ case "$1" in
     timeout 200 python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeC@$models/treeC" -k 0 \
       --provider cuda --clients 1,16 --requests 4 --rounds 4 --temperature 0.8 2>&1 | tee "$OUT/ab_sample_logits.log" | tail -8 ;;
   f)
-    bash tools/gpu_visit.sh setup > /dev/null 2>&1 || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -3
     convert . $models/trained_fp16
     cp ortspec/_native*.so probe/treeD/ortspec/
     for run in "0 1,16 0" "0 1,16 0.8" "2 16 0"; do
