@@ -9,7 +9,8 @@
 #   OUT=$OUT bash benchmarks/session17/visit.sh e   serve_bench sampled k = 0, 2 with the step split
 #   OUT=$OUT bash benchmarks/session17/visit.sh f   (setup) the server of HEAD against probe/treeD (dc657f8: before
 #                                                  the rows read as Python ints and UniformStream), greedy and
-#                                                  sampled k = 0 and greedy k = 2
+#                                                  sampled k = 0 and greedy k = 2 (F_RUNS: other "k clients
+#                                                  temperature" triples, ;-separated; F_ROUNDS: rounds, default 4)
 #   OUT=$OUT bash benchmarks/session17/visit.sh d   the servers of older trees
 #                                                  side by side (probe/treeB: 7b17ea3, before the prefill's
 #                                                  last row; probe/treeC: 91919c8, before sample_logits),
@@ -52,11 +53,13 @@ case "$1" in
     python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -3
     convert . $models/trained_fp16
     cp ortspec/_native*.so probe/treeD/ortspec/
-    for run in "0 1,16 0" "0 1,16 0.8" "2 16 0"; do
+    runs=("0 1,16 0" "0 1,16 0.8" "2 16 0")
+    [ -n "${F_RUNS:-}" ] && IFS=';' read -ra runs <<< "$F_RUNS"
+    for run in "${runs[@]}"; do
       set -- $run
       echo "=== $(date +%T) k=$1 clients $2 temperature $3: HEAD against dc657f8 (before the host-side step changes)"
       timeout 150 python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeD" -k $1 \
-        --provider cuda --clients $2 --requests 4 --rounds 4 --temperature $3 2>&1 | tee "$OUT/ab_host_k$1_t$3.log" | tail -6
+        --provider cuda --clients $2 --requests 4 --rounds ${F_ROUNDS:-4} --temperature $3 2>&1 | tee "$OUT/ab_host_k$1_t$3.log" | tail -6
     done ;;
   e)
     SERVE_KS=0,2 SERVE_TEMPERATURE=0.8 SERVE_TOP_P=0.95 bash tools/gpu_visit.sh serve ;;
