@@ -59,7 +59,7 @@ case "$1" in
       set -- $run
       echo "=== $(date +%T) k=$1 clients $2 temperature $3: HEAD against dc657f8 (before the host-side step changes)"
       timeout 150 python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeD" -k $1 \
-        --provider cuda --clients $2 --requests 4 --rounds ${F_ROUNDS:-4} --temperature $3 2>&1 | tee "$OUT/ab_host_k$1_t$3.log" | tail -6
+        --provider cuda --clients $2 --requests 4 --rounds ${F_ROUNDS:-4} --temperature $3 2>&1 | tee "$OUT/ab_host_k$1_c$2_t$3.log" | tail -6
     done ;;
   e)
     SERVE_KS=0,2 SERVE_TEMPERATURE=0.8 SERVE_TOP_P=0.95 bash tools/gpu_visit.sh serve ;;
