@@ -621,17 +621,3 @@ def test_the_draft_temperature_tool_converts_at_each_tau(models, capsys):
     assert sampling_graph.draft_sampler is draft_temperature.DRAFT_SAMPLER
     from ortspec.converter import fused_graph, graphs as graph_module
     assert fused_graph.draft_sampler is graph_module.draft_sampler is draft_temperature.DRAFT_SAMPLER
-
-
-def test_a_uniform_stream_gives_the_generators_draws_in_order():
-    """Drawn a block at a time, a request's uniforms are those of one generator call per draw
-    (numpy's float32 draws carry their state across calls): seeded tokens do not depend on it."""
-    sizes = [1, 3, 7, 1, 600, 2, 5, 1000, 1]
-    stream = sampling.UniformStream(np.random.default_rng(42))
-    reference = np.random.default_rng(42)
-    for n in sizes:
-        got = stream.random(n)
-        assert got.dtype == np.float32 and got.shape == (n,)
-        assert np.array_equal(got, reference.random(n, dtype=np.float32)), n
-    with pytest.raises(TypeError):
-        stream.random(2, dtype=np.float64)

@@ -57,9 +57,7 @@ def _params(requests: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def _uniforms(requests: list[Request], n: int) -> np.ndarray:
     """[B, n] float32 uniforms in [0, 1), each row from its request's stream."""
-    if not requests:
-        return np.zeros((0, n), np.float32)
-    return np.concatenate([r.random.random(n) for r in requests]).reshape(len(requests), n)
+    return np.stack([r.random.random(n, dtype=np.float32) for r in requests])
 
 
 def pick(requests: list[Request], out: Forward, at: np.ndarray, source=None, on_device=None) -> np.ndarray:

@@ -46,37 +46,13 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-def random_stream(params: SamplingParams, index: int) -> "UniformStream | None":
+def random_stream(params: SamplingParams, index: int) -> np.random.Generator | None:
     """The random stream of the index-th request of a call: None when greedy. Streams of one seed
     are independent across indices (SeedSequence spawn keys), and index 0 is what a single prompt
     gets, so generate(p, seed=s) == generate([p, q], seed=s)[0] == the batcher's add_request(p, seed=s)."""
     if params.greedy:
         return None
-    return UniformStream(np.random.default_rng(np.random.SeedSequence(params.seed, spawn_key=(index,))))
-
-
-class UniformStream:
-    """A request's float32 uniforms in [0, 1), drawn from its generator a block at a time and
-    handed out in order: numpy's float32 draws carry their state from call to call, so the values
-    are those of one generator call per draw, at a fraction of a call's cost (a sampled step asks
-    every row for a few each)."""
-
-    BLOCK = 512
-
-    def __init__(self, generator: np.random.Generator) -> None:
-        self._generator, self._block, self._at = generator, np.empty(0, np.float32), 0
-
-    def random(self, n: int, dtype=np.float32) -> np.ndarray:
-        """The next n uniforms (a read-only view), as generator.random(n, dtype=np.float32) would give."""
-        if np.dtype(dtype) != np.float32:
-            raise TypeError(f"a UniformStream draws float32 uniforms, not {np.dtype(dtype)}")
-        if self._at + n > len(self._block):
-            rest = self._block[self._at:]
-            self._block = np.concatenate([rest, self._generator.random(max(self.BLOCK, n), dtype=np.float32)])
-            self._block.flags.writeable = False
-            self._at = 0
-        self._at += n
-        return self._block[self._at - n: self._at]
+    return np.random.default_rng(np.random.SeedSequence(params.seed, spawn_key=(index,)))
 
 
 def accept_lengths(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
