@@ -10,7 +10,7 @@ from ..errors import InternalError
 from ..runtime.states import Rows
 from ..stop_strings import StopStrings
 from .logprobs import TokenLogprob
-from .sampling import GREEDY, SamplingParams, UniformStream
+from .sampling import GREEDY, SamplingParams
 
 
 @dataclasses.dataclass
@@ -34,7 +34,7 @@ class Request:
     next_drafts: list[int] = dataclasses.field(default_factory=list)  # d1..dk from the last catch-up
     draft_probs: np.ndarray | None = None  # [k, V] what a sampled request's next_drafts were drawn from
     sampling: SamplingParams = GREEDY
-    random: UniformStream | None = None  # sampling.random_stream: its uniforms, drawn in order
+    random: np.random.Generator | None = None
     stop_strings: StopStrings | None = None
     logprobs: int | None = None
     token_logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # by generated token
