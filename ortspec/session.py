@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from .speculative.commits import COMMITS
 from .speculative.decoder import Decoder
 from .speculative.step_kinds import fusable_ks
 from .speculative.requests import Request
-from .speculative.sampling import GREEDY, SamplingParams
+from .speculative.sampling import GREEDY, SamplingParams, random_stream
 from .speculative.stats import Stats, StatsTotals
 from .prompts import NewRequests, Prompts
 from .stop_strings import StopStrings
@@ -122,7 +123,7 @@ class Session:
         return self.prompts.tokenizer
 
     def generate(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stream: bool = False,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | list[int] | None = None, stream: bool = False,
                  stop=None, min_p: float = 0.0, **decoder_options):
         """Greedy (or exact speculative) continuation of one prompt or a batch of prompts.
 
@@ -140,7 +141,9 @@ class Session:
         as the most probable one (0: all). With k > 0 the drafts are accepted by exact
         speculative sampling, so tokens follow that same distribution. seed (an int) makes the
         tokens reproducible for this k (a batch's prompt i gets stream i of the seed; prompt 0
-        is what a single prompt gets); None draws fresh entropy.
+        is what a single prompt gets); a list of ints, one per prompt: prompt i gets stream 0
+        of seed[i], the tokens generate(prompt_i, seed=seed[i]) and a batcher's (or the
+        server's) request with that seed get; None draws fresh entropy.
 
         stream=True (one prompt) returns an iterator instead: token ids (or, for a text prompt,
         text pieces that never split a character) as each step commits them; joined, they equal
@@ -155,10 +158,15 @@ class Session:
         any work starts.
         """
         options = validation.decoder_options(decoder_options, "generate")
-        params = validation.sampling(temperature, top_k, top_p, seed, min_p)
+        per_prompt = validation.per_prompt_seeds(seed)
+        params = validation.sampling(temperature, top_k, top_p, None if per_prompt else seed, min_p)
         validation.sampling_graphs(self.manifest, self.k, params, self.auto_k)
         stream = validation.flag("stream", stream)
         new = self.new_requests(prompt, max_new_tokens, stop_tokens, sampling=params, stop=stop)
+        if per_prompt:
+            for req, own in zip(new.requests, validation.seeds(seed, len(new.requests))):
+                req.sampling = dataclasses.replace(params, seed=own)
+                req.random = random_stream(req.sampling, 0)
         self._check_open()
         if stream:
             validation.single_prompt([r.prompt for r in new.requests], new.single, "generate(..., stream=True)",

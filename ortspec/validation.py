@@ -398,6 +398,21 @@ def seed_index(value) -> int:
                    "draws stream i)")
 
 
+def per_prompt_seeds(value) -> bool:
+    """Whether generate's seed is given one per prompt (a list, tuple or 1-D array)."""
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1)
+
+
+def seeds(value, prompts: int) -> list[int]:
+    """generate's seed given one per prompt (``per_prompt_seeds``): as many as prompts, each an
+    integer 0..2**63-1."""
+    value = value.tolist() if isinstance(value, np.ndarray) else list(value)
+    if len(value) != prompts:
+        raise InputError(f"seed has {len(value)} entries for {prompts} prompt{'s' if prompts != 1 else ''}; pass one "
+                         "seed per prompt, or one int for the whole call (prompt i then draws stream i of it).")
+    return [integer(f"seed[{i}]", v, InputError, 0) for i, v in enumerate(value)]
+
+
 def is_real(value) -> bool:
     """A Python or numpy int or float (never a bool)."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))

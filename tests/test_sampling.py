@@ -137,6 +137,31 @@ def test_same_seed_same_tokens_whatever_runs_beside_it(model):
     assert select.generate(PROMPTS[0], max_new_tokens=24, temperature=0.0, seed=7) == greedy
 
 
+@pytest.mark.parametrize("k", [0, 2])
+def test_one_seed_per_prompt_gives_each_prompt_its_own_seeds_tokens(model, k):
+    """generate(prompts, seed=[s0, s1, ...]): prompt i gets what generate(prompt_i, seed=s_i) and a
+    batcher request with seed s_i get (stream 0 of its own seed), whatever runs beside it; a
+    list of the wrong length or with a bad entry is refused before any work."""
+    session = ortspec.Session(model, num_speculative_tokens=k)
+    seeds = [7, 3, 2**63 - 1][: len(PROMPTS)]
+    alone = [session.generate(p, max_new_tokens=20, seed=s, **HOT) for p, s in zip(PROMPTS, seeds)]
+    assert session.generate(PROMPTS, max_new_tokens=20, seed=seeds, **HOT) == alone
+    assert session.generate(PROMPTS, max_new_tokens=20, seed=np.array(seeds), **HOT) == alone
+    assert session.generate(PROMPTS[1], max_new_tokens=20, seed=(seeds[1],), **HOT) == alone[1]
+    with session.batcher(max_batch_size=2) as batcher:
+        rid = batcher.add_request(PROMPTS[1], max_new_tokens=20, seed=seeds[1], **HOT)
+        while batcher.pending:
+            batcher.step()
+        assert batcher.result(rid) == alone[1]
+    assert session.generate(PROMPTS, max_new_tokens=20, seed=seeds[::-1], **HOT)[0] != alone[0]
+    requests = session.stats["requests"]
+    for bad, match in [(seeds[:1] + seeds, r"seed has \d+ entries for \d+ prompts"), ([-1] * len(PROMPTS), r"seed\[0\]=-1"),
+                       ([1.5] * len(PROMPTS), r"seed\[0\]=1.5 must be an integer")]:
+        with pytest.raises(ortspec.InputError, match=match):
+            session.generate(PROMPTS, max_new_tokens=4, seed=bad, **HOT)
+    assert session.stats["requests"] == requests
+
+
 def forced_decode_states(decoder: Decoder, prompt: list[int], tokens: list[int]) -> dict:
     """Plain decode of prompt + tokens, one token per forward, the head fed every token (what a
     greedy decode over these tokens leaves): {length T: (target state, head state)} of row 0."""
