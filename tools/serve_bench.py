@@ -13,8 +13,8 @@ runs the same requests as --requests generate calls of batch C. Both use the pro
 (a JSON list of texts; default the bench's held-out prompts), each request's under a first line
 of its own (no two requests share a prompt: ``distinct``), --max-tokens new tokens and the
 model's stop tokens, greedy (or, with --temperature > 0, sampled: a server request seeded with
-its index, each generate call with its own; the two sides number a request's random stream apart,
-so sampled outputs are not compared: "n/a"). Each server run also records the CPU cores its process (uvicorn and
+its index, and generate given the same seed for that request's prompt, one seed per prompt, so
+sampled outputs are compared too). Each server run also records the CPU cores its process (uvicorn and
 the routes; with --engine thread the engine too) and its children (the engine process) kept
 busy, from /proc. Reported per (k, clients): the median tokens/s of each over the
 rounds, server / generate, and each k's tokens/s over k = the first one's (speculation against
@@ -84,12 +84,13 @@ def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool,
 
 def generate_side(session, texts: list[list[str]], max_tokens: int, sampling: dict | None = None) -> tuple[float, dict]:
     """(tokens/s, {prompt: token ids}) of the same requests as generate calls: call r batches request r
-    of every client, over the ids the server's tokenizer makes of each prompt (sampled: call r seeded r)."""
+    of every client, over the ids the server's tokenizer makes of each prompt (sampled: each prompt
+    seeded as server_side seeds its request, client c's request r with c * R + r)."""
     calls = [[mine[r] for mine in texts] for r in range(len(texts[0]))]
     ids = {p: session.tokenizer.encode(p).ids for call in calls for p in call}
     tokens, outputs, start = 0, {}, time.perf_counter()
     for r, prompts in enumerate(calls):
-        options = {**sampling, "seed": r} if sampling else {}
+        options = {**sampling, "seed": [c * len(calls) + r for c in range(len(prompts))]} if sampling else {}
         for prompt, out in zip(prompts, session.generate([ids[p] for p in prompts], max_new_tokens=max_tokens,
                                                          **options)):
             outputs[prompt] = out
@@ -110,7 +111,7 @@ def measure(args, k: int | str, prompts: list[str], clients: list[int], generate
     rows = {}
     for (engine, c), (server_rate, served_outputs, busy, server_steps) in server.items():
         rate, outputs, generate_steps = generated[c]
-        rows[(engine, c)] = (server_rate, rate, "n/a" if sampling_of(args) else served_outputs == outputs, *busy,
+        rows[(engine, c)] = (server_rate, rate, served_outputs == outputs, *busy,
                              dataclasses.asdict(server_steps), dataclasses.asdict(generate_steps))
     return rows
 
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
                       f"outputs equal {row[2]}; CPU cores busy: server process {row[3]:.2f}, its children "
                       f"{row[4]:.2f}; server / generate: " + shares(row[5], row[6]), flush=True)
     median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
-                    "n/a" if sampling_of(args) else all(r[2] for r in rows),
+                    all(r[2] for r in rows),
                     {name: statistics.median(r[5][name] / r[6][name] if r[6][name] else 0.0 for r in rows)
                      for name in rows[0][5]}) for key, rows in runs.items()}
     print("\n| k | engine | clients | server tok/s | generate tok/s | server / generate | server / server k0 | "
