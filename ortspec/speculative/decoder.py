@@ -245,8 +245,8 @@ class Decoder:
             for req, drafts in zip(requests, result.next_drafts.tolist()):
                 req.next_drafts, req.draft_probs = drafts, None
         # the rows' results as Python ints, once per step: a step's host time grows with its rows
-        rows = zip(requests, live.tolist(), result.first.tolist(), result.accepted.tolist(), result.tokens.tolist())
-        for j, (req, is_live, first, accepted, tokens) in enumerate(rows):
+        per_row = zip(requests, live.tolist(), result.first.tolist(), result.accepted.tolist(), result.tokens.tolist())
+        for j, (req, is_live, first, accepted, tokens) in enumerate(per_row):
             if is_live:
                 self._check_positions(req, first)
                 req.last_first_position, req.last_accepted = first, accepted
