@@ -1,9 +1,9 @@
-"""Steady-state generate tokens/s of the ortspec on PYTHONPATH (16 rows, the tiny model at /tmp/tiny, host-bound):
-    PYTHONPATH=TREE python3 benchmarks/session17/generate_rate.py K TEMPERATURE"""
+"""Steady-state generate tokens/s of the ortspec on PYTHONPATH (16 rows, host-bound):
+    PYTHONPATH=TREE python3 benchmarks/session17/generate_rate.py MODEL K TEMPERATURE   (MODEL: the tiny model converted)"""
 import time, random, sys
 import ortspec
-k, temp = int(sys.argv[1]), float(sys.argv[2])
-s = ortspec.Session("/tmp/tiny", threads=1, num_speculative_tokens=k)
+model, k, temp = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = ortspec.Session(model, threads=1, num_speculative_tokens=k)
 random.seed(0)
 prompts = [[random.randrange(1, 500) for _ in range(random.randrange(4, 20))] for _ in range(16)]
 opts = dict(temperature=temp, seed=3) if temp else {}

@@ -1,5 +1,5 @@
 """Milliseconds of Decoder._record per step (a step's host bookkeeping), generate of 16 rows over the tiny model:
-    PYTHONPATH=TREE python3 benchmarks/session17/record_time.py K   (K: num_speculative_tokens; /tmp/tiny converted first)"""
+    PYTHONPATH=TREE python3 benchmarks/session17/record_time.py MODEL K   (MODEL: ortspec convert models/tiny-qwen35 MODEL -k 4)"""
 import time, random, sys
 import ortspec
 from ortspec.speculative.decoder import Decoder
@@ -8,8 +8,8 @@ orig = Decoder._record
 def timed(self, *a, **k):
     t = time.perf_counter(); r = orig(self, *a, **k); d = acc["_record"]; d[0] += time.perf_counter() - t; d[1] += 1; return r
 Decoder._record = timed
-k = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-s = ortspec.Session("/tmp/tiny", threads=1, num_speculative_tokens=k)
+model, k = sys.argv[1], int(sys.argv[2])
+s = ortspec.Session(model, threads=1, num_speculative_tokens=k)
 random.seed(0)
 prompts = [[random.randrange(1, 500) for _ in range(random.randrange(4, 20))] for _ in range(16)]
 s.generate(prompts, max_new_tokens=8)
