@@ -122,6 +122,7 @@ class GraphBuilder:
         self.used_weights: list[str] = []
         self.constants: dict[str, TensorProto] = {}
         self._renamed: dict[str, str] = {}
+        self.memo: dict = {}  # values made once per graph and shared by its parts (layers._shared_slots)
         self._ids = itertools.count()
 
     # -- graph boundary --------------------------------------------------------------------

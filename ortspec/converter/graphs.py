@@ -41,6 +41,7 @@ from .layers import (
     make_attention,
     make_gated_deltanet,
     make_mlp,
+    make_one_row_steps,
     make_rms_norm,
     make_step_inputs,
 )
@@ -357,13 +358,18 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
     # (A clamp computed from the window's shape would be shape math that ONNX Runtime places on
     # the CPU, and a CUDA graph may not hold CPU compute nodes: seen on the H200.)
     last_slot = g.const([max_length - 1])
+    if g.target != CPU and k > 1:  # every draft pass's positions, bias and scatter indices at once
+        positions = g.op("Min", [g.op("Add", [base, g.const(range(1, k))]), last_slot])  # [B, k-1]
+        draft_steps = make_one_row_steps(g, spec, positions, k - 1, step.slots)  # the draft views' W is key.mtp's
     draft, probs = draft_from(out, 0)
     drafts, draft_probs = [draft], [probs]
     for j in range(1, k):
-        position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
-        out, _, _, key_view, value_view = _mtp_pass(
-            g, spec, draft, out, make_step_inputs(g, spec, position, max_length, window=key_view, rows=1), key_view,
-            value_view)
+        if g.target != CPU:
+            pass_step = draft_steps[j - 1]
+        else:
+            position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
+            pass_step = make_step_inputs(g, spec, position, max_length, window=key_view, rows=1)
+        out, _, _, key_view, value_view = _mtp_pass(g, spec, draft, out, pass_step, key_view, value_view)
         draft, probs = draft_from(out, j)
         drafts.append(draft)
         draft_probs.append(probs)

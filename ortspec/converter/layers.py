@@ -37,51 +37,95 @@ class StepInputs:
     attn_bias: str  # float [B, 1, M*groups, W] (one row: [B, 1, 1, W]): 0 where slot <= position, -inf elsewhere
     one_row: bool = False  # M is 1 in a portable graph: make_attention moves rows by Reshape (see there)
     shared_slots: dict | None = None  # a portable graph's KV scatter indices, made once for all its layers
+    slots: str | None = None  # int64 [W]: the slot numbers the bias compares with (a later pass over W reuses them)
 
     def kv_slots(self, g: GraphBuilder, spec: ModelSpec, new_key: str, new_value: str) -> tuple[str, str]:
         """The scatter indices of make_attention's new KV rows new_key [B, kvh, hd, M] and new_value
         [B, kvh, M, hd]: the positions expanded to their shapes. Every attention layer of a graph (the
         MTP head's too: the same heads) writes at the same positions, so a portable graph expands them
-        once, from the positions' shape (two kernels fewer per further layer); a CPU graph per layer."""
+        once (portable_kv_slots); a CPU graph per layer."""
         if self.shared_slots is None:
             return (g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 2])]), g.op("Shape", [new_key])]),
                     g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 3])]), g.op("Shape", [new_value])]))
         if not self.shared_slots:
-            kvh, hd = spec.num_key_value_heads, spec.head_dim
-            batch, rows = g.op("Shape", [self.positions], end=1), g.op("Shape", [self.positions], start=1)
-            key_shape = g.op("Concat", [batch, g.const([kvh, hd]), rows], axis=0)  # [B, kvh, hd, M]
-            value_shape = g.op("Concat", [batch, g.const([kvh]), rows, g.const([hd])], axis=0)  # [B, kvh, M, hd]
-            self.shared_slots["key"] = g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 2])]), key_shape])
-            self.shared_slots["value"] = g.op("Expand", [g.op("Unsqueeze", [self.positions, g.const([1, 3])]),
-                                                         value_shape])
+            self.shared_slots.update(portable_kv_slots(g, spec, self.positions, self.one_row))
         return self.shared_slots["key"], self.shared_slots["value"]
 
 
+def portable_kv_slots(g: GraphBuilder, spec: ModelSpec, positions: str, one_row: bool) -> dict[str, str]:
+    """{"key": [B, kvh, hd, M], "value": [B, kvh, M, hd]}: positions [B, M] broadcast to the shapes
+    of the new KV rows. Expand broadcasts its input against a constant target whose batch and row
+    axes are 1, so no shape arithmetic builds the target. With one row both index tensors hold the
+    same B*kvh*hd values in the same order, so the value's is a view of the key's: one Expand."""
+    kvh, hd = spec.num_key_value_heads, spec.head_dim
+    key = g.op("Expand", [g.op("Unsqueeze", [positions, g.const([1, 2])]), g.const([1, kvh, hd, 1])])
+    if one_row:
+        return {"key": key, "value": g.op("Reshape", [key, g.const([0, kvh, 1, hd])])}
+    value = g.op("Expand", [g.op("Unsqueeze", [positions, g.const([1, 3])]), g.const([1, kvh, 1, hd])])
+    return {"key": key, "value": value}
+
+
+def _shared_slots(g: GraphBuilder, positions: str, one_row: bool) -> dict | None:
+    """A portable graph's scatter indices for these positions, one dict per graph: the MTP head's
+    catch-up inside verify_mtp_k{k} reads the target's (the same positions, the same heads)."""
+    if g.target == CPU:
+        return None
+    return g.memo.setdefault(("kv_slots", positions, one_row), {})
+
+
+def make_bias_slots(g: GraphBuilder, max_length: int, window: str | None) -> str:
+    """int64 [W]: the slot numbers 0..W-1 of a key cache input [B, kvh, hd, W] (None: all max_length)."""
+    if window is None:
+        return g.const(range(max_length), hint="slots")  # [L]
+    width = g.op("Squeeze", [g.op("Shape", [window], start=3, end=4)])  # W, a scalar
+    return g.op("Range", [g.const(0), width, g.const(1)], hint="slots")  # [W]
+
+
 def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_length: int,
-                     window: str | None = None, rows: int | None = None) -> StepInputs:
+                     window: str | None = None, rows: int | None = None, slots: str | None = None) -> StepInputs:
     """window: a key cache input [B, kvh, hd, W] whose W slots the rows attend over. The runtime
     may pass the first W slots of the cache, any W past every position of the call: masked
     slots add exact zeros, so a row's bits do not depend on W (tools/row_invariance.py).
     None: all max_length slots. rows: M where it is static (None: any). A portable graph of one
     row keeps one bias row [B, 1, 1, W], which every query row of its heads broadcasts (the
-    same values as the expanded rows, one kernel fewer)."""
-    if window is None:
-        slots = g.const(range(max_length), hint="slots")  # [L]
-    else:
-        width = g.op("Squeeze", [g.op("Shape", [window], start=3, end=4)])  # W, a scalar
-        slots = g.op("Range", [g.const(0), width, g.const(1)], hint="slots")  # [W]
+    same values as the expanded rows, one kernel fewer). slots: make_bias_slots' value for this
+    window where the graph has it already."""
+    slots = slots or make_bias_slots(g, max_length, window)
     visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, M, W]
     bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
-    shared = {} if g.target != CPU else None
-    if rows == 1 and g.target != CPU:
+    one_row = rows == 1 and g.target != CPU
+    shared = _shared_slots(g, positions, one_row)
+    if one_row:
         return StepInputs(positions, g.op("Unsqueeze", [bias, g.const([1])], hint="attn_bias"), one_row=True,
-                          shared_slots=shared)
+                          shared_slots=shared, slots=slots)
     # one bias row per query row of make_attention (row m*groups + g attends like row m)
     groups = spec.num_attention_heads // spec.num_key_value_heads
     bias = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]), g.const([1, 1, groups, 1])])  # [B, M, groups, W]
     # Reshape's 0 keeps that axis (B, W): a constant target, no shape arithmetic
     return StepInputs(positions, g.op("Reshape", [bias, g.const([0, 1, -1, 0])], hint="attn_bias"),  # [B, 1, M*groups, W]
-                      shared_slots=shared)
+                      shared_slots=shared, slots=slots)
+
+
+def make_one_row_steps(g: GraphBuilder, spec: ModelSpec, positions: str, passes: int, slots: str) -> list[StepInputs]:
+    """(portable graphs) The StepInputs of ``passes`` one-row passes over one window, made together:
+    positions int64 [B, passes], column j pass j's; slots make_bias_slots' [W]. One mask, one bias
+    and one Expand of the scatter indices for all the passes, then a Split of each (one kernel each)
+    where there are several; the values are those make_step_inputs gives each pass alone."""
+    kvh, hd = spec.num_key_value_heads, spec.head_dim
+    visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, passes, W]
+    bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
+    keys = g.op("Expand", [g.op("Unsqueeze", [positions, g.const([1, 2])]), g.const([1, kvh, hd, 1])])  # [B, kvh, hd, passes]
+
+    def apart(x: str, axis: int) -> list[str]:
+        if passes == 1:
+            return [x]
+        return g.op("Split", [x, g.const([1] * passes)], num_outputs=passes, axis=axis)
+
+    per_position = apart(positions, 1)  # [B, 1] each
+    biases, key_slots = apart(bias, 1), apart(keys, 3)  # [B, 1, W], [B, kvh, hd, 1] each
+    return [StepInputs(p, g.op("Unsqueeze", [b, g.const([1])], hint="attn_bias"), one_row=True,
+                       shared_slots={"key": k, "value": g.op("Reshape", [k, g.const([0, kvh, 1, hd])])}, slots=slots)
+            for p, b, k in zip(per_position, biases, key_slots)]
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
