@@ -32,10 +32,12 @@ PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer arra
 TOKEN_SEQUENCES = (list, tuple, np.ndarray)  # what a prompt of token ids may be
 SESSION_OPTIONS = ("provider", "num_speculative_tokens", "commit", "threads", "cuda_graphs", "pipeline_stages",
                    "devices", "exact", "exact_batch_size", "exact_k")
-SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "seed")
-CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stream"),
+SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "seed", "min_p")
+# The keywords each call takes (tests/test_redteam_api.py checks them against the signatures):
+CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stream", "stop"),
                   "batcher": ("max_batch_size",)}
-REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS)  # of add_request
+REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stop", "logprobs",
+                     "seed_index")  # of add_request
 # Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
 # make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
 # every row every step, as on CUDA), pipelined (the loop's depth: speculative/decoder.py), fused_verify
@@ -467,7 +469,7 @@ def decoder_options(options: dict, caller: str) -> dict:
     An unknown keyword names the valid ones and, where it can tell, what was meant."""
     for name in options:
         if name not in DECODER_HOOKS:
-            raise InputError(_unknown_keyword(name, caller))
+            raise InputError(unknown_keyword(name, caller))
     if not callable(options.get("make_drafts", callable)):
         raise InputError(f"make_drafts={options['make_drafts']!r} must be a callable: make_drafts(mtp) -> drafts.")
     if options.get("on_commit") is not None and not callable(options["on_commit"]):
@@ -481,16 +483,36 @@ def decoder_options(options: dict, caller: str) -> dict:
     return dict(options)
 
 
-def _unknown_keyword(name: str, caller: str) -> str:
-    own = CALL_ARGUMENTS[caller]
-    message = (f"{caller}() got an unknown keyword {name!r}; it takes {', '.join(own)} and the decoder hooks "
-               f"{', '.join(DECODER_HOOKS)}.")
+def request_arguments(requests) -> list[dict]:
+    """add_requests' list: each entry a dict of add_request's keywords, with a prompt."""
+    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
+        raise InputError(f"requests={_short(requests)} must be a list of dicts, each holding add_request's keyword "
+                         "arguments: [{\"prompt\": [3, 14], \"max_new_tokens\": 8}, ...].")
+    requests = list(requests)
+    for i, arguments in enumerate(requests):
+        if not isinstance(arguments, dict):
+            raise InputError(f"requests[{i}]={_short(arguments)} must be a dict of add_request's keyword arguments, "
+                             "such as {\"prompt\": [3, 14], \"max_new_tokens\": 8}.")
+        for name in arguments:
+            if name not in REQUEST_ARGUMENTS:
+                raise InputError(f"requests[{i}]: " + unknown_keyword(name, "add_request"))
+        if "prompt" not in arguments:
+            raise InputError(f"requests[{i}] has no 'prompt'; each request needs the token ids (or text) to continue.")
+    return requests
+
+
+def unknown_keyword(name, caller: str) -> str:
+    own = REQUEST_ARGUMENTS if caller == "add_request" else CALL_ARGUMENTS[caller]
+    hooks = "" if caller == "add_request" else f" and the decoder hooks {', '.join(DECODER_HOOKS)}"
+    message = f"{caller}() got an unknown keyword {_short(name)}; it takes {', '.join(own)}{hooks}."
+    if not isinstance(name, str):
+        return message
     if name in SESSION_OPTIONS or name == "k":
         option = "num_speculative_tokens" if name == "k" else name
         return message + f" {option} is a Session option: ortspec.Session(model_dir, {option}=...)."
     if caller == "batcher" and name in REQUEST_ARGUMENTS:
         return message + f" {name} belongs to each request: batcher.add_request(prompt, {name}=...)."
-    close = difflib.get_close_matches(name, own + DECODER_HOOKS, n=1)
+    close = difflib.get_close_matches(name, own + (() if caller == "add_request" else DECODER_HOOKS), n=1)
     return message + (f" Did you mean {close[0]!r}?" if close else "")
 
 

@@ -71,8 +71,8 @@ def drain(batcher, rid) -> list[int]:
 
 
 def seeded(options: dict) -> dict:
-    """A sampled call needs a seed for generate and the batcher to agree."""
-    return options if "seed" in options else {**options, "seed": 5}
+    """A sampled call needs a seed for generate and the batcher to agree (seed=None is no seed)."""
+    return options if options.get("seed") is not None else {**options, "seed": 5}
 
 
 @SETTINGS

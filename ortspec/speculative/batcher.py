@@ -146,7 +146,7 @@ class Batcher:
 
     def add_request(self, prompt, max_new_tokens: int = 32, stop_tokens=None, temperature: float = 0.0,
                     top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop=None,
-                    logprobs: int | None = None, seed_index: int = 0, min_p: float = 0.0) -> int:
+                    logprobs: int | None = None, seed_index: int = 0, min_p: float = 0.0, **unknown) -> int:
         """Validates and prefills one prompt into a free row; returns the request id.
 
         prompt: token ids (as for Session.generate), or a str, encoded with the model's
@@ -158,7 +158,9 @@ class Batcher:
         under the model (the log-softmax of the target's logits) and the N most probable
         alternatives, read with logprobs(id); such a request's steps keep the logits on the host."""
         arguments = dict(locals())
-        del arguments["self"]
+        del arguments["self"], arguments["unknown"]
+        if unknown:  # an InputError naming the keywords, as generate() gives, not Python's TypeError
+            raise InputError(validation.unknown_keyword(next(iter(unknown)), "add_request"))
         return self.add_requests([arguments])[0]
 
     def add_requests(self, requests: list[dict]) -> list[int]:
@@ -167,7 +169,7 @@ class Batcher:
         prefilled once: the others' rows start from copies of its states, and each draws its own
         first token from the same logits."""
         with self._call():
-            new = [self._checked(**arguments) for arguments in requests]
+            new = [self._checked(**arguments) for arguments in validation.request_arguments(requests)]
             free = [i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done]  # finished: free
             if len(free) < len(new):
                 taken = (f"all {self.max_batch_size} rows are busy" if not free else
