@@ -39,7 +39,10 @@ from .gdn_cpu import make_gated_deltanet_rows
 from .layers import (
     make_add_rms_norm,
     make_attention,
+    make_attention_context,
+    make_attention_rows,
     make_gated_deltanet,
+    make_kv_step,
     make_mlp,
     make_one_row_steps,
     make_rms_norm,
@@ -339,11 +342,6 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
     compute op is a constant or an input, never derived from a shape (CUDA-graph capture).
     """
     last = g.op("Unsqueeze", [last, g.const([1])])  # [B, 1]
-    step = make_step_inputs(g, spec, positions, max_length, window=states["key.mtp"])
-    out, new_key, new_value, key_view, value_view = _mtp_pass(
-        g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
-    g.output(new_key, "new_key.mtp", F32, None)
-    g.output(new_value, "new_value.mtp", F32, None)
 
     def at_last(x):  # row a of each request: [B, M, ...] -> [B, 1, ...]
         return g.op("Unsqueeze", [g.op("GatherND", [x, last], batch_dims=1), g.const([1])])
@@ -352,24 +350,14 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
         draft, probs = choose(draft_logits(g, out), j)  # over the draft vocabulary (N or V tokens)
         return to_full_vocabulary(g, spec, draft, probs)
 
-    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]: only row a drafts
-    # A draft's position stays below max_length; it needs no clamp to the window W: the runtime
-    # passes W >= (last position + k) unless W = max_length (runtime/model.py attention_window).
-    # (A clamp computed from the window's shape would be shape math that ONNX Runtime places on
-    # the CPU, and a CUDA graph may not hold CPU compute nodes: seen on the H200.)
-    last_slot = g.const([max_length - 1])
-    if g.target != CPU and k > 1:  # every draft pass's positions, bias and scatter indices at once
-        positions = g.op("Min", [g.op("Add", [base, g.const(range(1, k))]), last_slot])  # [B, k-1]
-        draft_steps = make_one_row_steps(g, spec, positions, k - 1, step.slots)  # the draft views' W is key.mtp's
+    catch_up = _catch_up_last_row if g.target != CPU else _catch_up_every_row
+    out, key_view, value_view, draft_steps = catch_up(g, spec, max_length, k, ids, hidden, positions, states,
+                                                      at_last)  # out [B, 1, H]: only row a drafts
     draft, probs = draft_from(out, 0)
     drafts, draft_probs = [draft], [probs]
     for j in range(1, k):
-        if g.target != CPU:
-            pass_step = draft_steps[j - 1]
-        else:
-            position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
-            pass_step = make_step_inputs(g, spec, position, max_length, window=key_view, rows=1)
-        out, _, _, key_view, value_view = _mtp_pass(g, spec, draft, out, pass_step, key_view, value_view)
+        out, _, _, key_view, value_view = _mtp_pass(g, spec, draft, out, draft_steps(j, key_view), key_view,
+                                                    value_view)
         draft, probs = draft_from(out, j)
         drafts.append(draft)
         draft_probs.append(probs)
@@ -377,6 +365,57 @@ def add_mtp_propose(g: GraphBuilder, spec: ModelSpec, max_length: int, k: int, i
     if probs is None:
         return drafts_out, None
     return drafts_out, g.op("Concat", draft_probs, axis=1) if k > 1 else probs
+
+
+# A draft's position stays below max_length; it needs no clamp to the window W: the runtime passes
+# W >= (last position + k) unless W = max_length (runtime/model.py attention_window). (A clamp
+# computed from the window's shape would be shape math that ONNX Runtime places on the CPU, and a
+# CUDA graph may not hold CPU compute nodes: seen on the H200.)
+
+def _catch_up_every_row(g, spec, max_length, k, ids, hidden, positions, states, at_last):
+    """add_mtp_propose's catch-up on the CPU: the head's pass over all M rows, row a's output
+    taken after it; each draft pass builds its own positions and bias. Returns (row a's output
+    [B, 1, H], the merged key and value views, draft_steps(j, key view) -> pass j's StepInputs)."""
+    step = make_step_inputs(g, spec, positions, max_length, window=states["key.mtp"])
+    out, new_key, new_value, key_view, value_view = _mtp_pass(
+        g, spec, ids, hidden, step, states["key.mtp"], states["value.mtp"])
+    g.output(new_key, "new_key.mtp", F32, None)
+    g.output(new_value, "new_value.mtp", F32, None)
+    out, base = at_last(out), at_last(positions)  # [B, 1, H], [B, 1]
+    last_slot = g.const([max_length - 1])
+
+    def draft_steps(j, key_view):
+        position = g.op("Min", [g.op("Add", [base, g.const([j])]), last_slot])
+        return make_step_inputs(g, spec, position, max_length, window=key_view, rows=1)
+
+    return out, key_view, value_view, draft_steps
+
+
+def _catch_up_last_row(g, spec, max_length, k, ids, hidden, positions, states, at_last):
+    """add_mtp_propose's catch-up on the portable graphs: every row writes its KV rows (the same
+    ops as the pass over all rows), but only row a attends and runs the rest of the layer, since
+    only row a's output drafts: its query, gate and residual are gathered before the attention,
+    which then runs as a one-row pass (no row Transposes, one bias row). Row a's bias and every
+    draft pass's positions, bias and scatter indices are made together (make_one_row_steps).
+    Returns what _catch_up_every_row returns."""
+    eps = spec.rms_norm_eps
+    rows_step = make_kv_step(g, positions, max_length, window=states["key.mtp"])
+    embedded = make_rms_norm(g, g.embedding(ids), "mtp.pre_embed", eps)
+    normed_hidden = make_rms_norm(g, hidden, "mtp.pre_hidden", eps)
+    x = g.linear(g.op("Concat", [embedded, normed_hidden], axis=-1), "mtp.fc", hint="mtp.fc_out")  # [B, M, H]
+    q, gate, new_key, new_value, key_view, value_view = make_attention_rows(
+        g, spec, make_rms_norm(g, x, "mtp.L0.in_norm", eps), "mtp.L0", rows_step, states["key.mtp"],
+        states["value.mtp"])
+    g.output(new_key, "new_key.mtp", F32, None)
+    g.output(new_value, "new_value.mtp", F32, None)
+    base = at_last(positions)  # [B, 1]: row a's position
+    if k > 1:  # row a, then the draft passes at T+a+1 .. T+a+k-1
+        base = g.op("Min", [g.op("Add", [base, g.const(range(k))]), g.const([max_length - 1])])  # [B, k]
+    steps = make_one_row_steps(g, spec, base, k, rows_step.slots, scatter_from=1)  # the views' W is key.mtp's
+    attended = make_attention_context(g, spec, at_last(q), at_last(gate), key_view, value_view, "mtp.L0", steps[0])
+    h, residual = make_add_rms_norm(g, attended, at_last(x), "mtp.L0.post_norm", eps)
+    out, _ = make_add_rms_norm(g, make_mlp(g, spec, h, "mtp.L0"), residual, "mtp.norm", eps)  # [B, 1, H]
+    return out, key_view, value_view, lambda j, key_view: steps[j]
 
 
 def draft_argmax(g: GraphBuilder):

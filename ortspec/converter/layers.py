@@ -34,7 +34,8 @@ class StepInputs:
     """Per-graph values every layer reads: positions and the attention bias."""
 
     positions: str  # int64 [B, M]: also the rows of the RoPE tables (make_rope)
-    attn_bias: str  # float [B, 1, M*groups, W] (one row: [B, 1, 1, W]): 0 where slot <= position, -inf elsewhere
+    attn_bias: str | None  # float [B, 1, M*groups, W] (one row: [B, 1, 1, W]): 0 where slot <= position, -inf
+    # elsewhere; None where the rows write their KV but none of them attends (make_kv_step)
     one_row: bool = False  # M is 1 in a portable graph: make_attention moves rows by Reshape (see there)
     shared_slots: dict | None = None  # a portable graph's KV scatter indices, made once for all its layers
     slots: str | None = None  # int64 [W]: the slot numbers the bias compares with (a later pass over W reuses them)
@@ -106,15 +107,23 @@ def make_step_inputs(g: GraphBuilder, spec: ModelSpec, positions: str, max_lengt
                       shared_slots=shared, slots=slots)
 
 
-def make_one_row_steps(g: GraphBuilder, spec: ModelSpec, positions: str, passes: int, slots: str) -> list[StepInputs]:
+def make_kv_step(g: GraphBuilder, positions: str, max_length: int, window: str | None = None) -> StepInputs:
+    """(portable graphs) The StepInputs of rows that write their KV rows but do not attend
+    themselves (the MTP head's catch-up rows, of which one attends: make_one_row_steps): no bias."""
+    return StepInputs(positions, None, shared_slots=_shared_slots(g, positions, False),
+                      slots=make_bias_slots(g, max_length, window))
+
+
+def make_one_row_steps(g: GraphBuilder, spec: ModelSpec, positions: str, passes: int, slots: str,
+                       scatter_from: int = 0) -> list[StepInputs]:
     """(portable graphs) The StepInputs of ``passes`` one-row passes over one window, made together:
-    positions int64 [B, passes], column j pass j's; slots make_bias_slots' [W]. One mask, one bias
-    and one Expand of the scatter indices for all the passes, then a Split of each (one kernel each)
-    where there are several; the values are those make_step_inputs gives each pass alone."""
+    positions int64 [B, passes], column j pass j's; slots make_bias_slots' [W]; the passes from
+    ``scatter_from`` on write KV rows (the ones before only attend). One mask, one bias and one
+    Expand of the scatter indices for all the passes, then a Split of each (one kernel each) where
+    there are several; the values are those make_step_inputs gives each pass alone."""
     kvh, hd = spec.num_key_value_heads, spec.head_dim
     visible = g.op("LessOrEqual", [slots, g.op("Unsqueeze", [positions, g.const([2])])])  # [B, passes, W]
     bias = g.op("Where", [visible, g.const(0.0, "float32"), g.const(float("-inf"), "float32")])
-    keys = g.op("Expand", [g.op("Unsqueeze", [positions, g.const([1, 2])]), g.const([1, kvh, hd, 1])])  # [B, kvh, hd, passes]
 
     def apart(x: str, axis: int) -> list[str]:
         if passes == 1:
@@ -122,10 +131,14 @@ def make_one_row_steps(g: GraphBuilder, spec: ModelSpec, positions: str, passes:
         return g.op("Split", [x, g.const([1] * passes)], num_outputs=passes, axis=axis)
 
     per_position = apart(positions, 1)  # [B, 1] each
-    biases, key_slots = apart(bias, 1), apart(keys, 3)  # [B, 1, W], [B, kvh, hd, 1] each
-    return [StepInputs(p, g.op("Unsqueeze", [b, g.const([1])], hint="attn_bias"), one_row=True,
-                       shared_slots={"key": k, "value": g.op("Reshape", [k, g.const([0, kvh, 1, hd])])}, slots=slots)
-            for p, b, k in zip(per_position, biases, key_slots)]
+    biases = apart(bias, 1)  # [B, 1, W] each
+    shared = [None] * passes
+    if passes > scatter_from:
+        keys = g.op("Expand", [g.op("Unsqueeze", [positions, g.const([1, 2])]), g.const([1, kvh, hd, 1])])
+        for j, key in enumerate(apart(keys, 3)[scatter_from:], scatter_from):  # [B, kvh, hd, 1] each
+            shared[j] = {"key": key, "value": g.op("Reshape", [key, g.const([0, kvh, 1, hd])])}
+    return [StepInputs(p, g.op("Unsqueeze", [b, g.const([1])], hint="attn_bias"), one_row=True, shared_slots=s,
+                       slots=slots) for p, b, s in zip(per_position, biases, shared)]
 
 
 def make_rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
@@ -208,8 +221,17 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     order) whether it arrives in a decode or a verify call. The runtime writes the new
     rows (new_key [B,kvh,hd,M], new_value [B,kvh,M,hd]) into the cache buffers in place.
     """
+    q, gate, new_key, new_value, keys, values = make_attention_rows(g, spec, x, prefix, step, past_key, past_value)
+    out = make_attention_context(g, spec, q, gate, keys, values, prefix, step)
+    return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
+
+
+def make_attention_rows(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: StepInputs,
+                        past_key: str, past_value: str) -> tuple[str, ...]:
+    """make_attention's first half, every row: the projection, the queries q [B, M, nh, hd] (normed
+    and rotated), the gate [B, M, nh*hd], the new KV rows and the merged views they are scattered
+    into. Returns (q, gate, new_key, new_value, keys, values)."""
     nh, kvh, hd, eps = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.rms_norm_eps
-    groups = nh // kvh
     q, gate, k, v = g.op("Split", [g.linear(x, f"{prefix}.qkv", out_dtype=F32),
                                    g.const([nh * hd, nh * hd, kvh * hd, kvh * hd])], num_outputs=4, axis=-1)
     q = g.op("Reshape", [q, g.const([0, 0, nh, hd])])
@@ -224,7 +246,17 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     key_slots, value_slots = step.kv_slots(g, spec, new_key, new_value)  # int64, the shapes of new_key, new_value
     keys = g.op("ScatterElements", [past_key, key_slots, new_key], axis=3)  # [B, kvh, hd, W]
     values = g.op("ScatterElements", [past_value, value_slots, new_value], axis=2)  # [B, kvh, W, hd]
+    return q, gate, new_key, new_value, keys, values
 
+
+def make_attention_context(g: GraphBuilder, spec: ModelSpec, q: str, gate: str, keys: str, values: str,
+                           prefix: str, step: StepInputs) -> str:
+    """make_attention's second half: the queries q [B, M, nh, hd] over the merged views, gated by
+    gate [B, M, nh*hd], through o_proj: [B, M, H] in the activations' dtype. step gives the bias
+    (its rows M, and one_row for a portable one-row call)."""
+    nh, kvh, hd = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    groups = nh // kvh
+    rows = _RowMoves(g, step.one_row)
     # Query head h uses kv head h // groups: the queries of one kv head, all rows and groups,
     # are the rows of one product with the cache [B, kvh, M*groups, hd]. ONNX Runtime's CPU
     # GEMM computes a row the same way for any number of rows except through its one-row
@@ -240,8 +272,7 @@ def make_attention(g: GraphBuilder, spec: ModelSpec, x: str, prefix: str, step: 
     ctx = rows.transpose(g.op("Reshape", [ctx, g.const([0, 0, -1, groups, hd])]), [0, 2, 1, 3, 4], [0, 1, nh * hd])
     ctx = g.op("Reshape", [ctx, g.const([0, 0, nh * hd])])  # [B, M, nh*hd], head h = kv head * groups + group
     gated = g.op("Mul", [ctx, g.op("Sigmoid", [gate])])
-    out = g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out", x_dtype=F32)  # [B, M, H] in the activations
-    return (out, new_key, new_value, keys, values) if merged else (out, new_key, new_value)
+    return g.linear(gated, f"{prefix}.o", hint=f"{prefix}.attn_out", x_dtype=F32)  # [B, M, H] in the activations
 
 
 class _RowMoves:
