@@ -113,7 +113,7 @@ def test_ignore_eos_runs_past_the_models_stop_tokens(tokenized_model, monkeypatc
 
 @pytest.mark.parametrize("body,status,match", [
     (b"{not json", 400, r"not valid JSON"),
-    (b"[1, 2]", 400, r"JSON list; send a JSON object"),
+    (b"[1, 2]", 400, r"JSON array; send a JSON object"),
     ({"max_tokens": 4}, 400, r"no 'prompt'"),
     ({"prompt": ["a", "b"]}, 400, r"2 prompts; send one prompt per request"),
     ({"prompt": "a", "max_tokens": 0}, 400, r"max_tokens=0 must be an integer >= 1"),

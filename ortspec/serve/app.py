@@ -27,6 +27,7 @@ import threading
 import time
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -178,8 +179,10 @@ class Routes:
             prompt = self.chat_template.render(req.messages) if chat else req.prompt
             [checked] = self.session.new_requests(prompt, req.max_tokens, min_new_tokens=1, sampling=req.sampling,
                                                   stop=req.stop, logprobs=req.logprobs).requests
-        except (TemplateError, InputError) as exc:
+        except TemplateError as exc:
             raise protocol.BadRequest(str(exc)) from None
+        except InputError as exc:  # the prompt's length with max_tokens, its ids, the stop strings' text
+            raise protocol.refused(exc) from None
         return req, checked.prompt
 
     def _check_length(self, characters: int, what: str) -> None:
@@ -322,6 +325,22 @@ def _is_tokens_of(item: tuple, index: int) -> bool:
     return item[0] == index and isinstance(item[1], Tokens)
 
 
+async def _no_route(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404 (no route) and 405 (a route, another method) as OpenAI error bodies."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        message = (f"there is no route {where}; this server serves POST /v1/completions, POST /v1/chat/completions, "
+                   "GET /v1/models, /health, /metrics and /openapi.json.")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "another method")
+        message = f"{where} is not served; {request.url.path} takes {allowed}."
+    else:
+        message = exc.detail
+    response = error(exc.status_code, message)
+    response.headers.update(exc.headers or {})  # 405: Allow
+    return response
+
+
 def create_app(session, engine: Engine, model_name: str, limits: Limits | None = None,
                chat_template: ChatTemplate | None = None) -> Starlette:
     routes = Routes(session, engine, model_name, limits or Limits(), chat_template)
@@ -332,4 +351,4 @@ def create_app(session, engine: Engine, model_name: str, limits: Limits | None =
         Route("/openapi.json", routes.openapi),
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-    ])
+    ], exception_handlers={HTTPException: _no_route})

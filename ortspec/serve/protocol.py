@@ -28,9 +28,14 @@ from .. import validation
 from ..errors import InputError
 from ..speculative.sampling import SamplingParams
 
-UNSUPPORTED = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
-               "logit_bias": None, "suffix": None, "tools": None, "response_format": None,
-               "min_tokens": 0}  # field -> the only value accepted
+# field -> the values accepted: those that change nothing (the first is the one a message names;
+# None: leave it out, or send it empty: [], "" or {})
+UNSUPPORTED = {"best_of": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
+               "logit_bias": None, "suffix": None, "min_tokens": (0,),
+               "tools": None, "functions": None,  # functions, function_call: tools, tool_choice's older names
+               "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),  # with no tools both say: text
+               "response_format": ({"type": "text"},)}
+EMPTY = ([], "", {})
 MAX_JSON_DEPTH = 32  # nested objects and arrays a body may hold (a chat body with text parts needs 5)
 MAX_STOPS, MAX_STOP_CHARS = 4, 1000  # stop strings a request may send (OpenAI's 4), characters in each
 MAX_LOGPROBS = {False: 5, True: validation.MAX_LOGPROBS}  # chat -> the most alternatives per token (OpenAI's)
@@ -99,11 +104,20 @@ def parse_json(raw: bytes) -> dict:
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON object such as "
                          '{"prompt": "def f(", "max_tokens": 16}.') from None
     if not isinstance(body, dict):
-        raise BadRequest(f"the body is a JSON {type(body).__name__}; send a JSON object.")
+        raise BadRequest(f"the body is a JSON {_json_type(body)}; send a JSON object such as "
+                         '{"prompt": "def f(", "max_tokens": 16} (one request per body).')
     if _depth(body) > MAX_JSON_DEPTH:
         raise BadRequest(f"the body nests objects or arrays more than {MAX_JSON_DEPTH} levels deep; a request needs "
                          "at most 5.")
     return body
+
+
+def _json_type(value) -> str:
+    """What JSON calls a parsed value's type."""
+    if isinstance(value, bool):
+        return "boolean"
+    return {list: "array", str: "string", int: "number", float: "number", type(None): "null"}.get(type(value),
+                                                                                                "object")
 
 
 def _depth(value) -> int:
@@ -124,9 +138,9 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
     field. models: the names served (empty: any); max_n: the most choices (the batch's rows)."""
     body = {name: value for name, value in body.items() if value is not None}  # null: the default
     for name, accepted in UNSUPPORTED.items():
-        if name in body and body[name] != accepted and not (accepted is None and body[name] in ([], "")):
+        if name in body and not any(_same(body[name], value) for value in accepted or EMPTY):
             raise BadRequest(f"{name}={_short(body[name])} is not supported by ortspec serve; leave it out"
-                             f"{'' if accepted is None else f' or send {accepted!r}'}.")
+                             f"{'' if accepted is None else f' or send {_short(accepted[0])}'}.")
     _model(body, models)
     options = body.get("stream_options", {})
     if not isinstance(options, dict):
@@ -141,7 +155,7 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
         echo = validation.flag("echo", body.get("echo", False))
         stop = validation.stop_strings(body.get("stop"))
     except InputError as exc:
-        raise BadRequest(str(exc).replace("max_new_tokens", "max_tokens")) from None
+        raise refused(exc) from None
     logprobs = _logprobs(body, chat)
     _check_choices(chat, echo, logprobs, stop)
     return Completion(prompt=None if chat else _prompt(body), messages=_messages(body) if chat else None,
@@ -149,6 +163,18 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
                       timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat,
                       id=request_id or new_id(), n=_n(body.get("n", 1), max_n), stop=stop, logprobs=logprobs,
                       echo=echo, ignore_eos=ignore_eos)
+
+
+def _same(value, accepted) -> bool:
+    """value is accepted's JSON value: 1 and 1.0 alike, but not true for 1, nor [] for {}."""
+    if validation.is_real(accepted):
+        return validation.is_real(value) and value == accepted
+    return type(value) is type(accepted) and value == accepted
+
+
+def refused(exc: InputError) -> BadRequest:
+    """The 400 for what the Python API's checks refused, in the body's words (max_tokens)."""
+    return BadRequest(str(exc).replace("max_new_tokens", "max_tokens"))
 
 
 def _model(body: dict, models: tuple) -> None:
@@ -261,7 +287,8 @@ def _short(value, limit: int = 60) -> str:
 
 # -- responses ----------------------------------------------------------------------------------
 def error_body(message: str, status: int, code: str | None = None, param: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 408: "invalid_request_error",
+    kind = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+            408: "invalid_request_error",
             413: "invalid_request_error", 429: "rate_limit_error",
             431: "invalid_request_error"}.get(status, "server_error")
     if code == ModelNotFound.code:

@@ -1,0 +1,84 @@
+"""Red-team findings on ortspec serve, as unseen clients hit them: routes and methods the server
+does not serve (Starlette's plain-text 404/405, now OpenAI error bodies), fields that change
+nothing refused (response_format text, an empty logit_bias) and fields that change what is
+generated silently ignored (functions, function_call, tool_choice), a length error naming the
+Python API's max_new_tokens. Each gets its answer and the server goes on serving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.test_hostile_server import post, send, serving
+from tests.test_serve import server  # noqa: F401  (a fixture)
+
+
+def answer(port: int, method: str, route: str) -> tuple[int, dict, str]:
+    reply = send(port, f"{method} {route} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
+    headers = {name.lower(): value for name, value in headers.items()}
+    assert headers["content-type"] == "application/json", head
+    return int(head.split()[1]), json.loads(payload)["error"], headers.get("allow", "")
+
+
+@pytest.mark.parametrize("method,route,status,match", [
+    ("GET", "/v1/embeddings", 404, r"there is no route GET /v1/embeddings; this server serves POST /v1/completions"),
+    ("POST", "/v2/completions", 404, r"no route POST /v2/completions"),
+    ("GET", "/v1/models/x", 404, r"no route GET /v1/models/x"),
+    ("GET", "/v1/completions", 405, r"GET /v1/completions is not served; /v1/completions takes POST"),
+    ("OPTIONS", "/v1/chat/completions", 405, r"OPTIONS /v1/chat/completions is not served; .* takes POST"),
+    ("POST", "/health", 405, r"POST /health is not served; /health takes .*GET"),
+])
+def test_a_route_or_method_not_served_gets_an_openai_error_body(server, session, method, route, status, match):
+    got, error, allow = answer(server.port, method, route)
+    assert got == status and error["code"] == status and re.search(match, error["message"]), error
+    assert error["type"] in ("not_found_error", "invalid_request_error")
+    assert (status != 405) or "POST" in allow or "GET" in allow  # 405 still names the methods in Allow
+    serving(server, session)
+
+
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "text"}}, {"logit_bias": {}}, {"tool_choice": "none"}, {"tool_choice": "auto"},
+    {"function_call": "none"}, {"functions": []}, {"tools": []}, {"presence_penalty": 0.0}, {"best_of": 1.0},
+])
+def test_a_field_that_changes_nothing_is_served(server, session, fields):
+    status, reply = post(server.port, json.dumps({"prompt": "def f(", "max_tokens": 5, **fields}).encode())
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == session.generate("def f(", max_new_tokens=5)
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"functions": [{"name": "f", "parameters": {}}]}, r"functions=.* is not supported by ortspec serve; leave it out\."),
+    ({"function_call": {"name": "f"}}, r"function_call=.* is not supported.*or send \"none\""),
+    ({"tool_choice": "required"}, r"tool_choice=\"required\" is not supported.*or send \"none\""),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, r"tool_choice=.* is not supported"),
+    ({"response_format": {"type": "json_object"}}, r"response_format=.* or send \{\"type\": \"text\"\}"),
+    ({"logit_bias": {"5": 100}}, r"logit_bias=\{\"5\": 100\} is not supported"),
+    ({"best_of": True}, r"best_of=true is not supported.*or send 1"),
+    ({"logit_bias": []}, None),  # empty, of either kind: nothing to apply
+])
+def test_a_field_that_would_change_the_output_is_refused(server, session, fields, match):
+    status, reply = post(server.port, json.dumps({"prompt": "def f(", "max_tokens": 5, **fields}).encode())
+    if match is None:
+        assert status == 200, reply
+    else:
+        assert status == 400 and re.search(match, reply["error"]["message"]), reply
+    serving(server, session)
+
+
+def test_the_length_error_names_max_tokens(server, session):
+    length = session.manifest.max_length
+    status, reply = post(server.port, json.dumps({"prompt": "def f(", "max_tokens": length}).encode())
+    message = reply["error"]["message"]
+    assert status == 400 and "max_new_tokens" not in message, message
+    assert re.search(rf"with max_tokens={length} that is \d+ > max_length={length}.* lower max_tokens", message)
+
+
+@pytest.mark.parametrize("body,kind", [(b"[]", "an array"), (b"null", "a null"), (b'"a"', "a string"),
+                                       (b"5", "a number"), (b"true", "a boolean")])
+def test_a_body_that_is_not_an_object_is_named_in_json_terms(server, body, kind):
+    status, reply = post(server.port, body)
+    assert status == 400 and f"the body is a JSON {kind.split()[1]}; send a JSON object" in reply["error"]["message"]
