@@ -10,8 +10,9 @@ views ONNX Runtime aliases without a copy (``VIEW_OPS``); shape arithmetic that 
 the CPU still counts, so the count is an upper bound that moves one for one with the graph.
 The table lists the total, the Casts (a float16/bfloat16 model converted with float32 activations
 casts into and out of every product; ``--activations model`` keeps the residual stream in the
-model dtype) and the op kinds, most frequent first; tests/test_op_count.py holds the fp16
-decode of a tiny model under a bound so that a change re-adding casts fails. --variant cpu
+model dtype) and the op kinds, most frequent first; below it the MTP head's kernel ops per pass
+(``head_pass_ops``). tests/test_op_count.py holds the fp16 decode and the head's passes of a tiny
+model under bounds so that a change re-adding casts or per-pass masks and indices fails. --variant cpu
 counts the CPU variants a CPU Session runs ({graph}.cpu.onnx) instead of the portable graphs;
 there a view is no copy either, but each node still costs ONNX Runtime's dispatch (~0.2-0.3 us
 on the CPU), so the "nodes" column counts them all.
@@ -57,6 +58,22 @@ def _graphs(model_dir: Path, graphs, variant: str | None) -> dict[str, onnx.Mode
     return {name: onnx.load(str(path), load_external_data=False) for name, path in paths.items() if path.is_file()}
 
 
+def head_pass_ops(counts: dict[str, collections.Counter], k: int) -> dict[str, float]:
+    """The MTP head's kernel ops per pass, from graph_kernel_ops' counts of a model converted with
+    K >= k: mtp_propose_k{k}'s total over its k passes (the catch-up and k-1 draft passes, with the
+    positions, masks and indices they share), and what verify_mtp_k{k} adds to verify_select_k{k}
+    (the head's k passes, the greedy acceptance and step_ids) over k. Either is left out where a
+    graph is missing."""
+    total = {name: sum(ops.values()) for name, ops in counts.items()}
+    passes = {}
+    if f"mtp_propose_k{k}" in total:
+        passes[f"mtp_propose_k{k} / {k}"] = total[f"mtp_propose_k{k}"] / k
+    if f"verify_mtp_k{k}" in total and f"verify_select_k{k}" in total:
+        passes[f"(verify_mtp_k{k} - verify_select_k{k}) / {k}"] = (
+            total[f"verify_mtp_k{k}"] - total[f"verify_select_k{k}"]) / k
+    return passes
+
+
 def table(label: str, counts: dict[str, collections.Counter], top: int = 12, nodes: dict[str, int] | None = None) -> str:
     """A markdown table: one row per graph, its total (and every node, views too), its Casts and
     its most frequent op kinds."""
@@ -100,8 +117,11 @@ def main(argv=None) -> int:
                                       Path(work)))
         for label, model_dir in models:
             label += f", {args.variant} variants" if args.variant else ""
-            print(table(label, graph_kernel_ops(model_dir, graphs, args.variant),
-                        nodes=graph_nodes(model_dir, graphs, args.variant)))
+            counts = graph_kernel_ops(model_dir, graphs, args.variant)
+            print(table(label, counts, nodes=graph_nodes(model_dir, graphs, args.variant)))
+            passes = head_pass_ops(counts, args.k)
+            if passes:
+                print("MTP head, kernel ops per pass: " + ", ".join(f"{n} = {v:.1f}" for n, v in passes.items()) + "\n")
     return 0
 
 
