@@ -82,3 +82,38 @@ def test_the_length_error_names_max_tokens(server, session):
 def test_a_body_that_is_not_an_object_is_named_in_json_terms(server, body, kind):
     status, reply = post(server.port, body)
     assert status == 400 and f"the body is a JSON {kind.split()[1]}; send a JSON object" in reply["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def chat_server(session):
+    """A server whose model has a chat template (the fixture model has none: give it one)."""
+    from ortspec.serve import chat as chat_module
+    from ortspec.serve.server import Server
+
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chat_module.ChatTemplate, "from_model_dir", classmethod(lambda cls, _: cls(template)))
+        with Server(session, port=0, max_batch_size=2) as s:
+            yield s
+
+
+@pytest.mark.parametrize("messages", [
+    lambda n: [{"role": "r" * n, "content": ""}],  # the bound counted the contents alone
+    lambda n: [{"role": "u", "content": ""}] * (n // 4 + 1),  # "u: \n" a message
+])
+def test_a_chat_prompt_past_the_character_bound_gets_413_before_tokenizing(chat_server, session, monkeypatch, messages):
+    """The rendered prompt is bounded as a completion's prompt is: tokenizing it holds the GIL (a
+    14 MiB body of empty messages held the event loop 4.5 s, and the engine with it in one process)."""
+    limit = chat_server.limits.max_prompt_chars
+    tokenized, new_requests = [], session.new_requests
+    monkeypatch.setattr(session, "new_requests", lambda *a, **k: tokenized.append(1) or new_requests(*a, **k))
+    body = json.dumps({"messages": messages(limit), "max_tokens": 2}).encode()
+    status, reply = post(chat_server.port, body, route="/v1/chat/completions")
+    assert status == 413 and re.search(rf"the chat prompt \(the messages rendered with the model's template\) has "
+                                       rf"\d+ characters, more than this server takes \({limit}, --max-prompt-chars\)",
+                                       reply["error"]["message"]), reply
+    assert not tokenized
+    monkeypatch.undo()
+    status, reply = post(chat_server.port, json.dumps({"messages": [{"role": "user", "content": "def f("}],
+                                                       "max_tokens": 3}).encode(), route="/v1/chat/completions")
+    assert status == 200 and len(reply["choices"][0]["token_ids"]) == 3

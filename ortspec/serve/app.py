@@ -177,6 +177,8 @@ class Routes:
             self._check_length(len(req.prompt), "the prompt")
         try:
             prompt = self.chat_template.render(req.messages) if chat else req.prompt
+            if chat:  # the roles, other keys and the template's own text count too; the tokenizer holds the GIL
+                self._check_length(len(prompt), "the chat prompt (the messages rendered with the model's template)")
             [checked] = self.session.new_requests(prompt, req.max_tokens, min_new_tokens=1, sampling=req.sampling,
                                                   stop=req.stop, logprobs=req.logprobs).requests
         except TemplateError as exc:

@@ -2,7 +2,8 @@
 
     request_timeout   seconds a request may wait for a row and run (a body's "timeout" may ask less)
     max_body_bytes    a body over this gets 413 (Content-Length first, then as it arrives)
-    max_prompt_chars  a text prompt (chat: the messages' contents) over this many characters gets
+    max_prompt_chars  a text prompt (chat: the messages' contents, then the prompt the template
+                      renders from them) over this many characters gets
                       413 before it is tokenized; default: 4 x max_length x the longest token of
                       the vocabulary, so only a prompt that could never fit is refused (the 4:
                       a tokenizer's normalizer may compose up to about 3 characters into one)
