@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 from . import validation
-from .errors import ClosedError
+from .errors import ClosedError, ConfigurationError
 from ._native_loader import load_native
 from .manifest import Manifest, graph_name, stage_graph_name
 from .runtime.engines import Engine, EnginePool, Lease
@@ -61,7 +61,9 @@ class Session:
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None,
                  max_engines_per_batch_size: int = 4, exact: bool = False, exact_batch_size: int = 16,
-                 exact_k: int | None = None) -> None:
+                 exact_k: int | None = None, **unknown) -> None:
+        if unknown:  # a ConfigurationError naming the options (Session(d, k=2)), not Python's TypeError
+            raise ConfigurationError(validation.unknown_keyword(next(iter(unknown)), "Session"))
         self.manifest = Manifest.load(validation.model_dir(model_dir))
         check_provider(validation.provider(provider))
         self.stages = validation.pipeline_stages(pipeline_stages, self.manifest)

@@ -31,13 +31,14 @@ PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer arra
                 "(or a 2-D numpy integer array), or text (str or list[str])")
 TOKEN_SEQUENCES = (list, tuple, np.ndarray)  # what a prompt of token ids may be
 SESSION_OPTIONS = ("provider", "num_speculative_tokens", "commit", "threads", "cuda_graphs", "pipeline_stages",
-                   "devices", "exact", "exact_batch_size", "exact_k")
+                   "devices", "max_engines_per_batch_size", "exact", "exact_batch_size", "exact_k")
 SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "seed", "min_p")
 # The keywords each call takes (tests/test_redteam_api.py checks them against the signatures):
 CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stream", "stop"),
                   "batcher": ("max_batch_size",)}
 REQUEST_ARGUMENTS = ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stop", "logprobs",
                      "seed_index")  # of add_request
+CALL_ARGUMENTS.update({"add_request": REQUEST_ARGUMENTS, "Session": ("model_dir", *SESSION_OPTIONS)})
 # Decoder hooks that generate(...) and batcher(...) pass on (tests and exactness tools use them):
 # make_drafts(mtp) -> DraftSource, on_commit(decoder, batch) after every commit, fixed_rows (run
 # every row every step, as on CUDA), pipelined (the loop's depth: speculative/decoder.py), fused_verify
@@ -502,17 +503,22 @@ def request_arguments(requests) -> list[dict]:
 
 
 def unknown_keyword(name, caller: str) -> str:
-    own = REQUEST_ARGUMENTS if caller == "add_request" else CALL_ARGUMENTS[caller]
-    hooks = "" if caller == "add_request" else f" and the decoder hooks {', '.join(DECODER_HOOKS)}"
+    """The message for a keyword `caller` (generate, batcher, add_request, Session) does not take."""
+    own, hooked = CALL_ARGUMENTS[caller], caller in ("generate", "batcher")  # these pass DECODER_HOOKS on
+    hooks = f" and the decoder hooks {', '.join(DECODER_HOOKS)}" if hooked else ""
     message = f"{caller}() got an unknown keyword {_short(name)}; it takes {', '.join(own)}{hooks}."
     if not isinstance(name, str):
         return message
+    if caller == "Session" and name == "k":
+        return message + " Did you mean 'num_speculative_tokens'?"
+    if caller == "Session" and name in CALL_ARGUMENTS["generate"] + REQUEST_ARGUMENTS:
+        return message + f" {name} belongs to each call: session.generate(prompt, {name}=...) or add_request."
     if name in SESSION_OPTIONS or name == "k":
         option = "num_speculative_tokens" if name == "k" else name
         return message + f" {option} is a Session option: ortspec.Session(model_dir, {option}=...)."
     if caller == "batcher" and name in REQUEST_ARGUMENTS:
         return message + f" {name} belongs to each request: batcher.add_request(prompt, {name}=...)."
-    close = difflib.get_close_matches(name, own + (() if caller == "add_request" else DECODER_HOOKS), n=1)
+    close = difflib.get_close_matches(name, own + (DECODER_HOOKS if hooked else ()), n=1)
     return message + (f" Did you mean {close[0]!r}?" if close else "")
 
 

@@ -180,7 +180,8 @@ def test_bad_stop_tokens(session, expected, stop_tokens, match):
 
 @pytest.mark.parametrize("keywords,match", [
     (dict(k=2), r"unknown keyword 'k'; it takes prompt, max_new_tokens, stop_tokens, temperature, top_k, top_p, "
-                r"seed, stream and the decoder hooks make_drafts, on_commit, fixed_rows, pipelined, fused_verify\. "
+                r"seed, min_p, stream, stop and the decoder hooks make_drafts, on_commit, fixed_rows, pipelined, "
+                r"fused_verify\. "
                 r"num_speculative_tokens is a Session option"),
     (dict(max_tokens=4), r"unknown keyword 'max_tokens'.* Did you mean 'max_new_tokens'\?"),
     (dict(engine=None), r"unknown keyword 'engine'"),

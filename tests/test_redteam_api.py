@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from ortspec import validation
-from ortspec.errors import InputError
+from ortspec.errors import ConfigurationError, InputError
 from ortspec.session import Session
 from ortspec.speculative.batcher import Batcher
 
@@ -66,6 +66,21 @@ def test_the_keyword_lists_in_messages_are_the_signatures():
     assert set(validation.CALL_ARGUMENTS["generate"]) == parameters(Session.generate)
     assert set(validation.CALL_ARGUMENTS["batcher"]) == parameters(Session.batcher)
     assert set(validation.REQUEST_ARGUMENTS) == parameters(Batcher.add_request)
+    assert set(validation.CALL_ARGUMENTS["Session"]) == parameters(Session.__init__)
+
+
+@pytest.mark.parametrize("keyword,match", [
+    ("k", r"Session\(\) got an unknown keyword 'k'; it takes model_dir, provider, .* Did you mean "
+          r"'num_speculative_tokens'\?"),
+    ("num_speculative_token", r"Did you mean 'num_speculative_tokens'\?"),
+    ("temperature", r"temperature belongs to each call: session.generate\(prompt, temperature=...\)"),
+    ("stop", r"stop belongs to each call"),
+])
+def test_an_unknown_session_option_is_a_configuration_error(tokenized_model, session, want, keyword, match):
+    """Session(d, k=2) raised Python's TypeError, where generate's unknown keywords get an InputError."""
+    with pytest.raises(ConfigurationError, match=match):
+        Session(tokenized_model, **{keyword: 2})
+    assert session.generate(PROMPT, max_new_tokens=6) == want
 
 
 def test_unknown_keywords_point_at_the_right_argument(session):
