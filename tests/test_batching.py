@@ -83,9 +83,9 @@ def test_staggered_arrivals_with_fixed_rows(models):
 @pytest.mark.parametrize("k", [0, 2])
 def test_joins_behind_a_step_in_flight_equal_solo_decoding(models, monkeypatch, k):
     """Depth 1 (the CUDA loop, here on the CPU): a join's prefill is enqueued behind the step in
-    flight and the step after it (the run goes on), over a row those steps run as a finished
-    placeholder, and both are read out after it. Tokens equal solo decoding, and states at every
-    join and at the end; the steps read out at a join are counted but not timed for the k policy."""
+    flight, over a row that step runs as a finished placeholder, and that step is read out after
+    it. Tokens equal solo decoding, and states at every join and at the end; the steps read out
+    at a join are counted but not timed for the k policy."""
     out = models.converted("mixed")
     solo = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
     session = ortspec.Session(out, num_speculative_tokens=k)
@@ -102,22 +102,14 @@ def test_joins_behind_a_step_in_flight_equal_solo_decoding(models, monkeypatch, 
             drained_steps.append(any(not r.done for r in flight.run.requests))
         return record(decoder, flight, result, drained)
 
-    two_queued, read_drained = [], Decoder._read_drained
-
-    def read(decoder, flight):
-        two_queued.append(decoder._pipe.flight is not None)  # another step queued behind the one read
-        return read_drained(decoder, flight)
-
     monkeypatch.setattr(Decoder, "_prefill_forward", recorded)
     monkeypatch.setattr(Decoder, "_record", noted)
-    monkeypatch.setattr(Decoder, "_read_drained", read)
     monkeypatch.setattr(FixedK, "record", lambda policy, step: timed.append(step.k))
     stats_before = session.stats["steps"]
     outputs, checked = run_staggered(session, refs=solo_references(GraphSet(session.manifest), k), p=None,
                                      fixed_rows=True, pipelined=True)  # the head's drafts: fused steps run ahead
     assert outputs == solo and len(checked) >= len(REQUESTS)
     assert sum(behind) >= 2  # joins did go in behind a step in flight
-    assert sum(two_queued) >= 2  # ... and behind the step after it
     assert sum(drained_steps) >= 2  # steps read at a join: counted, not told to the k policy
     assert len(timed) + sum(drained_steps) == session.stats["steps"] - stats_before
 

@@ -278,20 +278,14 @@ class Decoder:
     # -- joining and leaving -----------------------------------------------------------------
     def admit(self, requests: list[Request]) -> None:
         """Prefills requests into their rows (``request.row``; a finished row is free), between
-        steps. With a step in flight (depth 1) the step after it goes on with the run first, then
-        the forwards are enqueued behind both: the GPU runs the two steps while the host launches
-        the forwards (an eager prefill's launches outlast a step), which write only their own rows,
-        run by those steps as finished placeholders, after them in stream order. The steps are
-        then read out, and only then do the new requests reach the host's side (rows, first
-        tokens, the MTP head's entries over their prompts, which wait for the next step that drafts)."""
+        steps. Their forwards are enqueued first, behind a step in flight (depth 1), which the GPU
+        runs meanwhile: they write only their own rows, which that step runs as finished
+        placeholders, after it in stream order. That step is then read out, and only then do the
+        new requests reach the host's side (rows, first tokens, the MTP head's entries over their
+        prompts, which wait for the next step that drafts)."""
         sources, copies = forks(requests)
         groups = self._prefill_groups(sources)
-        flight = self._pipe.flight
-        if flight is not None:
-            self._pipe.flight = self._enqueue(self._plan_ahead(flight), ahead=True)
         forwards = [self._prefill_forward(group, copies) for group in groups]  # (ids, out) each
-        if flight is not None:
-            self._read_drained(flight)
         self.drain()
         fresh = not any(r is not None and not r.done for r in self.occupants)  # no row holds drafts
         for req in requests:
@@ -375,13 +369,8 @@ class Decoder:
         with self._clock.inside():
             while self._pipe.flight is not None:
                 flight, self._pipe.flight = self._pipe.flight, None
-                self._read_drained(flight)
+                self._record(flight, flight.run.steps.read(flight.n), drained=True)
             self._close_run()
-
-    def _read_drained(self, flight: Flight) -> None:
-        """Reads a step outside the loop's order (a join's): recorded, not told to the policy."""
-        with self._clock.inside():
-            self._record(flight, flight.run.steps.read(flight.n), drained=True)
 
     def _close_run(self) -> None:
         run, self._pipe.run = self._pipe.run, None
