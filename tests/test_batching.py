@@ -250,8 +250,8 @@ def test_choices_of_one_prompt_are_prefilled_once_and_equal_one_greedy_row(model
             tuple(other): {T: s for (row, T), s in table.items() if row == 1}}
     checked, prefilled = [], []
     prefill = TargetModel.prefill
-    monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions: (
-        prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions))[1])
+    monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions, **options: (
+        prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions, **options))[1])
 
     def compare(decoder, batch):
         for req in batch.requests:

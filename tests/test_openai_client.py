@@ -178,8 +178,8 @@ def test_n_choices_share_one_prefill(client, server, session, monkeypatch):
     copies of its states; counted where the engine runs in this process), with the tokens of n
     separate rows."""
     prompt, prefilled, prefill = session.tokenizer.encode(PROMPT).ids, [], TargetModel.prefill
-    monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions: (
-        prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions))[1])
+    monkeypatch.setattr(TargetModel, "prefill", lambda self, rows, ids, positions, **options: (
+        prefilled.extend(map(tuple, ids.tolist())), prefill(self, rows, ids, positions, **options))[1])
     whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0.9, seed=3, n=4)
     assert prefilled.count(tuple(prompt)) == (0 if isinstance(server.engine, EngineProcess) else 1)
     monkeypatch.undo()

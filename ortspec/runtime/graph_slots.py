@@ -68,11 +68,13 @@ class SlotKey:
 NO_SYNC = "disable_synchronize_execution_providers"  # ONNX Runtime run config key; "1": Run does not wait for the GPU
 
 
-def graph_id_options(graph_id: int, wait: bool = True) -> ort.RunOptions:
-    """RunOptions naming a CUDA graph (-1: run eagerly); made once per slot (each costs host time).
-    wait=False: Run returns once the work is enqueued (read its outputs through the stream)."""
+def graph_id_options(graph_id: int | None, wait: bool = True) -> ort.RunOptions:
+    """RunOptions naming a CUDA graph (-1: run eagerly; None: a session without CUDA graphs); made
+    once per slot (each costs host time). wait=False: Run returns once the work is enqueued (read
+    its outputs through the stream)."""
     options = ort.RunOptions()
-    options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    if graph_id is not None:
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
     if not wait:
         options.add_run_config_entry(NO_SYNC, "1")
     return options

@@ -143,7 +143,7 @@ class GraphRunner:
                 "model again or reconvert it.") from exc
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self._eager_options = graph_id_options(-1) if self.cuda_graphs else None  # made once: ~60 us each
+        self._eager_options = {wait: graph_id_options(-1 if self.cuda_graphs else None, wait) for wait in (True, False)}
 
     def run(self, feeds: dict, slot: SlotKey | HostBinding | None = None, wait: bool = True) -> dict:
         """Inputs as numpy arrays or backend arrays; returns backend arrays (numpy on the CPU;
@@ -158,10 +158,12 @@ class GraphRunner:
             return dict(zip(self.output_names, values))
         if slot is not None and self.cuda_graphs:
             return self.slots.run(self, slot, feeds, wait)
-        return self.run_bound(feeds)
+        return self.run_bound(feeds, wait)
 
-    def run_bound(self, feeds: dict) -> dict:
-        """One eager run over IOBinding (CUDA): inputs bound where they are, outputs allocated by ONNX Runtime."""
+    def run_bound(self, feeds: dict, wait: bool = True) -> dict:
+        """One eager run over IOBinding (CUDA): inputs bound where they are, outputs allocated by ONNX
+        Runtime. wait=False (the shared stream): Run returns once its work is enqueued, and what
+        reads its outputs comes after it on the stream (a host read waits for it)."""
         self.arrays.settle()  # our kernels' writes land before ONNX Runtime reads (replay settles after its uploads)
         binding = self.session.io_binding()
         for name in self.input_names:
@@ -172,7 +174,7 @@ class GraphRunner:
                 binding.bind_ortvalue_input(name, self.arrays.ort_value(value))
         for name in self.output_names:
             binding.bind_output(name, "cuda", self.arrays.device_index)
-        self.session.run_with_iobinding(binding, self._eager_options)
+        self.session.run_with_iobinding(binding, self._eager_options[wait or not self.arrays.shared_stream])
         values = binding.get_outputs()
         out = Outputs({name: self.arrays.wrap(v) for name, v in zip(self.output_names, values)})
         out.keep_alive = (binding, values)

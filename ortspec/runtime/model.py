@@ -33,6 +33,11 @@ class Forward(dict):
     arrays: object  # the backend the outputs live in
     parts: list["Forward"] | None = None
 
+    def read(self, download: str = "tokens") -> None:
+        """Reads ``downloaded`` and ``tokens`` to the host (waits for the forward on CUDA)."""
+        self.downloaded = self.arrays.download(self[download])
+        self.tokens = self.downloaded[:, : self.positions.shape[1]]
+
     def logits(self, at: np.ndarray | None = None) -> np.ndarray:
         """Host float32 logits: every row [B, M, V], or with at [B] row at[j] of request j [B, V]
         (on CUDA gathered on the device first, so a prefill downloads one row, not the prompt's)."""
@@ -50,15 +55,16 @@ class Forward(dict):
         return self.arrays.download(rows)
 
 
-def _forward(graphs: GraphSet, out: dict, positions: np.ndarray, download: str = "tokens") -> Forward:
+def _forward(graphs: GraphSet, out: dict, positions: np.ndarray, download: str | None = "tokens") -> Forward:
     """download: the int64 output [B, >= M] the host reads, whose first M columns are the tokens
-    (``verify_mtp_k{k}`` packs its accept lengths and drafts after them: one download per step)."""
+    (``verify_mtp_k{k}`` packs its accept lengths and drafts after them: one download per step);
+    None: nothing yet (``Forward.read``)."""
     result = Forward(out)
     result.keep_alive = getattr(out, "keep_alive", None)
-    result.downloaded = graphs.arrays.download(out[download])
-    result.tokens = result.downloaded[:, : positions.shape[1]]
     result.positions = positions
     result.arrays = graphs.arrays
+    if download is not None:
+        result.read(download)
     return result
 
 
@@ -130,14 +136,16 @@ class TargetModel:
         return [name] if self.stages == 1 else [stage_graph_name(name, s) for s in range(self.stages)]
 
     def _run(self, name: str, rows: Rows, ids: np.ndarray, positions: np.ndarray, graphed: bool = False,
-             extra_feeds: dict | None = None, download: str = "tokens", reach: int = 1,
-             kv_window: bool = True) -> Forward:
+             extra_feeds: dict | None = None, download: str | None = "tokens", reach: int = 1,
+             kv_window: bool = True, wait: bool = True) -> Forward:
         """graphed: a fixed-shape run, replayed as a CUDA graph where the provider captures them.
         extra_feeds: inputs besides ids, positions and the target's states: the MTP head's cache for a graph
         that runs the head too (``verify_with_head``), a sampling graph's (``SamplingInputs``).
         reach: the slots past the last position the graph touches (1; k where the MTP head drafts k
         in it), for the KV window variant CUDA runs (``kv_window``); kv_window=False: the portable
-        graph over all max_length slots whatever the positions (exact mode)."""
+        graph over all max_length slots whatever the positions (exact mode). download=None,
+        wait=False (an eager forward of one stage): returns once its work is enqueued, nothing
+        read yet (``Forward.read``)."""
         feeds = {"input_ids": ids, "positions": positions,
                  **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)), **(extra_feeds or {})}
         merged, keep_alive = {}, []
@@ -145,7 +153,7 @@ class TargetModel:
         for stage, graph in enumerate(self.graph_names(name)):
             graph = windows.for_positions(graph, positions, reach) if kv_window else graph
             key = SlotKey.for_run(graph, ids, self.slot_id(rows)) if graphed else None
-            out = self.graphs[graph].run(feeds, slot=key)
+            out = self.graphs[graph].run(feeds, slot=key, wait=wait or stage + 1 < self.stages)
             keep_alive.append(getattr(out, "keep_alive", None))
             merged.update(out)
             if stage + 1 < self.stages:
@@ -185,8 +193,10 @@ class TargetModel:
         """Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""
         self.states.reset(rows)
 
-    def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Forward:
-        out = self._run("prefill", rows, ids, positions)
+    def prefill(self, rows: Rows, ids: np.ndarray, positions: np.ndarray, read: bool = True) -> Forward:
+        """read=False: returns once the forward and its state writes are enqueued, its tokens not
+        read yet (``Forward.read``): the host can go on while the GPU runs it."""
+        out = self._run("prefill", rows, ids, positions, download="tokens" if read else None, wait=read)
         self.states.advance(out, rows, positions)
         return out
 

@@ -331,7 +331,7 @@ class Decoder:
         positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
         with self.engine.step(check_errors=self._pipe.flight is None), self.stats.timed("prefill"):
             self.engine.reset(rows)
-            out = self.engine.target.prefill(rows, ids, positions)
+            out = self.engine.target.prefill(rows, ids, positions, read=False)  # read in _prefill_finish
             for req in requests:
                 if req.row in copies:
                     self.engine.target.fork(req.row, Rows([f.row for f in copies[req.row]]))
@@ -344,6 +344,7 @@ class Decoder:
         0..n-1 deferred."""
         n = ids.shape[1]
         with self.engine.step(), self.stats.timed("prefill"):
+            out.read()
             forked = [(j, f) for j, req in enumerate(requests) for f in copies.get(req.row, [])]
             source = list(range(len(requests))) + [j for j, _ in forked]  # each request's row of out
             requests = requests + [f for _, f in forked]
