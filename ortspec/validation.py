@@ -44,7 +44,7 @@ CALL_ARGUMENTS.update({"add_request": REQUEST_ARGUMENTS, "Session": ("model_dir"
 # every row every step, as on CUDA), pipelined (the loop's depth: speculative/decoder.py), fused_verify
 # (False: the MTP head never runs inside the verify's graph; speculative/step_kinds.py). Decoder's
 # engine and stages belong to the Session.
-DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined", "fused_verify")
+DECODER_HOOKS = ("make_drafts", "on_commit", "fixed_rows", "pipelined", "fused_verify", "background_prefill")
 INT64_MAX = 2**63 - 1  # the largest integer argument: numpy and ONNX Runtime take integers as int64
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest real argument: the head's graph takes float32
 
@@ -475,7 +475,7 @@ def decoder_options(options: dict, caller: str) -> dict:
         raise InputError(f"make_drafts={options['make_drafts']!r} must be a callable: make_drafts(mtp) -> drafts.")
     if options.get("on_commit") is not None and not callable(options["on_commit"]):
         raise InputError(f"on_commit={options['on_commit']!r} must be a callable on_commit(decoder, batch) or None.")
-    for flag in ("fixed_rows", "pipelined"):
+    for flag in ("fixed_rows", "pipelined", "background_prefill"):
         if options.get(flag) is not None and not isinstance(options[flag], (bool, np.bool_)):
             raise InputError(f"{flag}={options[flag]!r} must be True, False or None.")
     if not isinstance(options.get("fused_verify", True), (bool, np.bool_)):

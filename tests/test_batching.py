@@ -27,7 +27,7 @@ def solo_references(graphs, k):
     return refs
 
 
-def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3, **options):
+def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3, wait=True, **options):
     """Adds a request every other step while rows are free; checks states after every commit
     (at depth 1: wherever no step is in flight, at each join and at the end)."""
     checked = []
@@ -54,7 +54,7 @@ def run_staggered(session, refs=None, p=0.7, fixed_rows=None, max_batch_size=3, 
                 MTPDrafts(mtp), lambda r: r.tokens if r.placeholder else refs[tuple(r.prompt)][0], vocab, p=p, seed=3)
     if fixed_rows is not None:
         options["fixed_rows"] = fixed_rows
-    return run_arrivals(session.batcher(max_batch_size=max_batch_size, **options), REQUESTS), checked
+    return run_arrivals(session.batcher(max_batch_size=max_batch_size, **options), REQUESTS, wait=wait), checked
 
 
 @pytest.mark.parametrize("commit", ["select", "readvance"])

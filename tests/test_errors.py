@@ -181,7 +181,7 @@ def test_bad_stop_tokens(session, expected, stop_tokens, match):
 @pytest.mark.parametrize("keywords,match", [
     (dict(k=2), r"unknown keyword 'k'; it takes prompt, max_new_tokens, stop_tokens, temperature, top_k, top_p, "
                 r"seed, min_p, stream, stop and the decoder hooks make_drafts, on_commit, fixed_rows, pipelined, "
-                r"fused_verify\. "
+                r"fused_verify, background_prefill\. "
                 r"num_speculative_tokens is a Session option"),
     (dict(max_tokens=4), r"unknown keyword 'max_tokens'.* Did you mean 'max_new_tokens'\?"),
     (dict(engine=None), r"unknown keyword 'engine'"),
@@ -190,6 +190,7 @@ def test_bad_stop_tokens(session, expected, stop_tokens, match):
     (dict(on_commit=5), r"on_commit=5 must be a callable"),
     (dict(fixed_rows="yes"), r"fixed_rows='yes' must be True, False or None"),
     (dict(pipelined=1), r"pipelined=1 must be True, False or None"),
+    (dict(background_prefill="no"), r"background_prefill='no' must be True, False or None"),
     (dict(fused_verify=None), r"fused_verify=None must be True .* or False"),
 ])
 def test_bad_generate_keywords(session, expected, keywords, match):

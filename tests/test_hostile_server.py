@@ -45,10 +45,10 @@ def hold_admission(monkeypatch) -> tuple[threading.Event, threading.Event]:
     """Holds every admission (add_requests) until `release` is set; `inside` is set once one is held."""
     add, inside, release = Batcher.add_requests, threading.Event(), threading.Event()
 
-    def held_add(self, requests):
+    def held_add(self, requests, **options):
         inside.set()
         release.wait(30)
-        return add(self, requests)
+        return add(self, requests, **options)
 
     monkeypatch.setattr(Batcher, "add_requests", held_add)
     return inside, release
@@ -154,11 +154,11 @@ def test_a_planted_admission_failure_fails_that_request_alone(session, monkeypat
     with Server(session, port=0, max_batch_size=2) as server, Records() as log:
         add, failures = Batcher.add_requests, [1]
 
-        def failing_add(self, requests):
+        def failing_add(self, requests, **options):
             if failures and requests[0]["prompt"] == [0, 1, 2]:
                 failures.pop()
                 raise OverflowError("planted admission failure")
-            return add(self, requests)
+            return add(self, requests, **options)
 
         monkeypatch.setattr(Batcher, "add_requests", failing_add)
         results = {}

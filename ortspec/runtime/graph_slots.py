@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 
 import numpy as np
 import onnxruntime as ort
@@ -64,6 +65,11 @@ class SlotKey:
     def describe(self) -> str:
         return f"{self.slot}/M{self.tokens_per_row}/B{self.batch_bucket}/engine{self.engine}"
 
+
+CAPTURE_LOCK = threading.Lock()
+"""Held while ONNX Runtime captures a CUDA graph, and by a Run on another thread than the steps'
+(``prefill_thread``): a capture is in the global mode, during which no other thread of the
+process may launch, allocate or synchronise on the device."""
 
 NO_SYNC = "disable_synchronize_execution_providers"  # ONNX Runtime run config key; "1": Run does not wait for the GPU
 
@@ -127,8 +133,13 @@ class CapturedSlot:
         wait=False: returns before the GPU is done (``graph_id_options``)."""
         self.load_inputs(feeds)
         self.arrays.settle()
-        self.runner.session.run_with_iobinding(self.binding, self.run_options[wait or not self.arrays.shared_stream])
-        self.captured = True
+        options = self.run_options[wait or not self.arrays.shared_stream]
+        if self.captured:
+            self.runner.session.run_with_iobinding(self.binding, options)
+        else:
+            with CAPTURE_LOCK:
+                self.runner.session.run_with_iobinding(self.binding, options)
+            self.captured = True
         return self.outputs
 
 

@@ -8,9 +8,13 @@ them (numpy, or device buffers on CUDA); only token ids come back to the host.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
+from ..errors import InternalError
 from ..manifest import graph_name, stage_graph_name
+from .arrays import DTYPES
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
 from .host_binding import HostBinding, HostBindings
@@ -27,14 +31,16 @@ class Forward(dict):
     sampled request asks (``logits``). ``parts``: the forwards of exact mode's row groups that
     this one joins (``forward_shapes.FixedShape``), which keep the logits of their rows."""
 
-    tokens: np.ndarray
-    downloaded: np.ndarray  # the int64 output read to the host: tokens [B, M], or more columns after them
+    tokens: np.ndarray | None = None
+    downloaded: np.ndarray | None = None  # the int64 output read to the host: tokens [B, M], or more columns after them
     positions: np.ndarray
     arrays: object  # the backend the outputs live in
     parts: list["Forward"] | None = None
 
     def read(self, download: str = "tokens") -> None:
-        """Reads ``downloaded`` and ``tokens`` to the host (waits for the forward on CUDA)."""
+        """Reads ``downloaded`` and ``tokens`` to the host (waits for the forward on CUDA), once."""
+        if self.downloaded is not None:
+            return
         self.downloaded = self.arrays.download(self[download])
         self.tokens = self.downloaded[:, : self.positions.shape[1]]
 
@@ -104,6 +110,7 @@ class TargetModel:
         self._control: dict = {}  # (name, first row, shape) -> an int64 buffer of a loop's step control
         self._readbacks: dict = {}  # (name, shape, dtype) -> StepReadbacks a run reads its steps through
         self._bindings = HostBindings()  # the CPU's forwards over IOBinding (bound_forward)
+        self._zeros: dict[tuple, object] = {}  # (name, shape, dtype) -> a zero buffer (prefill_apart)
 
     def slot_id(self, rows: Rows) -> int:
         """The engine id of the slot keys of a forward over these rows: the model's own for rows
@@ -200,6 +207,40 @@ class TargetModel:
         self.states.advance(out, rows, positions)
         return out
 
+    def prefill_apart(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Callable[[], Forward]:
+        """A prefill of fresh sequences as a call another thread may make (``prefill_thread``),
+        its tokens read: its Run reads zero states shaped as these rows' (what reset leaves; a
+        KV entry the prompt does not write is masked, whatever it holds), never the rows, and
+        writes only its own outputs, so it touches nothing a step touches. ``commit_prefill``
+        writes them into the rows. One stage only."""
+        if self.stages != 1:
+            raise InternalError("prefill_apart runs one stage; a pipeline's prefill runs with prefill()")
+        feeds = {"input_ids": ids, "positions": positions,
+                 **self._zeros_like(self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)))}
+        graphs = self.graphs
+        runner = graphs[graphs.kv_windows.for_positions("prefill", positions, 1)]
+
+        def run() -> Forward:
+            out = _forward(graphs, runner.run(feeds, wait=False), positions, download=None)
+            out.read()
+            return out
+        return run
+
+    def commit_prefill(self, out: Forward, rows: Rows, positions: np.ndarray) -> None:
+        """A ``prefill_apart`` forward's states written into its rows (reset first)."""
+        self.states.advance(out, rows, positions)
+
+    def _zeros_like(self, feeds: dict) -> dict:
+        """Zero buffers of the feeds' shapes and dtypes, made once per shape and never written."""
+        zeros = {}
+        for name, value in feeds.items():
+            dtype = DTYPES[value.dtype] if isinstance(value.dtype, str) else value.dtype
+            key = (name, tuple(value.shape), np.dtype(dtype).str)
+            if key not in self._zeros:
+                self._zeros[key] = self.graphs.arrays.zeros(value.shape, dtype)
+            zeros[name] = self._zeros[key]
+        return zeros
+
     def samples_last_rows(self, out: Forward) -> bool:
         """``sample_last_rows`` can choose from out: one row of logits per request (a prefill's,
         since they are its last row's alone) and a model with ``sample_logits``."""
@@ -285,6 +326,7 @@ class TargetModel:
         self.states.release()
         self._bindings.clear()
         self._control.clear()
+        self._zeros.clear()
         with self.graphs.device_lock:  # freeing page-locked memory may synchronise the device
             for readbacks in self._readbacks.values():
                 readbacks.close()

@@ -7,9 +7,11 @@ checked and tokenized) and read the events the thread hands them. Each turn the 
        deadline (batcher.cancel frees the row at once); a queued job past its deadline fails
        with 503 when no row is free for it this turn (with one free, it is admitted: every
        admitted request gets at least its first token);
-    2. admits queued jobs into free rows (add_request prefills: the first token, sent at once);
+    2. admits queued jobs into free rows (add_requests(wait=False): on CUDA their prefills run on
+       a thread of their own while the steps go on, and a later step seats them with their first
+       token; on the CPU they are prefilled at once and the first token is sent at once);
     3. steps the batcher once and gives every job the tokens step() reported, and its finish
-       reason when it is done.
+       reason when it is done (a prefill that failed on its thread: that job alone gets 500).
 
 Every job that leaves the queue is answered once: finished, failed, or (cancelled: nobody
 listens) dropped with Finished("cancelled"). What goes wrong: a request the batcher refuses gets 400; anything unexpected
@@ -272,7 +274,7 @@ class Engine:
                 prompt=job.prompt, max_new_tokens=job.max_tokens, stop=job.stop,
                 stop_tokens=[] if job.ignore_eos else None, logprobs=job.logprobs, seed_index=job.seed_index,
                 temperature=job.sampling.temperature, top_k=job.sampling.top_k, top_p=job.sampling.top_p,
-                min_p=job.sampling.min_p, seed=job.sampling.seed) for job in jobs])
+                min_p=job.sampling.min_p, seed=job.sampling.seed) for job in jobs], wait=False)
         except OrtspecError as exc:  # checked by the handler already; a race with max_length etc.
             for job in jobs:
                 self._fail(job, 400, str(exc))
@@ -319,7 +321,12 @@ class Engine:
             return
         self._send(rid, job, tokens)
         reason = self.batcher.finish_reason(rid)
-        if reason is not None:
+        if reason == "error":  # its prefill failed on the prefill thread: this request alone
+            log.error("request %s failed in its prefill", job.id, exc_info=self.batcher.error(rid))
+            del self._running[rid]
+            self.batcher.forget(rid)
+            self._fail(job, 500, internal_error(job.id))
+        elif reason is not None:
             self._finish(rid, reason)
 
     def _send(self, rid: int, job: Job, tokens: list[int]) -> None:

@@ -163,14 +163,22 @@ class Batcher:
             raise InputError(validation.unknown_keyword(next(iter(unknown)), "add_request"))
         return self.add_requests([arguments])[0]
 
-    def add_requests(self, requests: list[dict]) -> list[int]:
+    def add_requests(self, requests: list[dict], wait: bool = True) -> list[int]:
         """Several add_request calls in one, all or none: each dict holds add_request's keyword
         arguments; returns their ids. Requests of one prompt (an API request's n choices) are
         prefilled once: the others' rows start from copies of its states, and each draws its own
-        first token from the same logits."""
+        first token from the same logits.
+
+        wait=False: returns once the prefills are under way where the engine runs them on a thread
+        of their own (CUDA: a prefill's Run holds the host for milliseconds, and the steps go on
+        meanwhile), else once they are done. The requests take part from the step after their
+        prefill is done, which reports their first tokens; a prefill that fails there ends its
+        requests with finish_reason "error" (``error(id)`` says why) and the batch goes on."""
         with self._call():
             new = [self._checked(**arguments) for arguments in validation.request_arguments(requests)]
-            free = [i for i, r in enumerate(self.rows[: self.max_batch_size]) if r is None or r.done]  # finished: free
+            joining = self.decoder.joining_rows
+            free = [i for i, r in enumerate(self.rows[: self.max_batch_size])
+                    if (r is None or r.done) and i not in joining]  # finished: free
             if len(free) < len(new):
                 taken = (f"all {self.max_batch_size} rows are busy" if not free else
                          f"{len(free)} of {self.max_batch_size} rows are free, for {len(new)} requests")
@@ -180,7 +188,10 @@ class Batcher:
             for req, row in zip(new, free):
                 req.row = row
             try:
-                self.decoder.admit(new)
+                if wait:
+                    self.decoder.admit(new)
+                else:
+                    self.decoder.submit(new, guard=self._lease.using)
             except BaseException:  # atomic: the rows as they were, no ids; their next requests prefill them anew
                 for row, occupant in previous.items():
                     self.rows[row] = occupant
@@ -276,9 +287,13 @@ class Batcher:
         del self.requests[request_id], self._reported[request_id]
 
     def finish_reason(self, request_id: int) -> str | None:
-        """None while the request runs; then "stop" (a stop token or string), "length" (max_new_tokens)
-        or "cancelled"."""
+        """None while the request runs; then "stop" (a stop token or string), "length" (max_new_tokens),
+        "cancelled" or "error" (its prefill failed: ``error``)."""
         return self._request(request_id).finish_reason
+
+    def error(self, request_id: int) -> BaseException | None:
+        """Why the request's prefill failed (finish_reason "error"), else None."""
+        return self._request(request_id).error
 
     def result(self, request_id: int) -> list[int]:
         """The request's tokens so far (all of them once it is done)."""
@@ -299,15 +314,16 @@ class Batcher:
         return self.requests[request_id]
 
 
-def run_arrivals(batcher: Batcher, requests: list[tuple[list[int], int]], every: int = 2) -> list[list[int]]:
+def run_arrivals(batcher: Batcher, requests: list[tuple[list[int], int]], every: int = 2,
+                 wait: bool = True) -> list[list[int]]:
     """Feeds (prompt, max_new_tokens) requests into a running batch, one every `every` steps
     while a row is free, steps until all are done, and returns their tokens in request order.
-    A staggered-arrival driver for tests and benchmarks."""
+    A staggered-arrival driver for tests and benchmarks; wait: add_requests'."""
     queue, ids, step = list(requests), [], 0
     while queue or batcher.pending:
         if queue and step % every == 0 and len(batcher.running) < batcher.max_batch_size:
             prompt, n = queue.pop(0)
-            ids.append(batcher.add_request(prompt, max_new_tokens=n))
+            ids.extend(batcher.add_requests([dict(prompt=prompt, max_new_tokens=n)], wait=wait))
         if batcher.pending:
             batcher.step()
         step += 1

@@ -22,10 +22,11 @@ its MTP head makes: the k of the step after it. A decode step's head entries wai
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, ContextManager, NamedTuple
 
 import numpy as np
 
@@ -34,7 +35,8 @@ from ..runtime.engines import Engine
 from ..runtime.forward_shapes import ExactShape, FixedShape, ShapePerCall
 from ..runtime.graph_slots import batch_bucket
 from ..runtime.graphs import GraphSet
-from ..runtime.model import MTPHead
+from ..runtime.model import Forward, MTPHead
+from ..runtime.prefill_thread import PrefillThread
 from ..runtime.states import Rows
 from . import logprobs, sampler
 from .auto_k import KChooser, Tail
@@ -83,6 +85,18 @@ class Flight(NamedTuple):
     ahead: bool  # enqueued before the step before it was read
 
 
+@dataclasses.dataclass(eq=False)
+class Join:
+    """A prompt's prefill running on the prefill thread: the requests it seats (the prompt's, then
+    its forks'), the forks by row, its ids and positions [1, n], and the Run's future forward."""
+
+    requests: list[Request]
+    copies: dict[int, list[Request]]
+    ids: np.ndarray
+    positions: np.ndarray
+    future: concurrent.futures.Future
+
+
 @dataclasses.dataclass
 class Pipeline:
     """What the loop has going: the open run, the step enqueued ahead of the read (depth 1), and
@@ -103,14 +117,17 @@ class Decoder:
     (CUDA; every row in exact mode), else the running rows only (the CPU). exact: every target forward at that one fixed shape.
     k_chooser: auto k (k is then the most drafts a step verifies). pipelined: depth 1 (None:
     on CUDA where the stream is shared with ONNX Runtime; True: also on the CPU, for tests;
-    False: depth 0). fused_verify=False: never the fused graph (A/B runs).
+    False: depth 0). fused_verify=False: never the fused graph (A/B runs). background_prefill:
+    ``submit`` runs prefills on a thread of their own (None: at depth 1 on CUDA; True: also on
+    the CPU, for tests; False: never).
     """
 
     def __init__(self, graphs: GraphSet, batch_size: int, k: int, commit: str, stats: Stats,
                  make_drafts: Callable[[MTPHead], DraftSource] = MTPDrafts,
                  on_commit: Callable[["Decoder", Batch], None] | None = None, fixed_rows: bool | None = None,
                  engine: Engine | None = None, stages: int = 1, exact: ExactShape | None = None,
-                 k_chooser: KChooser | None = None, pipelined: bool | None = None, fused_verify: bool = True) -> None:
+                 k_chooser: KChooser | None = None, pipelined: bool | None = None, fused_verify: bool = True,
+                 background_prefill: bool | None = None) -> None:
         if exact is not None and fixed_rows is False:
             raise InputError("fixed_rows=False cannot run in exact mode: its forwards run every row, in groups "
                              "of exact_batch_size; leave fixed_rows unset.")
@@ -132,6 +149,9 @@ class Decoder:
         self.next_k = 0  # the drafts the rows hold: what the next step verifies
         self._pipe = Pipeline(int(device and (arrays.device != "cpu" if pipelined is None else pipelined)))
         self._clock = StepClock(graphs, self._pipe.depth)
+        apart = self._pipe.depth == 1 and arrays.device != "cpu" if background_prefill is None else background_prefill
+        self._prefills = PrefillThread() if apart and device else None
+        self._joins: list[Join] = []  # prefills on the prefill thread, in submission order
 
     @property
     def graphs(self) -> GraphSet:
@@ -162,6 +182,7 @@ class Decoder:
     def step(self) -> bool:
         """Reads one step, the next enqueued first where it goes on with the run; False when no row runs."""
         with self._clock.inside():
+            self._admit_prefilled()
             flight = self._pipe.flight or self._enqueue(self._plan())
             if flight is None:
                 return False
@@ -283,19 +304,86 @@ class Decoder:
         placeholders, after it in stream order. That step is then read out, and only then do the
         new requests reach the host's side (rows, first tokens, the MTP head's entries over their
         prompts, which wait for the next step that drafts)."""
+        self._admit_prefilled(every=True)  # a row a cancelled join gave up is then written by this admit alone
         sources, copies = forks(requests)
         groups = self._prefill_groups(sources)
         forwards = [self._prefill_forward(group, copies) for group in groups]  # (ids, out) each
         self.drain()
+        self._seat(requests, [(group, copies, ids, out) for group, (ids, out) in zip(groups, forwards)])
+
+    def submit(self, requests: list[Request], guard: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+        """admit(requests), with each prompt's prefill Run on the prefill thread where the decoder
+        has one (``runtime.prefill_thread``): the steps go on meanwhile, and the step after its Run
+        is done seats the requests (``joining_rows`` holds their rows until then). A Run that
+        fails ends its requests (finish_reason "error", ``Request.error``) and touches no row.
+        guard: the context each Run holds (``PrefillThread.submit``)."""
+        if self._prefills is None:
+            self.admit(requests)
+            return
+        sources, copies = forks(requests)
+        for req in sources:
+            rows, ids, positions = prompt_rows([req])
+            with self.engine.step(check_errors=False):
+                run = self.engine.target.prefill_apart(rows, ids, positions)
+            mine = {req.row: copies[req.row]} if req.row in copies else {}
+            self._joins.append(Join([req] + mine.get(req.row, []), mine, ids, positions,
+                                    self._prefills.submit(run, guard)))
+
+    @property
+    def joining_rows(self) -> set[int]:
+        """The rows of requests submitted and not seated yet. A request cancelled meanwhile gives
+        its row up at once: a later join writes it after this one's Run (joins are seated in
+        submission order, and ``admit`` seats every join first)."""
+        return {r.row for join in self._joins for r in join.requests if not r.done}
+
+    def _admit_prefilled(self, every: bool = False) -> None:
+        """Seats the joins whose prefill Run is done, waiting for the first where no row runs
+        (nothing else could go on), for all of them with every=True. A join whose requests were
+        all cancelled meanwhile is dropped: no row of theirs is written."""
+        if not self._joins:
+            return
+        if every or not any(r is not None and not r.done for r in self.occupants):
+            concurrent.futures.wait([join.future for join in self._joins] if every else [self._joins[0].future])
+        ready = [join for join in self._joins if join.future.done()]
+        if not ready:
+            return
+        self._joins = [join for join in self._joins if join not in ready]
+        prefilled: list[tuple[Join, Forward]] = []
+        for join in ready:
+            if all(r.done for r in join.requests):
+                continue
+            try:
+                prefilled.append((join, join.future.result()))
+            except Exception as exc:  # noqa: BLE001  (its Run wrote no row: its requests end, the rest go on)
+                for req in join.requests:
+                    req.fail(exc)
+        if not prefilled:
+            return
+        self.drain()
+        for join, out in prefilled:
+            source = join.requests[:1]
+            with self.engine.step(), self.stats.timed("prefill"):
+                rows = Rows([source[0].row])
+                self.engine.reset(rows)
+                self.engine.target.commit_prefill(out, rows, join.positions)
+                self._fork_rows(source, join.copies)
+        self._seat([r for join, _ in prefilled for r in join.requests],
+                   [(join.requests[:1], join.copies, join.ids, out) for join, out in prefilled])
+
+    def _seat(self, requests: list[Request], prefilled: list[tuple]) -> None:
+        """The host side of a join, nothing in flight: the requests take their rows, then each
+        prefill's (group, copies, ids, out) gives them their first tokens (``_prefill_finish``),
+        and a batch that had no running row learns its first step's drafts."""
         fresh = not any(r is not None and not r.done for r in self.occupants)  # no row holds drafts
+        requests = [r for r in requests if not r.done]  # cancelled while its prefill ran apart: its row was given up
         for req in requests:
             self.occupants[req.row] = req
-        if self.head is not None:
+        if self.head is not None and requests:
             self.head.deferred.drop_rows(Rows([r.row for r in requests]))  # a reused row's last request's
             if self.head.deferred.has_steps:  # rows in a k = 0 stretch catch up first: their entries stay in step
                 with self.engine.step(), self.stats.timed("commit"):
                     self.head.catch_up_deferred(max(self.next_k, 1))
-        for group, (ids, out) in zip(groups, forwards):
+        for group, copies, ids, out in prefilled:
             self._prefill_finish(group, copies, ids, out)
         running = [r for r in self.occupants if r is not None and not r.done]
         if self.head is not None and fresh and running:  # the first step's drafts (none: no step follows)
@@ -326,16 +414,18 @@ class Decoder:
         copies: per row, the requests of the same prompt (``forks``) whose rows take copies of its
         states. Returns (ids [B, n], the forward). With a step in flight nothing waits for it (errors
         are checked when it is read)."""
-        rows, n = Rows([r.row for r in requests]), len(requests[0].prompt)
-        ids = np.array([r.prompt for r in requests], np.int64)  # [B, n]
-        positions = np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))  # [B, n]
+        rows, ids, positions = prompt_rows(requests)
         with self.engine.step(check_errors=self._pipe.flight is None), self.stats.timed("prefill"):
             self.engine.reset(rows)
             out = self.engine.target.prefill(rows, ids, positions, read=False)  # read in _prefill_finish
-            for req in requests:
-                if req.row in copies:
-                    self.engine.target.fork(req.row, Rows([f.row for f in copies[req.row]]))
+            self._fork_rows(requests, copies)
         return ids, out
+
+    def _fork_rows(self, requests: list[Request], copies: dict[int, list[Request]]) -> None:
+        """The rows of each request's forks take copies of its states (after its prefill)."""
+        for req in requests:
+            if req.row in copies:
+                self.engine.target.fork(req.row, Rows([f.row for f in copies[req.row]]))
 
     def _prefill_finish(self, requests: list[Request], copies: dict[int, list[Request]], ids: np.ndarray,
                         out) -> None:
@@ -359,6 +449,8 @@ class Decoder:
                 next_ids = np.concatenate([ids[source, 1:], first[:, None]], axis=1)  # x_{p+1} for every p  [R, n]
                 self.head.defer_prompts(requests, Rows([r.row for r in requests]), out["hidden"], next_ids, source)
         for j, (req, token) in enumerate(zip(requests, first)):
+            if req.done:  # cancelled while its prefill ran on the prefill thread: its row is free
+                continue
             req.extend([token], first_logprobs.get(j))
             if not req.placeholder:
                 self.stats.requests += 1
@@ -380,9 +472,13 @@ class Decoder:
 
     def close(self) -> None:
         """Drops the step in flight, unread (a caller that stops or failed wants none of it), and
-        closes the open run: its device work done, its page-locked memory freed."""
+        closes the open run: its device work done, its page-locked memory freed; waits for the
+        prefill thread's Runs and drops them."""
         self._pipe.flight = None
         self._close_run()
+        if self._prefills is not None:
+            self._prefills.close()
+        self._joins = []
 
     @contextlib.contextmanager
     def scripted_k(self, script: KScript):
@@ -500,6 +596,13 @@ def pads_prompts(graphs: GraphSet) -> bool:
     tolerance), and on the CPU with float32 activations, where each row keeps its own bits
     (float16 activations do not: ``deferred_entries``)."""
     return graphs.arrays.device != "cpu" or graphs.manifest.activations == "float32"
+
+
+def prompt_rows(requests: list[Request]) -> tuple[Rows, np.ndarray, np.ndarray]:
+    """(rows, ids [B, n], positions [B, n]) of requests with prompts of one length n."""
+    n = len(requests[0].prompt)
+    ids = np.array([r.prompt for r in requests], np.int64)
+    return Rows([r.row for r in requests]), ids, np.tile(np.arange(n, dtype=np.int64), (len(requests), 1))
 
 
 def forks(requests: list[Request]) -> tuple[list[Request], dict[int, list[Request]]]:

@@ -38,7 +38,8 @@ class Request:
     stop_strings: StopStrings | None = None
     logprobs: int | None = None
     token_logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # by generated token
-    finish_reason: str | None = None  # "stop" (a stop token or string), "length" (max_new_tokens), "cancelled"
+    finish_reason: str | None = None  # "stop" (a stop token or string), "length" (max_new_tokens), "cancelled", "error"
+    error: BaseException | None = None  # why its prefill failed (finish_reason "error")
     last_first_position: int | None = None  # first verify position of the previous step
     last_accepted: int = 0
     done: bool = False
@@ -105,12 +106,16 @@ class Request:
             self._output_length, self.done, self.finish_reason = self.output_length, True, "cancelled"
             self._finish_text()
 
+    def fail(self, error: BaseException) -> None:
+        """Ends a request whose prefill failed before it held its row: no tokens, finish_reason "error"."""
+        self._output_length, self.done, self.finish_reason, self.error = 0, True, "error", error
+
     @property
     def output_length(self) -> int:
-        """len(output()), without building it."""
+        """len(output()), without building it (0 before the prefill gave it its tokens)."""
         if self._output_length is not None:  # a stop token ended it
             return self._output_length
-        return min(len(self.tokens) - len(self.prompt), self.max_new_tokens)
+        return max(0, min(len(self.tokens) - len(self.prompt), self.max_new_tokens))
 
     def output(self, start: int = 0) -> list[int]:
         """Exactly max_new_tokens tokens (surplus accepted drafts dropped), or up to a stop

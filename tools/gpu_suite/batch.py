@@ -40,11 +40,12 @@ def run(args) -> int:
 
 def staggered_arrivals(model: Path, checks: Checks) -> None:
     solo = [ortspec.Session(model, provider="cuda").generate(p, max_new_tokens=n) for p, n in STAGGERED_REQUESTS]
-    for commit in ("select", "readvance"):
-        session = ortspec.Session(model, provider="cuda", num_speculative_tokens=3, commit=commit)
-        tokens = run_arrivals(session.batcher(max_batch_size=3), STAGGERED_REQUESTS)
-        ok = checks.record(f"batcher_{commit}", tokens == solo)
-        print(f"CUDA continuous batching, 6 staggered requests in 3 rows, k=3 {commit}: equal to solo: {ok}")
+    for commit, k, wait in (("select", 3, True), ("readvance", 3, True), ("select", 3, False), ("select", 0, False)):
+        session = ortspec.Session(model, provider="cuda", num_speculative_tokens=k, commit=commit)
+        tokens = run_arrivals(session.batcher(max_batch_size=3), STAGGERED_REQUESTS, wait=wait)
+        apart = "" if wait else ", prefills on their thread"
+        ok = checks.record(f"batcher_{commit}_k{k}{'' if wait else '_apart'}", tokens == solo)
+        print(f"CUDA continuous batching, 6 staggered requests in 3 rows, k={k} {commit}{apart}: equal to solo: {ok}")
         print(f"  graph slots: {session.stats['graphs']}")
         checks.fail(graph_faults(session) != 0)
 

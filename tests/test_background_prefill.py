@@ -1,0 +1,159 @@
+"""Prefills on the prefill thread (``add_requests(wait=False)``, the server's path on CUDA), here
+forced on the CPU, where the thread's Run really runs beside the steps: every request's tokens
+and its states after every commit equal those it gets decoded alone; a request cancelled while
+its prefill runs ends with no tokens and frees its row; a prefill that fails ends its requests
+alone ("error"), and the batch goes on."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import pytest
+
+import ortspec
+from ortspec.runtime.graphs import GraphSet
+from ortspec.runtime.model import TargetModel
+from ortspec.serve.engine import Engine, Failed, Finished, Job, Tokens
+from ortspec.speculative.sampling import GREEDY
+
+from test_batching import REQUESTS, run_staggered, solo_references
+
+
+@pytest.fixture(scope="module")
+def solo(models):
+    out = models.converted("mixed")
+    return out, [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
+
+
+@pytest.mark.parametrize("k,fixed_rows,pipelined", [(0, True, True), (2, True, True), (3, False, False)])
+def test_prefills_apart_equal_solo_decoding_states_included(solo, monkeypatch, k, fixed_rows, pipelined):
+    out, expected = solo
+    session = ortspec.Session(out, num_speculative_tokens=k)
+    threads, submitted = set(), []
+    prefill_apart = TargetModel.prefill_apart
+
+    def watched(model, *args):
+        run = prefill_apart(model, *args)
+        submitted.append(threading.get_ident())
+        return lambda: (threads.add(threading.get_ident()), run())[1]
+
+    monkeypatch.setattr(TargetModel, "prefill_apart", watched)
+    outputs, checked = run_staggered(session, refs=solo_references(GraphSet(session.manifest), k), p=None,
+                                     fixed_rows=fixed_rows, pipelined=pipelined, background_prefill=True, wait=False)
+    assert outputs == expected and len(checked) >= len(REQUESTS)
+    assert len(submitted) == len(REQUESTS)  # every arrival went apart
+    assert threads and threading.get_ident() not in threads  # the Runs ran on the prefill thread
+
+
+def test_a_request_cancelled_while_its_prefill_runs_frees_its_row(solo):
+    out, expected = solo
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    with session.batcher(max_batch_size=2, background_prefill=True, pipelined=True, fixed_rows=True) as batcher:
+        first = batcher.add_requests([dict(prompt=REQUESTS[0][0], max_new_tokens=REQUESTS[0][1])], wait=False)[0]
+        gone = batcher.add_requests([dict(prompt=[9, 9, 9], max_new_tokens=20)], wait=False)[0]
+        batcher.cancel(gone)
+        assert batcher.result(gone) == [] and batcher.finish_reason(gone) == "cancelled"
+        assert batcher.decoder.joining_rows == {0}  # the cancelled request's row is free at once
+        reported = {first: batcher.step()[first]}
+        later = batcher.add_requests([dict(prompt=REQUESTS[1][0], max_new_tokens=REQUESTS[1][1])], wait=False)[0]
+        reported[later] = []
+        while batcher.pending:
+            for rid, tokens in batcher.step().items():
+                assert rid != gone
+                reported[rid] += tokens
+        assert batcher.result(gone) == []
+        assert reported[first] == batcher.result(first) == expected[0]
+        assert reported[later] == batcher.result(later) == expected[1]
+
+
+def test_a_failed_prefill_ends_its_requests_alone(solo, monkeypatch):
+    out, expected = solo
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    prefill_apart = TargetModel.prefill_apart
+
+    def failing(model, rows, ids, positions):
+        run = prefill_apart(model, rows, ids, positions)
+        if ids.shape[1] == 3:
+            return lambda: (_ for _ in ()).throw(MemoryError("no device memory for this prompt"))
+        return run
+
+    monkeypatch.setattr(TargetModel, "prefill_apart", failing)
+    with session.batcher(max_batch_size=3, background_prefill=True, pipelined=True) as batcher:
+        good = batcher.add_requests([dict(prompt=REQUESTS[0][0], max_new_tokens=REQUESTS[0][1])], wait=False)[0]
+        bad = batcher.add_requests([dict(prompt=[4, 5, 6], max_new_tokens=9)] * 2, wait=False)  # n = 2 choices
+        while batcher.pending:
+            batcher.step()
+        for rid in bad:
+            assert batcher.finish_reason(rid) == "error" and batcher.result(rid) == []
+            assert isinstance(batcher.error(rid), MemoryError)
+        assert batcher.result(good) == expected[0] and batcher.error(good) is None
+        again = batcher.add_requests([dict(prompt=REQUESTS[1][0], max_new_tokens=REQUESTS[1][1])] * 3, wait=False)
+        while batcher.pending:
+            batcher.step()
+        assert [batcher.result(rid) for rid in again] == [expected[1]] * 3  # every row was free again
+
+
+def test_close_waits_for_a_prefill_on_its_thread(solo, monkeypatch):
+    """Session.close() while a prefill runs apart: it waits for the Run, then releases the buffers."""
+    out, _ = solo
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    started, release, finished = threading.Event(), threading.Event(), []
+    prefill_apart = TargetModel.prefill_apart
+
+    def slow(model, *args):
+        run = prefill_apart(model, *args)
+        return lambda: (started.set(), release.wait(10), finished.append(run()))[-1]
+
+    monkeypatch.setattr(TargetModel, "prefill_apart", slow)
+    batcher = session.batcher(max_batch_size=2, background_prefill=True, pipelined=True)
+    batcher.add_requests([dict(prompt=[1, 2, 3], max_new_tokens=4)], wait=False)
+    assert started.wait(10)
+    closing = threading.Thread(target=session.close)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive() and not finished  # waiting for the Run
+    release.set()
+    closing.join(10)
+    assert not closing.is_alive() and finished and session.closed
+
+
+def test_the_engine_fails_only_the_job_whose_prefill_failed(solo, monkeypatch):
+    """The server's engine thread on a decoder whose prefills run apart: the job whose prefill
+    failed gets 500, the others their tokens, and the engine goes on."""
+    out, expected = solo
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    monkeypatch.setattr(session, "batcher", functools.partial(session.batcher, background_prefill=True, pipelined=True))
+    prefill_apart = TargetModel.prefill_apart
+
+    def failing(model, rows, ids, positions):
+        run = prefill_apart(model, rows, ids, positions)
+        return (lambda: (_ for _ in ()).throw(RuntimeError("planted"))) if ids.shape[1] == 3 else run
+
+    monkeypatch.setattr(TargetModel, "prefill_apart", failing)
+    engine = Engine(session, max_batch_size=2, max_queue=8)
+    engine.start()
+    events: dict[str, list] = {}
+    done = threading.Semaphore(0)
+
+    def job(name, prompt, n):
+        def deliver(event):
+            events[name].append(event)
+            if isinstance(event, (Finished, Failed)):
+                done.release()
+        events[name] = []
+        return Job(prompt=list(prompt), max_tokens=n, sampling=GREEDY, deadline=float("inf"), deliver=deliver,
+                   id=name)
+
+    try:
+        engine.submit(job("a", *REQUESTS[0]))
+        engine.submit(job("bad", [7, 7, 7], 5))
+        engine.submit(job("b", *REQUESTS[1]))
+        for _ in range(3):
+            assert done.acquire(timeout=60)
+    finally:
+        engine.stop()
+    tokens = {name: [t for e in evs if isinstance(e, Tokens) for t in e.ids] for name, evs in events.items()}
+    assert isinstance(events["bad"][-1], Failed) and events["bad"][-1].status == 500 and tokens["bad"] == []
+    assert tokens["a"] == expected[0] and tokens["b"] == expected[1]
+    assert isinstance(events["a"][-1], Finished) and isinstance(events["b"][-1], Finished)
