@@ -209,7 +209,7 @@ class TargetModel:
 
     def prefill_apart(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Callable[[], Forward]:
         """A prefill of fresh sequences as a call another thread may make (``prefill_thread``),
-        its tokens read: its Run reads zero states shaped as these rows' (what reset leaves; a
+        its tokens not read yet (``Forward.read``): its Run reads zero states shaped as these rows' (what reset leaves; a
         KV entry the prompt does not write is masked, whatever it holds), never the rows, and
         writes only its own outputs, so it touches nothing a step touches. ``commit_prefill``
         writes them into the rows. One stage only."""
@@ -220,10 +220,8 @@ class TargetModel:
         graphs = self.graphs
         runner = graphs[graphs.kv_windows.for_positions("prefill", positions, 1)]
 
-        def run() -> Forward:
-            out = _forward(graphs, runner.run(feeds, wait=False), positions, download=None)
-            out.read()
-            return out
+        def run() -> Forward:  # returns once enqueued: its tokens are read where the steps' thread commits it
+            return _forward(graphs, runner.run(feeds, wait=False), positions, download=None)
         return run
 
     def commit_prefill(self, out: Forward, rows: Rows, positions: np.ndarray) -> None:
