@@ -2,7 +2,9 @@
 does not serve (Starlette's plain-text 404/405, now OpenAI error bodies), fields that change
 nothing refused (response_format text, an empty logit_bias) and fields that change what is
 generated silently ignored (functions, function_call, tool_choice), a length error naming the
-Python API's max_new_tokens. Each gets its answer and the server goes on serving."""
+Python API's max_new_tokens, malformed HTTP framing answered by uvicorn in plain text (and, on
+httptools, the responses owed to requests pipelined before it lost). Each gets its answer and the
+server goes on serving."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import re
 
 import pytest
 
-from tests.test_hostile_server import post, send, serving
+from tests.test_hostile_server import post, send, serving, strict  # noqa: F401  (strict: a fixture)
 from tests.test_serve import server  # noqa: F401  (a fixture)
 
 
@@ -117,3 +119,66 @@ def test_a_chat_prompt_past_the_character_bound_gets_413_before_tokenizing(chat_
     status, reply = post(chat_server.port, json.dumps({"messages": [{"role": "user", "content": "def f("}],
                                                        "max_tokens": 3}).encode(), route="/v1/chat/completions")
     assert status == 200 and len(reply["choices"][0]["token_ids"]) == 3
+
+
+def replies(raw: bytes) -> list[tuple[int, dict, bytes]]:
+    """(status, headers, body) of each response in what a connection received (each with a Content-Length)."""
+    answers = []
+    while raw:
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines[1:])}
+        length = int(headers["content-length"])
+        answers.append((int(lines[0].split()[1]), headers, raw[:length]))
+        raw = raw[length:]
+    return answers
+
+
+def refused_framing(reply: bytes, reason: str) -> None:
+    """The last response is our 400 for a request the HTTP parser refused, ending the connection."""
+    status, headers, body = replies(reply)[-1]
+    error = json.loads(body)["error"]
+    assert status == 400 and headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert error["code"] == 400 and error["type"] == "invalid_request_error", error
+    assert re.search(rf"the request is not valid HTTP/1\.1 \({reason}\); check its request line", error["message"])
+    assert "bytearray" not in error["message"], error  # h11 appends the bytes as Python shows them
+
+
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+MALFORMED = {  # request -> its reason, (httptools', h11's)
+    "a Content-Length of letters": (HEAD + b"Content-Length: abc\r\n\r\n{}",
+                                    ("Invalid character in Content-Length", "bad Content-Length")),
+    "two Content-Lengths": (HEAD + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+                            ("Duplicate Content-Length", "conflicting Content-Length headers")),
+    "a chunk size that is not hexadecimal": (HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+                                             ("Invalid character in chunk size", "illegal chunk header")),
+    "a header line without a colon": (b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+                                      ("Invalid header token", "illegal header line")),
+    "a request line that is not one": (b"GARBAGE\r\n\r\n", ("Invalid method encountered", "illegal request line")),
+    "a TLS hello on the plain port": (bytes.fromhex("1603010200010001fc0303"),
+                                      ("Invalid method encountered", "illegal request line")),
+}
+
+
+@pytest.mark.parametrize("what", list(MALFORMED))
+def test_malformed_http_gets_an_openai_error_body_and_the_connection_closes(strict, session, what):
+    raw, reasons = MALFORMED[what]
+    refused_framing(send(strict.port, raw, timeout=10), reasons[strict.parser == "h11"])  # send: read to the close
+    serving(strict, session)
+
+
+def test_a_refused_request_pipelined_behind_others_is_answered_after_them(strict, session):
+    """httptools parses pipelined requests as they arrive: uvicorn wrote its 400 for the broken one
+    at once and closed, and the requests before it lost their responses."""
+    body = json.dumps({"prompt": "def f(", "max_tokens": 4}).encode()
+    request = HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    broken_chunk = HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\nzz\r\n"
+    want = session.generate("def f(", max_new_tokens=4)
+    for after, reasons in [(b"GARBAGE\r\n\r\n", MALFORMED["a request line that is not one"][1]),
+                           (broken_chunk, MALFORMED["a chunk size that is not hexadecimal"][1])]:
+        reply = send(strict.port, request + request + after, timeout=30)
+        answered = replies(reply)
+        assert [status for status, _, _ in answered] == [200, 200, 400], reply[:200]
+        assert all(json.loads(payload)["choices"][0]["text"] == want for _, _, payload in answered[:2])
+        refused_framing(reply, reasons[strict.parser == "h11"])
+    serving(strict, session)
