@@ -1,7 +1,8 @@
 """Red-team findings on ortspec serve, as unseen clients hit them: routes and methods the server
 does not serve (Starlette's plain-text 404/405, now OpenAI error bodies), fields that change
 nothing refused (response_format text, an empty logit_bias) and fields that change what is
-generated silently ignored (functions, function_call, tool_choice), a length error naming the
+generated silently ignored (functions, function_call, tool_choice), 429 and 503 at submit not
+counted in /metrics, a length error naming the
 Python API's max_new_tokens, malformed HTTP framing answered by uvicorn in plain text (and, on
 httptools, the responses owed to requests pipelined before it lost). Each gets its answer and the
 server goes on serving."""
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pytest
 
-from tests.test_hostile_server import post, send, serving, strict  # noqa: F401  (strict: a fixture)
-from tests.test_serve import server  # noqa: F401  (a fixture)
+from ortspec.serve.server import Server
+from tests.test_hostile_server import hold_admission, post, send, serving, strict  # noqa: F401  (a fixture)
+from tests.test_serve import metric, server, wait_for  # noqa: F401  (server: a fixture)
+from tools.serve_load import complete
 
 
 def answer(port: int, method: str, route: str) -> tuple[int, dict, str]:
@@ -182,3 +186,26 @@ def test_a_refused_request_pipelined_behind_others_is_answered_after_them(strict
         assert all(json.loads(payload)["choices"][0]["text"] == want for _, _, payload in answered[:2])
         refused_framing(reply, reasons[strict.parser == "h11"])
     serving(strict, session)
+
+
+def test_refusals_at_submit_are_counted_by_status(session, monkeypatch):
+    """A 429 (queue full) and a 503 (no engine takes jobs) never reach the engine's queue; /metrics
+    counted neither, so an operator saw nothing of a server turning clients away."""
+    with Server(session, port=0, max_batch_size=1, max_queue=1) as server:
+        inside, release = hold_admission(monkeypatch)
+        clients = [threading.Thread(target=complete, args=(server.url, {"prompt": "a", "max_tokens": 2}),
+                                    kwargs={"timeout": 30}) for _ in range(2)]
+        clients[0].start()
+        assert inside.wait(30)  # being admitted: its row is taken
+        clients[1].start()
+        wait_for(lambda: metric(server.url, "queue_depth") == 1)  # and the queue's one slot
+        refused = [complete(server.url, {"prompt": "a", "max_tokens": 2}, timeout=30) for _ in range(2)]
+        assert [reply.status for reply in refused] == [429, 429]
+        release.set()
+        for client in clients:
+            client.join()
+        server.engine.stop()  # the server stopping: no engine takes jobs
+        assert complete(server.url, {"prompt": "a", "max_tokens": 2}, timeout=30).status == 503
+        assert metric(server.url, 'requests_finished_total{reason="429"}') == 2
+        assert metric(server.url, 'requests_finished_total{reason="503"}') == 1
+        assert metric(server.url, 'requests_finished_total{reason="length"}') == 2

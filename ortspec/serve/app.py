@@ -113,7 +113,7 @@ class Routes:
         try:
             self.engine.submit(*jobs)
         except QueueFull as exc:
-            return error(503 if self.engine.error else exc.status, str(exc))
+            return error(exc.status, str(exc))  # counted under it (Metrics.refused)
         answer = Answer(req, self.model, len(prompt), self.session.tokenizer if self.has_tokenizer else None,
                         self._token_texts(), self._echo(req, prompt))
         if req.stream:
