@@ -100,12 +100,12 @@ FIELDS = [
     (b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", r"deeper than the JSON parser goes"),
     (b'{"prompt": "a", "x": ' + b"[" * 40 + b"]" * 40 + b"}", r"more than 32 levels deep"),
     (b'{"prompt": "a", "stream": true, "stream_options": {"include_usage": "no"}}',
-     r"stream_options.include_usage='no' must be True or False"),
+     r"stream_options.include_usage=\"no\" must be true or false; got a string"),
     (b'{"prompt": "a", "stream_options": false}', r"stream_options=false must be an object"),
     (b'{"prompt": "a", "model": {}}', r"model=\{\} must be a string"),
-    (b'{"prompt": [["a"]]}', r"prompt=\[\[\"a\"\]\] must be a non-empty string or a non-empty list of token ids"),
+    (b'{"prompt": [["a"]]}', r"prompt=\[\[\"a\"\]\] must be a non-empty string or a non-empty array of token ids"),
     (b'{"prompt": 5}', r"prompt=5 must be a non-empty string"),
-    (b'{"prompt": {"text": "a"}}', r"must be a non-empty string or a non-empty list of token ids"),
+    (b'{"prompt": {"text": "a"}}', r"must be a non-empty string or a non-empty array of token ids"),
 ]
 
 

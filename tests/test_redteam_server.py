@@ -2,7 +2,7 @@
 does not serve (Starlette's plain-text 404/405, now OpenAI error bodies), fields that change
 nothing refused (response_format text, an empty logit_bias) and fields that change what is
 generated silently ignored (functions, function_call, tool_choice), 429 and 503 at submit not
-counted in /metrics, a length error naming the
+counted in /metrics, messages in Python's words (type names, reprs, True/None), a length error naming the
 Python API's max_new_tokens, malformed HTTP framing answered by uvicorn in plain text (and, on
 httptools, the responses owed to requests pipelined before it lost). Each gets its answer and the
 server goes on serving."""
@@ -209,3 +209,72 @@ def test_refusals_at_submit_are_counted_by_status(session, monkeypatch):
         assert metric(server.url, 'requests_finished_total{reason="429"}') == 2
         assert metric(server.url, 'requests_finished_total{reason="503"}') == 1
         assert metric(server.url, 'requests_finished_total{reason="length"}') == 2
+
+
+PYTHON_WORDING = re.compile(r"\b(None|True|False|NoneType|str|int|float|bool|dict|tuple|bytearray|Traceback)\b"
+                            r"|\b(list|dict|tuple|set)\[|\ba list\b|='|\bsys\.")
+
+
+def in_json_terms(message: str) -> bool:
+    """Whether a message a client gets avoids Python's words: its types, reprs (a str in single quotes),
+    True / False / None (JSON's strings in it, which echo what was sent, are not looked at)."""
+    return not PYTHON_WORDING.search(re.sub(r'"(?:[^"\\]|\\.)*"', '""', message))
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"temperature": "hot"}, r'temperature="hot" must be a number; got a string\.'),
+    ({"top_k": 1.5}, r"top_k=1.5 must be an integer, written without a fraction or exponent\."),
+    ({"seed": [1]}, r"seed=\[1\] must be an integer; got an array\."),
+    ({"seed": -1}, r"seed=-1 must be an integer >= 0; leave it out for a random seed\."),
+    ({"max_tokens": True}, r"max_tokens=true must be an integer; got a boolean\."),
+    ({"max_tokens": 2**64}, r"max_tokens=18446744073709551616 exceeds 9223372036854775807, the largest integer"),
+    ({"stream": "yes"}, r'stream="yes" must be true or false; got a string\.'),
+    ({"echo": 0}, r"echo=0 must be true or false; got a number\."),
+    ({"stream_options": {"include_usage": {}}}, r"stream_options.include_usage=\{\} must be true or false; got an obj"),
+    ({"stop": {"a": 1}}, r'stop=\{"a": 1\} must be a string or an array of non-empty strings'),
+    ({"stop": ["", "x"]}, r'stop=\["", "x"\] must be a string or an array of non-empty strings'),
+    ({"prompt": []}, r"prompt=\[\] must be a non-empty string or a non-empty array of token ids \(integers\)"),
+    ({"prompt": None, "messages": 1}, r'the body has no "prompt"'),
+])
+def test_a_wrong_field_is_named_in_json_terms(server, session, fields, match):
+    status, reply = post(server.port, json.dumps({"prompt": "def f(", "max_tokens": 5, **fields}).encode())
+    message = reply["error"]["message"]
+    assert status == 400 and re.search(match, message) and in_json_terms(message), message
+    serving(server, session)
+
+
+@pytest.mark.parametrize("raw,match", [
+    (b'{"prompt": "a", "temperature": NaN}', r"the body holds NaN, which is not JSON"),
+    (b'{"prompt": "a", "top_p": -Infinity}', r"the body holds -Infinity, which is not JSON"),
+    (b'{"prompt": "a", "temperature": 1e400}', r"the number 1e400, beyond the largest this server parses"),
+    (b'{"prompt": "a", "seed": ' + b"7" * 4400 + b"}", r"an integer of 4400 digits, more than this server parses"),
+    (b"  ", r"the body is empty; send a JSON object"),
+])
+def test_a_body_json_does_not_have_is_refused_in_json_terms(server, raw, match):
+    """Python's parser takes NaN and Infinity (and reads 1e400 as infinity); an integer past its
+    4300 digits was refused with a message naming sys.set_int_max_str_digits."""
+    status, reply = post(server.port, raw)
+    message = reply["error"]["message"]
+    assert status == 400 and re.search(match, message) and in_json_terms(message), message
+
+
+@pytest.fixture(scope="module")
+def untokenized(models):
+    """A server over a model without tokenizer.json (token ids only)."""
+    import ortspec
+
+    with ortspec.Session(models.converted("base")) as plain, Server(plain, port=0, max_batch_size=1) as s:
+        yield s
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"prompt": "def f("}, r"has no tokenizer.json, so text cannot be encoded; send /v1/completions a prompt of "
+                           r"token ids: an array of integers"),
+    ({"prompt": [1, 2], "stop": "x"}, r"has no tokenizer.json, so stop strings cannot be matched.*leave stop out"),
+])
+def test_a_model_without_a_tokenizer_names_what_to_send(untokenized, fields, match):
+    """The Python API's messages named list[int] and stop_tokens, which no body has."""
+    status, reply = post(untokenized.port, json.dumps({"max_tokens": 2, **fields}).encode())
+    message = reply["error"]["message"]
+    assert status == 400 and re.search(match, message) and in_json_terms(message), message
+    assert complete(untokenized.url, {"prompt": [1, 2], "max_tokens": 2}, timeout=30).status == 200

@@ -68,7 +68,9 @@ def refusal(stopping: bool, error: str | None, max_queue: int, queued: int, jobs
     """Why a submit of `jobs` jobs is refused (Unavailable, QueueFull), or None: what the engine
     thread and the engine process (engine_process.py) answer alike."""
     if stopping or error:
-        return Unavailable("the server is shutting down" if stopping else f"the engine failed: {error}")
+        return Unavailable("the server is shutting down; send the request to another server, or retry once it is "
+                           "back." if stopping else f"the engine is not serving ({error}); retry once GET /health "
+                           "answers 200.")
     if queued + jobs <= max_queue:
         return None
     free = max_queue - queued
