@@ -278,3 +278,32 @@ def test_a_model_without_a_tokenizer_names_what_to_send(untokenized, fields, mat
     message = reply["error"]["message"]
     assert status == 400 and re.search(match, message) and in_json_terms(message), message
     assert complete(untokenized.url, {"prompt": [1, 2], "max_tokens": 2}, timeout=30).status == 200
+
+
+TOOL_TEMPLATE = ("{% for m in messages %}{{ m.role + ': ' + m.content }}{% for t in m.tool_calls or [] %}"
+                 "{{ t.function.name + '()' }}{% endfor %}\n{% endfor %}assistant:")  # as Qwen's writes tool calls
+
+
+@pytest.fixture(scope="module")
+def tool_chat_server(session):
+    from ortspec.serve import chat as chat_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chat_module.ChatTemplate, "from_model_dir", classmethod(lambda cls, _: cls(TOOL_TEMPLATE)))
+        with Server(session, port=0, max_batch_size=2) as s:
+            yield s
+
+
+@pytest.mark.parametrize("tool_calls,match", [
+    ([{"function": {"name": 5}}], r"a field holds a value of a type it cannot use there"),  # was a 500 (TypeError)
+    ([{"nofunction": 1}], r"failed on these messages: an object has no attribute 'function'"),
+    ("f", r"failed on these messages: a string has no attribute 'function'"),
+])
+def test_a_chat_template_failing_on_a_field_is_a_400_in_json_terms(tool_chat_server, session, tool_calls, match):
+    body = {"messages": [{"role": "assistant", "content": "x", "tool_calls": tool_calls}], "max_tokens": 2}
+    status, reply = post(tool_chat_server.port, json.dumps(body).encode(), route="/v1/chat/completions")
+    message = reply["error"]["message"]
+    assert status == 400 and re.search(match, message) and in_json_terms(message), message
+    body["messages"][0]["tool_calls"] = [{"function": {"name": "f"}}]
+    status, reply = post(tool_chat_server.port, json.dumps(body).encode(), route="/v1/chat/completions")
+    assert status == 200 and len(reply["choices"][0]["token_ids"]) == 2
