@@ -161,13 +161,18 @@ MALFORMED = {  # request -> its reason, (httptools', h11's)
     "a request line that is not one": (b"GARBAGE\r\n\r\n", ("Invalid method encountered", "illegal request line")),
     "a TLS hello on the plain port": (bytes.fromhex("1603010200010001fc0303"),
                                       ("Invalid method encountered", "illegal request line")),
+    "a URL httptools cannot parse": (b"CONNECT evil:443 HTTP/1.1\r\nHost: x\r\n\r\n",  # h11: a route, 404
+                                     ("invalid url", None)),
 }
 
 
 @pytest.mark.parametrize("what", list(MALFORMED))
 def test_malformed_http_gets_an_openai_error_body_and_the_connection_closes(strict, session, what):
     raw, reasons = MALFORMED[what]
-    refused_framing(send(strict.port, raw, timeout=10), reasons[strict.parser == "h11"])  # send: read to the close
+    reason = reasons[strict.parser == "h11"]
+    if reason is None:
+        pytest.skip(f"{strict.parser} reads it")
+    refused_framing(send(strict.port, raw, timeout=10), reason)  # send: read to the close
     serving(strict, session)
 
 
@@ -307,3 +312,4 @@ def test_a_chat_template_failing_on_a_field_is_a_400_in_json_terms(tool_chat_ser
     body["messages"][0]["tool_calls"] = [{"function": {"name": "f"}}]
     status, reply = post(tool_chat_server.port, json.dumps(body).encode(), route="/v1/chat/completions")
     assert status == 200 and len(reply["choices"][0]["token_ids"]) == 2
+

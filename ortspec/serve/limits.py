@@ -29,6 +29,7 @@ import http
 import importlib
 import json
 import logging
+import re
 import sys
 
 from .. import validation
@@ -148,11 +149,18 @@ HEADERS_TOO_LARGE = (f"the request line and headers are over {MAX_HEADER_BYTES} 
 
 def unreadable(exc: BaseException | None) -> tuple[int, str]:
     """(status, message) for a request the HTTP parser refused with exc (h11's RemoteProtocolError,
-    httptools' HttpParserError): 431 where h11 says its buffer overflowed, else 400 with its reason
-    (h11 appends the offending bytes as a Python bytearray: left out)."""
+    httptools' HttpParserError): 431 where h11 says its buffer overflowed, else 400 with its reason.
+    The offending bytes, which both append as Python shows them (bytearray(b'...'), b'...'), are
+    left out; httptools' "User callback error" gives way to the parser error inside it (uvicorn
+    parses the URL in a callback: "invalid url")."""
     if getattr(exc, "error_status_hint", 400) == 431:
         return 431, HEADERS_TOO_LARGE
-    reason = str(exc).split(": bytearray(")[0] if exc is not None else ""
+    inner = getattr(exc, "__context__", None)
+    if inner is not None and type(inner).__module__.startswith("httptools"):
+        exc = inner
+    reason = re.split(r":? (?:bytearray\()?b['\"]", str(exc))[0] if exc is not None else ""
+    if reason == "User callback error":  # something else failed inside a callback: nothing to name
+        reason = ""
     return 400, (f"the request is not valid HTTP/1.1 ({reason or 'the parser refused it'}); check its request line, "
                  "its headers and its body's framing (one Content-Length of digits, or Transfer-Encoding: chunked "
                  "with hexadecimal chunk sizes), then send it again on a new connection.")
