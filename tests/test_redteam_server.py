@@ -10,6 +10,7 @@ server goes on serving."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 
@@ -313,3 +314,16 @@ def test_a_chat_template_failing_on_a_field_is_a_400_in_json_terms(tool_chat_ser
     status, reply = post(tool_chat_server.port, json.dumps(body).encode(), route="/v1/chat/completions")
     assert status == 200 and len(reply["choices"][0]["token_ids"]) == 2
 
+
+def test_a_websocket_upgrade_is_answered_as_http(strict, session):
+    """The server has no WebSocket routes; uvicorn's WebSocket protocol answered an upgrade with a
+    bare 403. Without it the request is served as the HTTP request it also is."""
+    from tests.test_hostile_server import Records
+
+    with Records() as log:
+        reply = send(strict.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", timeout=10)
+    [(status, headers, body)] = replies(reply)
+    assert status == 200 and json.loads(body)["status"] == "ok", reply[:200]
+    assert not [r for r in log.records if r.levelno >= logging.WARNING], [r.getMessage() for r in log.records]
+    serving(strict, session)

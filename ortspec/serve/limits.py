@@ -139,6 +139,16 @@ class HeaderTimer:
             self.transport.close()
 
 
+class NoWebSockets:
+    """(a mixin for uvicorn's protocols; the server runs with ws="none") An Upgrade request is served
+    as plain HTTP, logged as that: uvicorn's own warning told the operator to install a WebSocket
+    library, for routes this server does not have."""
+
+    def _unsupported_upgrade_warning(self) -> None:
+        log.info("served a request from %s as plain HTTP: it asked to upgrade, and this server has no WebSocket "
+                 "routes", _peer(self.client))
+
+
 def _peer(client) -> str:
     return "%s:%d" % client if client else "?"
 
@@ -182,7 +192,7 @@ def h11_protocol(timeout: float):
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class H11Limits(HeaderTimer, H11Protocol):
+    class H11Limits(NoWebSockets, HeaderTimer, H11Protocol):
         header_timeout = timeout
 
         def on_response_complete(self) -> None:
@@ -218,7 +228,7 @@ def httptools_protocol(timeout: float):
     to those before it (uvicorn wrote its 400 at once, and the earlier responses were lost)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HttpToolsLimits(HeaderTimer, HttpToolsProtocol):
+    class HttpToolsLimits(NoWebSockets, HeaderTimer, HttpToolsProtocol):
         header_timeout = timeout
         _header_bytes: int | None = 0  # bytes since this request began, until its headers are in (then None)
         _refusal: bytes | None = None  # the answer to a refused request, waiting for _owed responses before it
