@@ -223,8 +223,9 @@ PYTHON_WORDING = re.compile(r"\b(None|True|False|NoneType|str|int|float|bool|dic
 
 def in_json_terms(message: str) -> bool:
     """Whether a message a client gets avoids Python's words: its types, reprs (a str in single quotes),
-    True / False / None (JSON's strings in it, which echo what was sent, are not looked at)."""
-    return not PYTHON_WORDING.search(re.sub(r'"(?:[^"\\]|\\.)*"', '""', message))
+    True / False / None (JSON's strings in it, which echo what was sent, are not looked at; nor is one
+    cut short, ending in "...")."""
+    return not PYTHON_WORDING.search(re.sub(r'"(?:[^"\\]|\\.)*(?:"|\.\.\.)', '""', message))
 
 
 @pytest.mark.parametrize("fields,match", [
