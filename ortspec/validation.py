@@ -340,7 +340,8 @@ def prompts_fit(prompts: list[list[int]], max_new: int, max_length: int, reserve
                      f"for its fixed-shape forwards (exact_k={reserved}) = {usable}" if reserved else
                      f"max_length={max_length} of this conversion")
             raise InputError(
-                f"{_prompt_name(n, len(prompts))} has {len(p)} tokens; with max_new_tokens={max_new} that is "
+                f"{_prompt_name(n, len(prompts))} has {len(p)} token{'s' if len(p) != 1 else ''}; with "
+                f"max_new_tokens={max_new} that is "
                 f"{len(p) + max_new} > {limit}. Shorten the prompt, lower max_new_tokens, or reconvert with "
                 f"--max-length {len(p) + max_new + reserved}."
             )

@@ -174,7 +174,8 @@ def test_a_dead_child_fails_its_requests_and_a_new_one_serves(tokenized_model, s
 def test_the_parent_keeps_the_queue_and_the_counts_from_the_childs_events():
     """EngineProcess's own bookkeeping, without a child: a queue over max_queue is QueueFull before
     anything crosses; a job's first event moves it from the queue to running (admitted, prompt
-    tokens), its last one ends it (finished, by reason); a cancelled job's end is not delivered."""
+    tokens), its last one ends it (finished, by reason); a cancelled job's end is not delivered; a
+refused submit is counted under its status."""
     from ortspec.serve.engine import Finished, Job, QueueFull, Tokens
     from ortspec.serve.engine_process import EngineProcess
     from ortspec.speculative.sampling import GREEDY
@@ -196,7 +197,7 @@ def test_the_parent_keeps_the_queue_and_the_counts_from_the_childs_events():
     third = job(3)
     engine.submit(third)  # the slot the first job left
     engine._take({"events": [(0, Finished("length")), (1, Finished("cancelled"))]})  # noqa: SLF001
-    assert engine.metrics.finished == {"length": 1, "cancelled": 1} and engine.running == 0
+    assert engine.metrics.finished == {429: 1, "length": 1, "cancelled": 1} and engine.running == 0  # 429: job 2
     assert [(i, type(e).__name__) for i, e in delivered] == [(0, "Tokens"), (0, "Finished")]
     engine.cancel(first)  # ended: nothing crosses
     assert len(sent) == 2
@@ -208,4 +209,5 @@ def test_the_parent_keeps_the_queue_and_the_counts_from_the_childs_events():
     with pytest.raises(QueueFull, match="the engine process exited") as refused:
         engine.submit(job(4))
     assert refused.value.status == 503 and engine.queue_depth == 1  # job 3 waits; nothing of job 4 is kept
+    assert engine.metrics.finished[503] == 1  # refused: counted under its status
     engine.cancel(third)  # a cancel into a dead pipe is dropped: the restart fails its jobs

@@ -1,7 +1,7 @@
 """Fuzzing ortspec serve (issue 21): hypothesis draws every request field of /v1/completions and
 /v1/chat/completions, well-formed or hostile (wrong types, huge and non-finite numbers, unpaired
 surrogates, nesting), against a live server on the tiny model. Every answer is a 2xx with a valid
-body or a 4xx with an OpenAI error body, never a 5xx, and afterwards the server answers as
+body or a 4xx with an OpenAI error body in JSON's words, never a 5xx, and afterwards the server answers as
 Session.generate does; with the engine in its own process and in a thread. Bounded: a few
 seconds on two cores."""
 
@@ -19,6 +19,8 @@ import ortspec
 from ortspec.serve import chat as chat_module
 from ortspec.serve.server import Server
 from tools.serve_load import complete, get
+
+from tests.test_redteam_server import in_json_terms
 
 EXAMPLES = 120  # per route
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -115,6 +117,7 @@ def check_answer(status: int, media: str, payload: bytes, chat: bool) -> None:
         error = json.loads(payload)["error"]
         code = "model_not_found" if status == 404 else status  # an unknown model, as OpenAI answers it
         assert isinstance(error["message"], str) and error["message"] and error["code"] == code
+        assert in_json_terms(error["message"]), error["message"]  # no Python type names, reprs or None
         return
     assert status == 200
     if media.startswith("text/event-stream"):

@@ -100,12 +100,12 @@ FIELDS = [
     (b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", r"deeper than the JSON parser goes"),
     (b'{"prompt": "a", "x": ' + b"[" * 40 + b"]" * 40 + b"}", r"more than 32 levels deep"),
     (b'{"prompt": "a", "stream": true, "stream_options": {"include_usage": "no"}}',
-     r"stream_options.include_usage='no' must be True or False"),
+     r"stream_options.include_usage=\"no\" must be true or false; got a string"),
     (b'{"prompt": "a", "stream_options": false}', r"stream_options=false must be an object"),
     (b'{"prompt": "a", "model": {}}', r"model=\{\} must be a string"),
-    (b'{"prompt": [["a"]]}', r"prompt=\[\[\"a\"\]\] must be a non-empty string or a non-empty list of token ids"),
+    (b'{"prompt": [["a"]]}', r"prompt=\[\[\"a\"\]\] must be a non-empty string or a non-empty array of token ids"),
     (b'{"prompt": 5}', r"prompt=5 must be a non-empty string"),
-    (b'{"prompt": {"text": "a"}}', r"must be a non-empty string or a non-empty list of token ids"),
+    (b'{"prompt": {"text": "a"}}', r"must be a non-empty string or a non-empty array of token ids"),
 ]
 
 
@@ -354,16 +354,13 @@ def test_a_slowly_trickled_header_is_cut_off(strict):
         assert time.monotonic() - start < 8
 
 
-HEADERS_TOO_LARGE = {"httptools": b"HTTP/1.1 431 ", "h11": b"HTTP/1.1 400 "}  # h11's own bound answers 400
-
-
 def headers_too_large(connection: socket.socket, parser: str) -> None:
-    """Sends headers past MAX_HEADER_BYTES, with no end yet: the server answers and closes."""
+    """Sends headers past MAX_HEADER_BYTES, with no end yet: the server answers and closes (on h11
+    by its own bound, which uvicorn answered with a plain-text 400)."""
     connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000)
     reply = b"".join(iter(lambda: connection.recv(65536), b""))
-    assert reply.startswith(HEADERS_TOO_LARGE[parser]), reply[:80]
-    if parser == "httptools":
-        assert b"over 16384 bytes" in reply and b'"code": 431' in reply
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:80]
+    assert b"over 16384 bytes" in reply and b'"code": 431' in reply
 
 
 def test_headers_past_the_bound_get_431_and_the_connection_closes(strict):

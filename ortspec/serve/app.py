@@ -113,7 +113,7 @@ class Routes:
         try:
             self.engine.submit(*jobs)
         except QueueFull as exc:
-            return error(503 if self.engine.error else exc.status, str(exc))
+            return error(exc.status, str(exc))  # counted under it (Metrics.refused)
         answer = Answer(req, self.model, len(prompt), self.session.tokenizer if self.has_tokenizer else None,
                         self._token_texts(), self._echo(req, prompt))
         if req.stream:
@@ -171,6 +171,7 @@ class Routes:
         thread and back costs a short request more than its check)."""
         req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id, self.names,
                                   self.max_n)
+        self._check_tokenizer(req, chat)
         if chat:
             self._check_length(sum(len(m["content"]) for m in req.messages), "the messages' contents")
         elif isinstance(req.prompt, str):
@@ -186,6 +187,18 @@ class Routes:
         except InputError as exc:  # the prompt's length with max_tokens, its ids, the stop strings' text
             raise protocol.refused(exc) from None
         return req, checked.prompt
+
+    def _check_tokenizer(self, req: protocol.Completion, chat: bool) -> None:
+        """A model without a tokenizer takes token ids only (the Python API's message names its types)."""
+        if self.has_tokenizer:
+            return
+        model = f"this server's model ({self.session.manifest.dir.name}) has no tokenizer.json"
+        if chat or isinstance(req.prompt, str):
+            raise protocol.BadRequest(f"{model}, so text cannot be encoded; send /v1/completions a prompt of token ids: "
+                                      "an array of integers such as [1, 2, 3].")
+        if req.stop:
+            raise protocol.BadRequest(f"{model}, so stop strings cannot be matched on the generated text; leave stop "
+                                      "out (the model's end-of-text tokens and max_tokens still end a choice).")
 
     def _check_length(self, characters: int, what: str) -> None:
         limit = self.limits.max_prompt_chars

@@ -9,13 +9,14 @@ raise_exception helper. A model directory without a template serves no /v1/chat/
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..errors import ModelDirError
 
 
 class TemplateError(Exception):
-    """The template refused the messages (raise_exception) or failed to render (HTTP 400)."""
+    """The template refused the messages (raise_exception) or failed to render on them (HTTP 400)."""
 
 
 def _token_text(value) -> str:
@@ -67,4 +68,19 @@ class ChatTemplate:
         except TemplateError:
             raise
         except JinjaError as exc:
-            raise TemplateError(f"the model's chat template failed on these messages: {exc}") from None
+            raise TemplateError(f"the model's chat template failed on these messages: {json_words(str(exc))}; check "
+                                "the messages' fields against what it expects.") from None
+        except (TypeError, ValueError, LookupError, ArithmeticError):  # Python's, on a field of an unexpected type
+            raise TemplateError("the model's chat template failed on these messages: a field holds a value of a type "
+                                "it cannot use there (such as a number where it adds strings); check the fields "
+                                "beside role and content (tool_calls, name, ...) against what it expects.") from None
+
+
+JSON_WORDS = {"dict": "an object", "list": "an array", "tuple": "an array", "str": "a string", "int": "a number",
+              "float": "a number", "bool": "a boolean"}
+
+
+def json_words(message: str) -> str:
+    """Jinja's words for a value's type ('dict object' has no attribute 'x') in JSON's (an object ...)."""
+    message = re.sub(r"'(\w+) object'", lambda m: JSON_WORDS.get(m.group(1), f"a {m.group(1)}"), message)
+    return re.sub(r"\bNone has no", "null has no", message)

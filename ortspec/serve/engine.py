@@ -23,7 +23,8 @@ stops the thread: every waiting job then fails, and /health answers 503.
 
 The queue is bounded: ``submit`` raises ``QueueFull`` (HTTP 429) when max_queue jobs wait, and
 ``Unavailable`` (503) when no engine takes jobs
-(a request of n choices submits n jobs, all or none). Events reach a job through
+(a request of n choices submits n jobs, all or none); Metrics.finished counts refused jobs
+under their status, as it counts failed ones. Events reach a job through
 ``job.deliver`` (the handler posts them into its event loop): ``Tokens(ids, logprobs)``,
 ``Finished(reason)`` ("stop", "length", "timeout"; the last event) or ``Failed(status,
 message)`` (the last event). A job's stop strings end its request in the loop, at the token
@@ -69,7 +70,9 @@ def refusal(stopping: bool, error: str | None, max_queue: int, queued: int, jobs
     """Why a submit of `jobs` jobs is refused (Unavailable, QueueFull), or None: what the engine
     thread and the engine process (engine_process.py) answer alike."""
     if stopping or error:
-        return Unavailable("the server is shutting down" if stopping else f"the engine failed: {error}")
+        return Unavailable("the server is shutting down; send the request to another server, or retry once it is "
+                           "back." if stopping else f"the engine is not serving ({error}); retry once GET /health "
+                           "answers 200.")
     if queued + jobs <= max_queue:
         return None
     free = max_queue - queued
@@ -128,6 +131,11 @@ class Metrics:
         while self.recent and self.recent[0][0] < now - RATE_WINDOW:
             self.recent.popleft()
 
+    def refused(self, refusal: QueueFull, jobs: int) -> QueueFull:
+        """Counts a submit's jobs refused (429, 503) under their status, as failed jobs are; returns the refusal."""
+        self.finished[refusal.status] += jobs
+        return refusal
+
     def tokens_per_second(self, now: float) -> float:
         return sum(n for t, n in list(self.recent) if t >= now - RATE_WINDOW) / RATE_WINDOW
 
@@ -159,7 +167,7 @@ class Engine:
         with self._wake:
             refused = refusal(self._stopping, self.error, self.max_queue, len(self._queue), len(jobs), self.running)
             if refused is not None:
-                raise refused
+                raise self.metrics.refused(refused, len(jobs))
             self._queue.extend(jobs)
             self._wake.notify()
 

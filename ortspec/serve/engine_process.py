@@ -123,12 +123,13 @@ class EngineProcess:
         with self._lock:
             refused = refusal(self._stopping, self.error, self.max_queue, len(self._waiting), len(jobs), self.running)
             if refused is not None:
-                raise refused
+                raise self.metrics.refused(refused, len(jobs))
             keys = list(range(self._next_key, self._next_key + len(jobs)))
             try:
                 self._conn.send(("submit", [(key, dataclasses.replace(job, deliver=None)) for key, job in zip(keys, jobs)]))
             except OSError:  # the child died a moment ago: the reader has not seen it yet
-                raise Unavailable("the engine process exited; a new one is loading the model: retry shortly.") from None
+                raise self.metrics.refused(Unavailable("the engine process exited; a new one is loading the model: "
+                                                       "retry shortly."), len(jobs)) from None
             self._next_key += len(jobs)
             for key, job in zip(keys, jobs):
                 self._jobs[key], self._key_of[job] = job, key

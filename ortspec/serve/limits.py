@@ -14,17 +14,23 @@
 
 A request line and headers over MAX_HEADER_BYTES (16 KiB) get 431 and the connection closes:
 counted here on httptools (http_stack: what the serve extra installs), which takes headers of
-any length; with h11 (the fallback) its own buffer bounds them (still incomplete past it: 400).
-Idle keep-alive connections close after uvicorn's 5 s.
+any length; with h11 (the fallback) its own buffer bounds them (still incomplete past it).
+A request the parser cannot read (a bad Content-Length, a broken chunk, a header line without
+a colon) gets 400 with the parser's reason, both in OpenAI's error body (uvicorn answers plain
+text), and the connection closes; on httptools after the responses owed to the requests
+pipelined before it. Idle keep-alive connections close after uvicorn's 5 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http
 import importlib
 import json
 import logging
+import re
+import sys
 
 from .. import validation
 from ..errors import ConfigurationError
@@ -133,16 +139,60 @@ class HeaderTimer:
             self.transport.close()
 
 
+class NoWebSockets:
+    """(a mixin for uvicorn's protocols; the server runs with ws="none") An Upgrade request is served
+    as plain HTTP, logged as that: uvicorn's own warning told the operator to install a WebSocket
+    library, for routes this server does not have."""
+
+    def _unsupported_upgrade_warning(self) -> None:
+        log.info("served a request from %s as plain HTTP: it asked to upgrade, and this server has no WebSocket "
+                 "routes", _peer(self.client))
+
+
 def _peer(client) -> str:
     return "%s:%d" % client if client else "?"
 
 
+HEADERS_TOO_LARGE = (f"the request line and headers are over {MAX_HEADER_BYTES} bytes, more than this server takes; "
+                     "send fewer or shorter headers.")
+
+
+def unreadable(exc: BaseException | None) -> tuple[int, str]:
+    """(status, message) for a request the HTTP parser refused with exc (h11's RemoteProtocolError,
+    httptools' HttpParserError): 431 where h11 says its buffer overflowed, else 400 with its reason.
+    The offending bytes, which both append as Python shows them (bytearray(b'...'), b'...'), are
+    left out; httptools' "User callback error" gives way to the parser error inside it (uvicorn
+    parses the URL in a callback: "invalid url")."""
+    if getattr(exc, "error_status_hint", 400) == 431:
+        return 431, HEADERS_TOO_LARGE
+    inner = getattr(exc, "__context__", None)
+    if inner is not None and type(inner).__module__.startswith("httptools"):
+        exc = inner
+    reason = re.split(r":? (?:bytearray\()?b['\"]", str(exc))[0] if exc is not None else ""
+    if reason == "User callback error":  # something else failed inside a callback: nothing to name
+        reason = ""
+    return 400, (f"the request is not valid HTTP/1.1 ({reason or 'the parser refused it'}); check its request line, "
+                 "its headers and its body's framing (one Content-Length of digits, or Transfer-Encoding: chunked "
+                 "with hexadecimal chunk sizes), then send it again on a new connection.")
+
+
+def refusal(status: int, message: str, default_headers) -> bytes:
+    """A whole response in OpenAI's error body, ending the connection (written to the transport
+    by the protocol, which closes it after)."""
+    body = json.dumps(protocol.error_body(message, status)).encode()
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, http.HTTPStatus(status).phrase.encode()),
+            *(b"%s: %s\r\n" % pair for pair in default_headers),
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)]
+    return b"".join(head) + body
+
+
 def h11_protocol(timeout: float):
-    """uvicorn's h11 protocol with the header timeout; h11 bounds the headers itself (past
-    MAX_HEADER_BYTES still incomplete: 400)."""
+    """uvicorn's h11 protocol with the header timeout and JSON refusals; h11 bounds the headers
+    itself (past MAX_HEADER_BYTES still incomplete: 431)."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class H11Limits(HeaderTimer, H11Protocol):
+    class H11Limits(NoWebSockets, HeaderTimer, H11Protocol):
         header_timeout = timeout
 
         def on_response_complete(self) -> None:
@@ -156,6 +206,13 @@ def h11_protocol(timeout: float):
             if self.cycle is not cycle:  # a request's headers are in
                 self._disarm_header_timer()
 
+        def send_400_response(self, msg: str) -> None:  # inside handle_events' except RemoteProtocolError
+            status, message = unreadable(sys.exc_info()[1])
+            log.info("refused a request from %s with %d: %s", _peer(self.client), status, message)
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # else a response is under way: close alone
+                self.transport.write(refusal(status, message, self.server_state.default_headers))
+            self.transport.close()
+
     return H11Limits
 
 
@@ -164,22 +221,28 @@ class HeadersTooLarge(Exception):
 
 
 def httptools_protocol(timeout: float):
-    """uvicorn's httptools protocol with the header timeout and a bound of its own: httptools
-    takes headers of any length, so a request whose line and headers pass MAX_HEADER_BYTES,
-    still incomplete or whole, gets 431 and its connection closes."""
-    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+    """uvicorn's httptools protocol with the header timeout, JSON refusals and a bound of its own:
+    httptools takes headers of any length, so a request whose line and headers pass
+    MAX_HEADER_BYTES, still incomplete or whole, gets 431 and its connection closes. httptools
+    parses pipelined requests as they arrive: one it refuses is answered after the responses owed
+    to those before it (uvicorn wrote its 400 at once, and the earlier responses were lost)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HttpToolsLimits(HeaderTimer, HttpToolsProtocol):
+    class HttpToolsLimits(NoWebSockets, HeaderTimer, HttpToolsProtocol):
         header_timeout = timeout
         _header_bytes: int | None = 0  # bytes since this request began, until its headers are in (then None)
+        _refusal: bytes | None = None  # the answer to a refused request, waiting for _owed responses before it
+        _owed = 0
 
         def data_received(self, data: bytes) -> None:
+            if self._refusal is not None:  # the parser has failed: nothing after the refused request is read
+                return None
             if self._header_bytes is None:  # a body: the next request counts from its end (on_message_complete)
                 return super().data_received(data)
             self._header_bytes += len(data)
             super().data_received(data)
-            if self._over_the_bound() and not self.transport.is_closing():
-                self._refuse_headers()
+            if self._over_the_bound() and not self.transport.is_closing() and self._refusal is None:
+                self._refuse(431, HEADERS_TOO_LARGE)
 
         def on_headers_complete(self) -> None:
             if self._over_the_bound() and header_bytes(self.url, self.headers) > MAX_HEADER_BYTES:
@@ -195,27 +258,46 @@ def httptools_protocol(timeout: float):
         def on_response_complete(self) -> None:
             waiting = bool(self.pipeline)  # a request whose headers are in, started inside super()
             super().on_response_complete()
-            if not waiting:
+            if self._refusal is not None:
+                self._owed -= 1
+                if self._owed == 0 and not self.transport.is_closing():
+                    self.transport.write(self._refusal)
+                    self.transport.close()
+            elif not waiting:
                 self._arm_header_timer()
 
-        def send_400_response(self, msg: str) -> None:
-            if self._over_the_bound():
-                self._refuse_headers()
-            else:
-                super().send_400_response(msg)
+        def send_400_response(self, msg: str) -> None:  # inside data_received's except HttpParserError
+            self._refuse(*((431, HEADERS_TOO_LARGE) if self._over_the_bound() else unreadable(sys.exc_info()[1])))
 
         def _over_the_bound(self) -> bool:
             return self._header_bytes is not None and self._header_bytes > MAX_HEADER_BYTES
 
-        def _refuse_headers(self) -> None:
-            message = (f"the request line and headers are over {MAX_HEADER_BYTES} bytes, more than this server "
-                       "takes; send fewer or shorter headers.")
-            log.info("refused a request from %s with 431: %s", _peer(self.client), message)
-            body = json.dumps(protocol.error_body(message, 431)).encode()
-            head = [STATUS_LINE[431], *(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers),
-                    b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)]
-            self.transport.write(b"".join(head) + body)
-            self.transport.close()
+        def _refuse(self, status: int, message: str) -> None:
+            """Answers the request the parser refused and closes the connection: at once, or once
+            the responses owed to the requests pipelined before it are out (on_response_complete)."""
+            log.info("refused a request from %s with %d: %s", _peer(self.client), status, message)
+            reply, cycle = refusal(status, message, self.server_state.default_headers), self.cycle
+            if cycle is not None and cycle.more_body:  # the refused request's own body broke
+                if self.pipeline and self.pipeline[0][0] is cycle:  # queued behind others: it never runs
+                    self.pipeline.popleft()
+                    self._defer(reply)
+                elif not cycle.response_started:  # running, unanswered: its handler sees a disconnect
+                    self._answer(reply)
+                else:  # its response is under way: no second status line in it
+                    self.transport.close()
+            elif cycle is None or (cycle.response_complete and not self.pipeline):
+                self._answer(reply)
+            else:  # a request after those parsed: they are owed their responses first
+                self._defer(reply)
+
+        def _answer(self, reply: bytes) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(reply)
+                self.transport.close()
+
+        def _defer(self, reply: bytes) -> None:
+            self._refusal, self._owed = reply, len(self.pipeline) + 1  # the queued ones and the one running
+            self.flow.pause_reading()
 
     return HttpToolsLimits
 

@@ -27,7 +27,8 @@ def prometheus_text(engine: Engine, stats: dict) -> str:
     _metric(lines, "generated_tokens_total", "counter", "Tokens sent to clients.", [("", metrics.generated)])
     _metric(lines, "prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", [("", metrics.prompt_tokens)])
     _metric(lines, "requests_admitted_total", "counter", "Requests that got a row.", [("", metrics.admitted)])
-    _metric(lines, "requests_finished_total", "counter", "Requests ended, by finish reason or HTTP status.",
+    _metric(lines, "requests_finished_total", "counter",
+            "Requests (choices) ended, by finish reason or HTTP status (429, 503: also refused at submit).",
             [(f'{{reason="{reason}"}}', count) for reason, count in sorted(metrics.finished.items(), key=str)])
     _metric(lines, "acceptance_rate", "gauge", "Drafts accepted / drafts proposed, since start.",
             [("", float(stats["acceptance_rate"]))])

@@ -40,7 +40,7 @@ FIELDS = {
     "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1,
              "description": "choice i draws random stream i of the seed"},
     "stream": {"type": "boolean", "default": False},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": ["boolean", "null"]}}},
     "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds, at most --request-timeout"},
     "stop": {"anyOf": [{"type": "string", "maxLength": MAX_STOP_CHARS},
                        {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},

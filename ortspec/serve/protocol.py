@@ -12,7 +12,9 @@ stream, stream_options.include_usage, and the extension ``timeout`` (seconds; at
 server's --request-timeout). Fields that would change what is generated and that ortspec
 cannot honour (UNSUPPORTED: penalties, logit_bias, best_of > 1, ...) are refused with a 400
 naming them, rather than ignored; other unknown fields are ignored, and a field sent as null
-means its default. A body nested deeper than MAX_JSON_DEPTH is refused. Each choice carries
+means its default. A body nested deeper than MAX_JSON_DEPTH, or holding NaN or Infinity (not
+JSON, though Python's parser takes them), is refused. Each field's JSON type is checked here
+(FIELD_TYPES), so that a message names JSON's types, not the Python API's. Each choice carries
 ``token_ids`` (an extension): the generated ids, also for models without a tokenizer (whose
 ``text`` is then empty); at a stop string they run to the token that completed it.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 
@@ -37,8 +40,15 @@ UNSUPPORTED = {"best_of": (1,), "presence_penalty": (0,), "frequency_penalty": (
                "response_format": ({"type": "text"},)}
 EMPTY = ([], "", {})
 MAX_JSON_DEPTH = 32  # nested objects and arrays a body may hold (a chat body with text parts needs 5)
+MAX_INT_DIGITS = 4300  # Python's int conversion limit (sys.get_int_max_str_digits' default)
 MAX_STOPS, MAX_STOP_CHARS = 4, 1000  # stop strings a request may send (OpenAI's 4), characters in each
 MAX_LOGPROBS = {False: 5, True: validation.MAX_LOGPROBS}  # chat -> the most alternatives per token (OpenAI's)
+# field -> its JSON type, checked before the values go to ortspec.validation (whose messages name
+# Python's types); logprobs and top_logprobs are _logprobs', n is _n's, timeout _timeout's
+FIELD_TYPES = {"temperature": "number", "top_p": "number", "min_p": "number", "top_k": "integer",
+               "seed": "integer", "max_tokens": "integer", "max_completion_tokens": "integer", "stream": "boolean",
+               "echo": "boolean", "ignore_eos": "boolean"}
+KINDS = {"number": "a number", "integer": "an integer", "boolean": "true or false"}
 
 
 class HTTPError(Exception):
@@ -95,12 +105,14 @@ class Completion:
 
 
 def parse_json(raw: bytes) -> dict:
+    if not raw.strip():
+        raise BadRequest('the body is empty; send a JSON object such as {"prompt": "def f(", "max_tokens": 16}.')
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite, parse_int=_bounded_int)
     except RecursionError:
         raise BadRequest(f"the body nests objects or arrays deeper than the JSON parser goes; at most "
                          f"{MAX_JSON_DEPTH} levels are accepted.") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON object such as "
                          '{"prompt": "def f(", "max_tokens": 16}.') from None
     if not isinstance(body, dict):
@@ -110,6 +122,30 @@ def parse_json(raw: bytes) -> dict:
         raise BadRequest(f"the body nests objects or arrays more than {MAX_JSON_DEPTH} levels deep; a request needs "
                          "at most 5.")
     return body
+
+
+def _not_json(constant: str):
+    """(json.loads' parse_constant) NaN, Infinity and -Infinity, which Python's parser takes and JSON has not."""
+    raise BadRequest(f"the body holds {constant}, which is not JSON (its numbers are finite); send a number, or leave "
+                     "the field out for its default.")
+
+
+def _finite(text: str) -> float:
+    """(json.loads' parse_float) A number beyond a double's range parses as infinity: refused, named as sent."""
+    number = float(text)
+    if math.isinf(number):
+        raise BadRequest(f"the body holds the number {text[:40]}, beyond the largest this server parses (about "
+                         "1.8e308); send a smaller number.")
+    return number
+
+
+def _bounded_int(text: str) -> int:
+    """(json.loads' parse_int) An integer of more digits than Python converts (4300) is refused, not a
+    ValueError naming sys.set_int_max_str_digits."""
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadRequest(f"the body holds an integer of {len(text.lstrip('-'))} digits, more than this server parses "
+                         f"({MAX_INT_DIGITS}); send a smaller number.")
+    return int(text)
 
 
 def _json_type(value) -> str:
@@ -145,6 +181,12 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
     options = body.get("stream_options", {})
     if not isinstance(options, dict):
         raise BadRequest(f"stream_options={_short(options)} must be an object such as {{\"include_usage\": true}}.")
+    options = {name: value for name, value in options.items() if value is not None}  # null: the default here too
+    for name, kind in [*FIELD_TYPES.items(), ("stream_options.include_usage", "boolean")]:
+        value = options.get("include_usage") if name == "stream_options.include_usage" else body.get(name)
+        if value is not None:
+            _typed(name, value, kind)
+    _stop_type(body.get("stop"))
     try:
         sampling = validation.sampling(body.get("temperature", 0.0), body.get("top_k", 0), body.get("top_p", 1.0),
                                        body.get("seed"), body.get("min_p", 0.0))
@@ -163,6 +205,36 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
                       timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat,
                       id=request_id or new_id(), n=_n(body.get("n", 1), max_n), stop=stop, logprobs=logprobs,
                       echo=echo, ignore_eos=ignore_eos)
+
+
+def _typed(name: str, value, kind: str) -> None:
+    """BadRequest unless value is of JSON type kind ("number", "integer": one without a fraction
+    or exponent, within 64 bits, "boolean"), naming what was sent in JSON's words."""
+    if kind == "boolean" and not isinstance(value, bool):
+        raise BadRequest(f"{name}={_short(value)} must be true or false; got {_a_json_type(value)}.")
+    if kind != "boolean" and not validation.is_real(value):
+        raise BadRequest(f"{name}={_short(value)} must be {KINDS[kind]}; got {_a_json_type(value)}.")
+    if kind == "integer" and not validation.is_integer(value):
+        raise BadRequest(f"{name}={_short(value)} must be an integer, written without a fraction or exponent.")
+    if kind == "integer" and value > validation.INT64_MAX:
+        raise BadRequest(f"{name}={_short(value)} exceeds {validation.INT64_MAX}, the largest integer this server "
+                         "takes (64 bits).")
+    if name == "seed" and value < 0:
+        raise BadRequest(f"seed={value} must be an integer >= 0; leave it out for a random seed.")
+
+
+def _a_json_type(value) -> str:
+    kind = _json_type(value)
+    return "null" if kind == "null" else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _stop_type(value) -> None:
+    """stop: a string, or an array of non-empty strings (validation.stop_strings checks their text)."""
+    if value is None or isinstance(value, str) or value == []:
+        return
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise BadRequest(f"stop={_short(value)} must be a string or an array of non-empty strings: text that ends "
+                         "the completion.")
 
 
 def _same(value, accepted) -> bool:
@@ -235,7 +307,7 @@ def _check_choices(chat: bool, echo: bool, logprobs: int | None, stop: tuple[str
 
 def _prompt(body: dict) -> str | list[int]:
     if "prompt" not in body:
-        raise BadRequest("the body has no 'prompt'; send the text (or token ids) to continue.")
+        raise BadRequest('the body has no "prompt"; send the text (or an array of token ids) to continue.')
     prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -245,18 +317,19 @@ def _prompt(body: dict) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest(f"prompt holds {len(prompt)} prompts; send one prompt per request.")
-    raise BadRequest(f"prompt={_short(body['prompt'])} must be a non-empty string or a non-empty list of token ids.")
+    raise BadRequest(f"prompt={_short(body['prompt'])} must be a non-empty string or a non-empty array of token ids "
+                     "(integers).")
 
 
 def _messages(body: dict) -> list[dict]:
     """The messages with each content as one string (text parts joined by newlines, as vLLM does)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects.")
+        raise BadRequest("messages must be a non-empty array of {\"role\": ..., \"content\": ...} objects.")
     for i, m in enumerate(messages):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
-            raise BadRequest(f"messages[{i}]={_short(m)} must be an object with a string 'role' and a 'content': a "
-                             "string or a list of text parts.")
+            raise BadRequest(f'messages[{i}]={_short(m)} must be an object with a string "role" and a "content": a '
+                             "string or an array of text parts.")
     return [{**m, "content": _content(m["content"], i)} for i, m in enumerate(messages)]
 
 

@@ -125,7 +125,7 @@ class Server:
         self.host, self.port = host, self.socket.getsockname()[1]
         self.parser, self.loop = http_stack()
         self.uvicorn = serving(self.engine)(uvicorn.Config(
-            app, log_level=log_level, lifespan="off", loop=self.loop,
+            app, log_level=log_level, lifespan="off", loop=self.loop, ws="none",  # no WebSocket routes: plain HTTP
             http=limited_protocol(self.parser, self.limits.header_timeout),
             h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None
