@@ -11,6 +11,7 @@ event queue or request object) would cross it.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import resource
@@ -40,10 +41,15 @@ def model(tmp_path_factory):
     return ortspec.convert(root / "ck", root / "out", num_speculative_tokens=2, max_length=96, progress=False)
 
 
-def test_32_streaming_clients(model):
+@pytest.mark.parametrize("apart", [False, True], ids=["", "prefills-apart"])
+def test_32_streaming_clients(model, apart):
+    """apart: the CUDA server's loop on the CPU (depth 1, fixed rows, prefills on their own thread)."""
     bodies = workload(CLIENTS, REQUESTS, MAX_TOKENS, "both")
     threads_before = set(threading.enumerate())
     with ortspec.Session(model, num_speculative_tokens=2) as session:
+        if apart:
+            session.batcher = functools.partial(session.batcher, background_prefill=True, pipelined=True,
+                                                fixed_rows=True)
         want = {(b["prompt"], b["max_tokens"]): session.generate(b["prompt"], max_new_tokens=b["max_tokens"])
                 for client in bodies for b in client}
         server = Server(session, port=0, max_batch_size=8, max_queue=CLIENTS).start()
