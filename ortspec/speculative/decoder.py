@@ -22,7 +22,6 @@ its MTP head makes: the k of the step after it. A decode step's head entries wai
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import time
@@ -85,16 +84,14 @@ class Flight(NamedTuple):
     ahead: bool  # enqueued before the step before it was read
 
 
-@dataclasses.dataclass(eq=False)
-class Join:
-    """A prompt's prefill running on the prefill thread: the requests it seats (the prompt's, then
-    its forks'), the forks by row, its ids and positions [1, n], and the Run's future forward."""
+class Join(NamedTuple):
+    """What a prompt's prefill on the prefill thread is for: the requests it seats (the prompt's,
+    then its forks'), the forks by row, and its ids and positions [1, n]."""
 
     requests: list[Request]
     copies: dict[int, list[Request]]
     ids: np.ndarray
     positions: np.ndarray
-    future: concurrent.futures.Future
 
 
 @dataclasses.dataclass
@@ -150,8 +147,7 @@ class Decoder:
         self._pipe = Pipeline(int(device and (arrays.device != "cpu" if pipelined is None else pipelined)))
         self._clock = StepClock(graphs, self._pipe.depth)
         apart = self._pipe.depth == 1 and arrays.device != "cpu" if background_prefill is None else background_prefill
-        self._prefills = PrefillThread() if apart and device else None
-        self._joins: list[Join] = []  # prefills on the prefill thread, in submission order
+        self._prefills = PrefillThread() if apart and device else None  # its jobs' records are Joins
 
     @property
     def graphs(self) -> GraphSet:
@@ -326,34 +322,30 @@ class Decoder:
             with self.engine.step(check_errors=False):
                 run = self.engine.target.prefill_apart(rows, ids, positions)
             mine = {req.row: copies[req.row]} if req.row in copies else {}
-            self._joins.append(Join([req] + mine.get(req.row, []), mine, ids, positions,
-                                    self._prefills.submit(run, guard)))
+            self._prefills.submit(run, Join([req] + mine.get(req.row, []), mine, ids, positions), guard)
 
     @property
     def joining_rows(self) -> set[int]:
         """The rows of requests submitted and not seated yet. A request cancelled meanwhile gives
         its row up at once: a later join writes it after this one's Run (joins are seated in
         submission order, and ``admit`` seats every join first)."""
-        return {r.row for join in self._joins for r in join.requests if not r.done}
+        jobs = self._prefills.jobs if self._prefills is not None else []
+        return {r.row for job in jobs for r in job.what.requests if not r.done}
 
     def _admit_prefilled(self, every: bool = False) -> None:
         """Seats the joins whose prefill Run is done, waiting for the first where no row runs
         (nothing else could go on), for all of them with every=True. A join whose requests were
         all cancelled meanwhile is dropped: no row of theirs is written."""
-        if not self._joins:
+        if self._prefills is None or not self._prefills.jobs:
             return
-        if every or not any(r is not None and not r.done for r in self.occupants):
-            concurrent.futures.wait([join.future for join in self._joins] if every else [self._joins[0].future])
-        ready = [join for join in self._joins if join.future.done()]
-        if not ready:
-            return
-        self._joins = [join for join in self._joins if join not in ready]
+        idle = not any(r is not None and not r.done for r in self.occupants)
         prefilled: list[tuple[Join, Forward]] = []
-        for join in ready:
+        for job in self._prefills.take_done("all" if every else "first" if idle else "none"):
+            join = job.what
             if all(r.done for r in join.requests):
                 continue
             try:
-                prefilled.append((join, join.future.result()))
+                prefilled.append((join, job.future.result()))
             except Exception as exc:  # noqa: BLE001  (its Run wrote no row: its requests end, the rest go on)
                 for req in join.requests:
                     req.fail(exc)
@@ -478,7 +470,6 @@ class Decoder:
         self._close_run()
         if self._prefills is not None:
             self._prefills.close()
-        self._joins = []
 
     @contextlib.contextmanager
     def scripted_k(self, script: KScript):
