@@ -329,11 +329,8 @@ class StateSet:
         """Every state's graph input for these rows (a new dict each call: callers may add to it).
         window: the KV slots the forward needs (None: all max_length). On the host the rows are
         first moved into consecutive slots (``RowSlots``), so the feeds are views."""
-        rows = self._place(rows)
-        if self._host_caches:
-            self._fit_caches(window)
-        key = (rows.slice.start, rows.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None) \
-            if rows.slice is not None else None
+        rows = self.place(rows, window)
+        key = self._binding_key(rows) if rows.slice is not None else None
         feeds = self._feeds.get(key) if key else None
         if feeds is None:
             feeds = {}
@@ -342,6 +339,15 @@ class StateSet:
             if key:
                 self._feeds[key] = feeds
         return dict(feeds)
+
+    def place(self, rows: Rows, window: int | None = None) -> Rows:
+        """What a forward over these rows needs before it reads the states, whether or not it is
+        fed them again (``TargetModel.bound_forward`` binds them once): on the host the rows moved
+        into consecutive slots and the caches laid out for its window. Returns the rows' slots."""
+        rows = self._place(rows)
+        if self._host_caches:
+            self._fit_caches(window)
+        return rows
 
     def _place(self, rows: Rows) -> Rows:
         """(host) The slots of these rows, after moving them into consecutive slots in their order:
@@ -383,8 +389,10 @@ class StateSet:
         """(contiguous rows) What fixes the buffers a forward over these rows binds (``host_binding``):
         the rows' slots, which of the two GDN buffers is live, and the layout of the KV caches (each
         layout is the same memory, ``KVCache.fit``)."""
-        rows = self.placement.slots(rows)
-        return rows.slice.start, rows.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None
+        return self._binding_key(self.placement.slots(rows))
+
+    def _binding_key(self, slots: Rows) -> tuple:
+        return slots.slice.start, slots.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None
 
     def spare_outputs(self, rows: Rows) -> dict:
         """(double-buffered, contiguous rows) Where a bound forward writes each GDN layer's state
