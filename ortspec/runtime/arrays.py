@@ -101,8 +101,10 @@ class HostArrays:
             np.copyto(live[b], window[slot][b])
 
     def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
+        slots = index.tolist()
         for window, live in zip(windows, lives):
-            self.select(window, index, live)
+            for b, slot in enumerate(slots):
+                np.copyto(live[b], window[slot][b])
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""

@@ -447,9 +447,8 @@ class StateSet:
             for layer in self.layers:
                 layer.select_window(layer.window(outputs, width), rows, accepted)
             return
-        for arrays, layers in self._layers_by_device:  # contiguous rows: one call per device, not per layer
-            arrays.select_many([s.window(outputs, width) for s in layers], accepted,
-                               [rows.take(arrays, s.buffer) for s in layers])
+        for (arrays, layers), lives in zip(self._layers_by_device, self._views_of(rows)):  # contiguous rows: one
+            arrays.select_many([s.window(outputs, width) for s in layers], accepted, lives)  # call per device
 
     def _replay(self, outputs, rows: Rows, counts) -> None:
         """A transition verify's commit: each GDN state takes its first counts[j] rows of the record

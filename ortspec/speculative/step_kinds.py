@@ -106,6 +106,7 @@ class FusedSteps:
         self.run = FusedRun(engine.target, engine.mtp, batch.rows, k, bound, sampled=sampled)
         self.stats, self.k, self.draft_source, self.sampled = stats, k, draft_source, sampled
         self.requests, self.arrays = batch.requests, engine.arrays
+        self._greedy = np.array([not r.samples for r in batch.requests])  # [B]: the rows the host checks
         self._mirror: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (T [B], drafts [B, k]) of step n
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
@@ -147,8 +148,8 @@ class FusedSteps:
         """The graph's accept lengths [B] must be the host rule's over drafts [B, k] and tokens
         [B, k+1], for every greedy row (a sampled row's are drawn)."""
         host = accept_lengths(drafts, tokens)  # a = longest prefix with d_i == g_{i-1}
-        greedy = np.array([not r.samples for r in self.requests])
-        if not np.array_equal(host[greedy], accepted[greedy]):
+        greedy = self._greedy
+        if ((host != accepted) & greedy).any():
             raise acceptance_mismatch(self.k, np.where(greedy, accepted, -1), np.where(greedy, host, -1), drafts,
                                       tokens, "its rows' states are wrong until a prefill resets them")
 
