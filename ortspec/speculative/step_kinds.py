@@ -67,6 +67,7 @@ class DecodeSteps:
         self.run = DecodeRun(engine.target, batch.rows, hidden=defer_head, bound=RunBound.of(batch.requests),
                              sampled=sampled)
         self.stats, self.requests, self.sampled = stats, batch.requests, sampled
+        self._accepted = np.zeros(len(batch), np.int64)  # [B]: a decode accepts no drafts
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
         with self.stats.timed("decode"):
@@ -79,8 +80,8 @@ class DecodeSteps:
     def read(self, n: int) -> StepResult:
         with self.stats.timed("decode"):
             tokens, hidden = self.run.read(n)  # [B], [B, H] or None
-        return StepResult(self.run.positions(n), tokens[:, None], np.zeros(len(tokens), np.int64),
-                          hidden=hidden, hidden_dtype=self.run.hidden_dtype)
+        return StepResult(self.run.positions(n), tokens[:, None], self._accepted, hidden=hidden,
+                          hidden_dtype=self.run.hidden_dtype)
 
     def fits_next(self, n: int, running: np.ndarray) -> bool:
         return True  # positions past max_length - 1 are clamped, and no running row gets there
