@@ -146,17 +146,20 @@ class HostArrays:
     def advance_speculative_inputs(self, step_ids, ids, positions, verified, counts, last_start: int) -> None:
         """From a verify_mtp_k{k} run's step_ids [B, 2k+2] (g_0..g_k | a | d_1..d_k): this step's
         commit, counts [B] = a + 1 at verified [B, k+1] = positions; then the next step's inputs
-        in place, ids [B, k+1] = [g_a, d_1..d_k] and positions = min(T + a + 1, last_start) + 0..k."""
+        in place, ids [B, k+1] = [g_a, d_1..d_k] and positions = min(T + a + 1, last_start) + 0..k.
+        Worked out in Python ints: a fused step's first host work after its Run, over a few rows,
+        where each numpy operation costs several times what it does warm."""
         k = ids.shape[1] - 1
-        accepted = step_ids[:, k + 1]  # [B]
-        if ((accepted < 0) | (accepted > k)).any():
-            raise ValueError(f"advance_speculative_inputs: accept lengths {accepted.tolist()} outside 0..k={k}; "
+        rows = step_ids.tolist()
+        accepted = [row[k + 1] for row in rows]  # [B]
+        if not all(0 <= a <= k for a in accepted):
+            raise ValueError(f"advance_speculative_inputs: accept lengths {accepted} outside 0..k={k}; "
                              "nothing was written")
+        starts = positions[:, 0].tolist()  # T [B]
         verified[...] = positions
-        counts[...] = accepted + 1
-        ids[:, 0] = step_ids[np.arange(len(ids)), accepted]  # the bonus g_a
-        ids[:, 1:] = step_ids[:, k + 2:]
-        positions[...] = np.minimum(positions[:, :1] + accepted[:, None] + 1, last_start) + np.arange(k + 1)
+        counts[...] = [a + 1 for a in accepted]
+        ids[...] = [[row[a], *row[k + 2:]] for row, a in zip(rows, accepted)]  # the bonus g_a, the drafts
+        positions[...] = [[min(t + a + 1, last_start) + j for j in range(k + 1)] for t, a in zip(starts, accepted)]
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b].

@@ -97,18 +97,19 @@ class Stats:
         _count(self.steps_by_k, 0, 1)
 
     def record_speculative_step(self, accepted, k: int, fused: bool = False) -> None:
-        """One speculative step; ``accepted`` [rows] holds the accept lengths of its unfinished rows;
-        fused: the MTP head ran inside the verify's graph."""
+        """One speculative step; ``accepted`` (numpy int64 [rows]) holds the accept lengths of its
+        unfinished rows; fused: the MTP head ran inside the verify's graph."""
+        accepted = accepted.tolist()  # as ints: for a step's few rows, cheaper than numpy scalars
         _count(self.accept_histogram, k, 0)
         for a in accepted:
-            self.accept_histogram[int(a)] += 1
+            self.accept_histogram[a] += 1
         _count(self.steps_by_k, k, 1)
         self.steps += 1
         self.speculative_steps += 1
         self.fused_verify_steps += fused
         self.speculative_row_steps += len(accepted)
         self.drafted += k * len(accepted)
-        self.accepted += int(sum(accepted))
+        self.accepted += sum(accepted)
 
     def clear(self) -> None:
         """Every counter back to zero, in place (the loop's step kinds keep a reference to these)."""
