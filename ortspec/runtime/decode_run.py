@@ -56,7 +56,7 @@ class DecodeRun:
         self._want_hidden = hidden
         self.hidden_dtype = None  # the hidden rows' dtype on the device, once step 0 ran
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
-        self._positions: list = [None, None]  # [B] each: steps n-1 and n's positions, as the outputs
+        self._positions: list = [None, None]  # steps n-1 and n's positions [B], kept as their outputs are
         self._read = -1  # the last step read
 
     def positions(self, n: int) -> np.ndarray:
@@ -72,8 +72,9 @@ class DecodeRun:
             self.graphs.begin_step(check_errors=self._read == n - 1)  # waits only with nothing in flight
             if n == 0:
                 self._positions[0] = np.asarray(positions, np.int64)[:, 0].copy()
-            else:
-                self._positions[n % 2] = np.minimum(self._positions[(n - 1) % 2] + 1, self.last_position)
+            else:  # one on from step n-1's, as ints (a step's few rows: cheaper than numpy's arithmetic)
+                last, before = self.last_position, self._positions[(n - 1) % 2].tolist()
+                self._positions[n % 2] = np.array([min(t + 1, last) for t in before], np.int64)
                 ids, positions = self._feed(self._outputs[(n - 1) % 2], self._positions[n % 2][:, None])
             if self._bound:  # the CPU: states bound where they live, the GDN states after it in the spares
                 out = self.target.bound_forward(self.graph, self.rows,
