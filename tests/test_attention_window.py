@@ -8,11 +8,18 @@ import numpy as np
 import ortspec
 from ortspec.manifest import Manifest
 from ortspec.runtime.graphs import GraphRunner, GraphSet
+from ortspec.runtime.host_binding import HostBinding
 from ortspec.runtime.kv_window import window_slots
 from ortspec.runtime.model import TargetModel
 from ortspec.runtime.states import Rows
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 11], [42], [8, 8, 8, 300, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+
+
+def read_inputs(feeds: dict, slot) -> dict:
+    """Every input a Run reads: a bound forward is fed its step inputs only, and reads the states
+    where its binding holds them (``HostBinding.inputs``)."""
+    return {**slot.inputs, **feeds} if isinstance(slot, HostBinding) else feeds
 
 
 def test_window_covers_the_last_position_plus_reach():
@@ -32,7 +39,7 @@ def test_windowed_and_full_caches_give_the_same_tokens(models, monkeypatch):
     original = GraphRunner.run
 
     def recording(self, feeds, slot=None, wait=True):
-        widths.extend(v.shape[-1] for n, v in feeds.items() if n.startswith("key."))
+        widths.extend(v.shape[-1] for n, v in read_inputs(feeds, slot).items() if n.startswith("key."))
         return original(self, feeds, slot, wait)
 
     monkeypatch.setattr(GraphRunner, "run", recording)
@@ -53,7 +60,7 @@ def test_every_window_covers_the_positions_its_graph_writes(models, monkeypatch)
     original = GraphRunner.run
 
     def checking(self, feeds, slot=None, wait=True):
-        width = feeds["key.mtp" if self.name.startswith("mtp") else "key.3"].shape[-1]
+        width = read_inputs(feeds, slot)["key.mtp" if self.name.startswith("mtp") else "key.3"].shape[-1]
         reach = k if self.name.startswith("mtp_propose") else 1
         if width < min(int(feeds["positions"].max()) + reach, max_length):
             short.append((self.name, width, int(feeds["positions"].max())))

@@ -68,3 +68,17 @@ def test_host_write_rows_puts_each_new_row_at_its_position(positions, counts):
                 np.moveaxis(expected[b], axis - 1, 0)[positions[b, j]] = np.moveaxis(new[b], axis - 1, 0)[j]
         HostArrays().write_rows(cache, new, positions, counts, axis)
         assert np.array_equal(cache, expected)
+
+
+def test_host_write_rows_of_a_decode_puts_each_row_at_its_position():
+    """A decode's write (M = 1, no counts: an int index per row) against the same reference."""
+    rng = np.random.default_rng(4)
+    positions = np.array([[5], [0]])
+    for shape, axis in (((2, 2, 4, 8), 3), ((2, 2, 8, 4), 2)):
+        cache = rng.standard_normal(shape).astype(np.float32)
+        new = rng.standard_normal(shape[:axis] + (1,) + shape[axis + 1:]).astype(np.float32)
+        expected = cache.copy()
+        for b in range(2):
+            np.moveaxis(expected[b], axis - 1, 0)[positions[b, 0]] = np.moveaxis(new[b], axis - 1, 0)[0]
+        HostArrays().write_rows(cache, new, positions, None, axis)
+        assert np.array_equal(cache, expected)

@@ -101,8 +101,10 @@ class HostArrays:
             np.copyto(live[b], window[slot][b])
 
     def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
+        slots = index.tolist()
         for window, live in zip(windows, lives):
-            self.select(window, index, live)
+            for b, slot in enumerate(slots):
+                np.copyto(live[b], window[slot][b])
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
@@ -144,17 +146,20 @@ class HostArrays:
     def advance_speculative_inputs(self, step_ids, ids, positions, verified, counts, last_start: int) -> None:
         """From a verify_mtp_k{k} run's step_ids [B, 2k+2] (g_0..g_k | a | d_1..d_k): this step's
         commit, counts [B] = a + 1 at verified [B, k+1] = positions; then the next step's inputs
-        in place, ids [B, k+1] = [g_a, d_1..d_k] and positions = min(T + a + 1, last_start) + 0..k."""
+        in place, ids [B, k+1] = [g_a, d_1..d_k] and positions = min(T + a + 1, last_start) + 0..k.
+        Worked out in Python ints: a fused step's first host work after its Run, over a few rows,
+        where each numpy operation costs several times what it does warm."""
         k = ids.shape[1] - 1
-        accepted = step_ids[:, k + 1]  # [B]
-        if ((accepted < 0) | (accepted > k)).any():
-            raise ValueError(f"advance_speculative_inputs: accept lengths {accepted.tolist()} outside 0..k={k}; "
+        rows = step_ids.tolist()
+        accepted = [row[k + 1] for row in rows]  # [B]
+        if not all(0 <= a <= k for a in accepted):
+            raise ValueError(f"advance_speculative_inputs: accept lengths {accepted} outside 0..k={k}; "
                              "nothing was written")
+        starts = positions[:, 0].tolist()  # T [B]
         verified[...] = positions
-        counts[...] = accepted + 1
-        ids[:, 0] = step_ids[np.arange(len(ids)), accepted]  # the bonus g_a
-        ids[:, 1:] = step_ids[:, k + 2:]
-        positions[...] = np.minimum(positions[:, :1] + accepted[:, None] + 1, last_start) + np.arange(k + 1)
+        counts[...] = [a + 1 for a in accepted]
+        ids[...] = [[row[a], *row[k + 2:]] for row, a in zip(rows, accepted)]  # the bonus g_a, the drafts
+        positions[...] = [[min(t + a + 1, last_start) + j for j in range(k + 1)] for t, a in zip(starts, accepted)]
 
     def write_rows(self, cache, rows, positions, counts, axis: int) -> None:
         """cache[b, ..., positions[b, j], ...] = rows[b, ..., j, ...] (position axis `axis`), j < counts[b].
@@ -163,12 +168,16 @@ class HostArrays:
         (which other positions still take)."""
         lead = (slice(None),) * (axis - 1)
         width = positions.shape[1]
+        if width == 1 and counts is None:  # a decode: one row each, where an int index puts it
+            for b, start in enumerate(positions[:, 0].tolist()):
+                cache[(b, *lead, start)] = rows[(b, *lead, 0)]
+            return
         counts = [width] * len(positions) if counts is None else counts.tolist()
-        consecutive = width == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())  # 2.8 us; np.diff 4.1
-        for b, (start, n) in enumerate(zip(positions[:, 0].tolist(), counts)):
-            at = slice(start, start + n) if consecutive else positions[b, :n]
-            cache[b][(*lead, at)] = rows[b][(*lead, slice(0, n))]  # cache[b] first: an index array
-            # beside the int b would move the indexed axis to the front
+        for b, (at, n) in enumerate(zip(positions.tolist(), counts)):  # a step's few rows: checked as ints
+            if at == list(range(at[0], at[0] + width)):
+                cache[(b, *lead, slice(at[0], at[0] + n))] = rows[(b, *lead, slice(0, n))]
+            else:  # cache[b] first: an index array beside the int b would move the indexed axis to the front
+                cache[b][(*lead, positions[b, :n])] = rows[b][(*lead, slice(0, n))]
 
     def staging(self, name: str, shape, dtype) -> np.ndarray:
         """A buffer valid until the next staging() of this name (eager hand-overs between devices)."""

@@ -56,12 +56,13 @@ class DecodeRun:
         self._want_hidden = hidden
         self.hidden_dtype = None  # the hidden rows' dtype on the device, once step 0 ran
         self._outputs: list = [None, None]  # steps n-1 and n: an eager run's outputs live as long as this
-        self._first: np.ndarray | None = None  # [B] step 0's positions
+        self._positions: list = [None, None]  # steps n-1 and n's positions [B], kept as their outputs are
         self._read = -1  # the last step read
 
     def positions(self, n: int) -> np.ndarray:
-        """[B]: step n's positions (a finished row's clamped inside the buffers)."""
-        return np.minimum(self._first + n, self.last_position)
+        """[B]: step n's positions (a finished row's clamped inside the buffers), of the step
+        enqueued last or the one before it."""
+        return self._positions[n % 2]
 
     def enqueue(self, n: int, ids: np.ndarray | None = None, positions: np.ndarray | None = None,
                 sampling: dict | None = None) -> None:
@@ -70,9 +71,11 @@ class DecodeRun:
         with self.graphs.device_lock:
             self.graphs.begin_step(check_errors=self._read == n - 1)  # waits only with nothing in flight
             if n == 0:
-                self._first = np.asarray(positions, np.int64)[:, 0].copy()
-            else:
-                ids, positions = self._feed(self._outputs[(n - 1) % 2], self.positions(n)[:, None])
+                self._positions[0] = np.asarray(positions, np.int64)[:, 0].copy()
+            else:  # one on from step n-1's, as ints (a step's few rows: cheaper than numpy's arithmetic)
+                last, before = self.last_position, self._positions[(n - 1) % 2].tolist()
+                self._positions[n % 2] = np.array([min(t + 1, last) for t in before], np.int64)
+                ids, positions = self._feed(self._outputs[(n - 1) % 2], self._positions[n % 2][:, None])
             if self._bound:  # the CPU: states bound where they live, the GDN states after it in the spares
                 out = self.target.bound_forward(self.graph, self.rows,
                                                 {"input_ids": ids, "positions": positions, **(sampling or {})})

@@ -39,7 +39,8 @@ def attention_window(graphs, positions: np.ndarray, reach: int) -> int | None:
     have variants; graphs converted without windows)."""
     if not graphs.kv_windows.views:
         return None
-    return window_slots(graphs.manifest.max_length, int(positions.max()), reach)
+    last = max(map(max, positions.tolist()))  # as ints: for a step's few, cheaper than a numpy reduction
+    return window_slots(graphs.manifest.max_length, last, reach)
 
 
 class KVWindows:

@@ -180,21 +180,26 @@ class TargetModel:
         model, never copies: a copy would be bound once and never read again). A plain graph
         (``*_out``) writes the GDN states after it into the spare buffers: keep them with
         ``states.flip``. Returns the outputs: arrays that the next run of this graph over these
-        rows overwrites."""
+        rows overwrites. The states' feeds are built only where a binding is made: its key names
+        every buffer they would hold, and a binding reads them in place."""
         positions = feeds["positions"]
-        every = {**feeds, **self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)),
-                 **(head.cache_feeds(rows, positions, drafts) if head is not None else {}), **(in_place or {})}
+        window = attention_window(self.graphs, positions, reach=1)
+        self.states.place(rows, window)
+        if head is not None:
+            head.states.place(rows, attention_window(self.graphs, positions, reach=drafts))
         runner = self.graphs[graph]
         here = self.states.binding_key(rows)  # (first slot, end, live GDN buffer, KV layout)
         key = (graph, here, head.states.binding_key(rows) if head is not None else None)
 
         def make() -> HostBinding:
+            every = {**feeds, **self.states.feeds(rows, window),
+                     **(head.cache_feeds(rows, positions, drafts) if head is not None else {}), **(in_place or {})}
             plain = self.states.double_buffered and self.states.layers[0].out_name in runner.output_names
             shared = self._bindings.outputs.setdefault((graph, here[:2]), {})
             return HostBinding(runner, every, tuple(feeds), self.states.spare_outputs(rows) if plain else {}, shared,
                                SlotKey.for_run(graph, feeds["input_ids"], self.slot_id(rows)))
 
-        return runner.run(every, slot=self._bindings.get(key, make))
+        return runner.run(feeds, slot=self._bindings.get(key, make))
 
     def reset(self, rows: Rows) -> None:
         """Zero GDN states for new requests in these rows (stale KV slots are masked, no need)."""

@@ -23,6 +23,7 @@ class Rows:
 
     def __init__(self, indices) -> None:
         self.indices = np.asarray(indices, dtype=np.int64)
+        self.ints: list[int] = self.indices.tolist()  # the same, for per-row bookkeeping in Python
         n = len(self.indices)
         first = int(self.indices[0]) if n else 0
         contiguous = n and np.array_equal(self.indices, np.arange(first, first + n))

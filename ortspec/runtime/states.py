@@ -298,15 +298,16 @@ class StateSet:
         # host caches hold the slots the forwards need (KVCache.fit): per row the slots written since
         # its sequence began (1 + its last position), which a refit must keep
         self._host_caches = bool(self.caches) and self.caches[0].arrays.device == "cpu"
-        self._filled = np.zeros(batch, np.int64)
+        self._filled = [0] * batch
         # double-buffered GDN states (host: LayerState.spare): the rows where the spare holds the
         # live state too, and how many flips so far (the views below are made per buffer)
         self.double_buffered = bool(self.layers) and all(s.spare is not None for s in self.layers)
-        self._synced = np.ones(batch, bool)
+        self._synced = [True] * batch
         self.flips = 0
         # which slot of the buffers holds each row (row_slots): on the host a forward's rows are moved
         # into consecutive slots; every verb takes rows as callers name them, and the per-row
-        # bookkeeping here (_filled, _synced) is by slot
+        # bookkeeping here (_filled, _synced) is by slot, in Python lists: a step reads and writes a
+        # few of their ints, cheaper in Python than as numpy operations on a few elements
         self.placement = RowSlots(batch)
         self._host = all(kind.arrays.device == "cpu" for kind in self.kinds)
         groups: dict = {}
@@ -329,11 +330,8 @@ class StateSet:
         """Every state's graph input for these rows (a new dict each call: callers may add to it).
         window: the KV slots the forward needs (None: all max_length). On the host the rows are
         first moved into consecutive slots (``RowSlots``), so the feeds are views."""
-        rows = self._place(rows)
-        if self._host_caches:
-            self._fit_caches(window)
-        key = (rows.slice.start, rows.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None) \
-            if rows.slice is not None else None
+        rows = self.place(rows, window)
+        key = self._binding_key(rows) if rows.slice is not None else None
         feeds = self._feeds.get(key) if key else None
         if feeds is None:
             feeds = {}
@@ -343,6 +341,15 @@ class StateSet:
                 self._feeds[key] = feeds
         return dict(feeds)
 
+    def place(self, rows: Rows, window: int | None = None) -> Rows:
+        """What a forward over these rows needs before it reads the states, whether or not it is
+        fed them again (``TargetModel.bound_forward`` binds them once): on the host the rows moved
+        into consecutive slots and the caches laid out for its window. Returns the rows' slots."""
+        rows = self._place(rows)
+        if self._host_caches:
+            self._fit_caches(window)
+        return rows
+
     def _place(self, rows: Rows) -> Rows:
         """(host) The slots of these rows, after moving them into consecutive slots in their order:
         every state's rows swapped, as the map was (``RowSlots.place``)."""
@@ -351,15 +358,15 @@ class StateSet:
                 for kind in self.kinds:
                     for buffer in kind.buffers:
                         buffer[[a, b]] = buffer[[b, a]]
-                self._filled[[a, b]] = self._filled[[b, a]]
-                self._synced[[a, b]] = False  # the spares' rows stay where they were
+                self._filled[a], self._filled[b] = self._filled[b], self._filled[a]
+                self._synced[a] = self._synced[b] = False  # the spares' rows stay where they were
         return self.placement.slots(rows)
 
     def _fit_caches(self, window: int | None) -> None:
         """(host caches) Lays the caches out for this forward's window, or for the slots some row has
         written past it: the first multiple of WINDOW_STEP holding both (all max_length for None)."""
         length = self.caches[0].length
-        slots = length if window is None else max(window, window_slots(length, int(self._filled.max()) - 1, 1))
+        slots = length if window is None else max(window, window_slots(length, max(self._filled) - 1, 1))
         if slots != self.caches[0].slots:
             for cache in self.caches:
                 cache.fit(slots)
@@ -371,7 +378,7 @@ class StateSet:
     def _advance(self, outputs, rows: Rows, positions: np.ndarray) -> None:
         """advance over the slots ``rows``."""
         self._write(outputs, rows, positions)
-        self._synced[rows.indices] = False
+        self._unsync(rows)
         if rows.slice is None:
             for layer in self.layers:
                 layer.advance(outputs, rows)
@@ -383,8 +390,10 @@ class StateSet:
         """(contiguous rows) What fixes the buffers a forward over these rows binds (``host_binding``):
         the rows' slots, which of the two GDN buffers is live, and the layout of the KV caches (each
         layout is the same memory, ``KVCache.fit``)."""
-        rows = self.placement.slots(rows)
-        return rows.slice.start, rows.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None
+        return self._binding_key(self.placement.slots(rows))
+
+    def _binding_key(self, slots: Rows) -> tuple:
+        return slots.slice.start, slots.slice.stop, self.flips % 2, self.caches[0].slots if self.caches else None
 
     def spare_outputs(self, rows: Rows) -> dict:
         """(double-buffered, contiguous rows) Where a bound forward writes each GDN layer's state
@@ -402,15 +411,15 @@ class StateSet:
             return
         self._write(outputs, rows, positions)
         start, stop, synced = rows.slice.start, rows.slice.stop, self._synced
-        if not (synced[:start].all() and synced[stop:].all()):  # slots another forward changed since
-            for row in np.flatnonzero(~synced).tolist():
-                if not start <= row < stop:
+        if not (all(synced[:start]) and all(synced[stop:])):  # slots another forward changed since
+            for row, in_sync in enumerate(synced):
+                if not in_sync and not start <= row < stop:
                     for layer in self.layers:
                         np.copyto(layer.spare[row], layer.buffer[row])
         for layer in self.layers:
             layer.flip()
-        synced[:] = True
-        synced[start:stop] = False  # the spare now holds these rows' states before the forward
+        # the spare now holds these rows' states before the forward, and every other row's
+        self._synced = [not start <= row < stop for row in range(len(synced))]
         self.flips += 1
 
     def _views_of(self, rows: Rows) -> list[list]:
@@ -430,7 +439,7 @@ class StateSet:
         counts = accepted + 1 if counts is None else counts
         rows = self.placement.slots(rows)
         self._write(outputs, rows, positions, counts=counts)
-        self._synced[rows.indices] = False
+        self._unsync(rows)
         if self.layers and self.layers[0].record_names[0] in outputs:
             self._replay(outputs, rows, counts)
             return
@@ -439,9 +448,8 @@ class StateSet:
             for layer in self.layers:
                 layer.select_window(layer.window(outputs, width), rows, accepted)
             return
-        for arrays, layers in self._layers_by_device:  # contiguous rows: one call per device, not per layer
-            arrays.select_many([s.window(outputs, width) for s in layers], accepted,
-                               [rows.take(arrays, s.buffer) for s in layers])
+        for (arrays, layers), lives in zip(self._layers_by_device, self._views_of(rows)):  # contiguous rows: one
+            arrays.select_many([s.window(outputs, width) for s in layers], accepted, lives)  # call per device
 
     def _replay(self, outputs, rows: Rows, counts) -> None:
         """A transition verify's commit: each GDN state takes its first counts[j] rows of the record
@@ -465,12 +473,14 @@ class StateSet:
         for cache in self.caches:
             cache.write(outputs, rows, positions, counts)
         if self._host_caches:  # a row's positions are consecutive: its last one is its largest, and
-            ends = positions[:, -1] + 1  # the slots past an accepted prefix are kept too (dead, harmless)
-            if rows.slice is not None:
-                filled = self._filled[rows.slice]
-                np.maximum(filled, ends, out=filled)
-            else:
-                self._filled[rows.indices] = np.maximum(self._filled[rows.indices], ends)
+            filled = self._filled  # the slots past an accepted prefix are kept too (dead, harmless)
+            for slot, last in zip(rows.ints, positions[:, -1].tolist()):
+                filled[slot] = max(filled[slot], last + 1)
+
+    def _unsync(self, slots: Rows) -> None:
+        """These slots' spares no longer hold their live states (a forward or a commit changed them)."""
+        for slot in slots.ints:
+            self._synced[slot] = False
 
     def reset(self, rows: Rows) -> None:
         """Zero GDN states for new requests in these rows (stale KV slots are masked, no need; they are
@@ -478,8 +488,9 @@ class StateSet:
         rows = self.placement.slots(rows)
         for layer in self.layers:
             layer.zero(rows)
-        self._filled[rows.indices] = 0
-        self._synced[rows.indices] = False
+        for slot in rows.ints:
+            self._filled[slot] = 0
+        self._unsync(rows)
 
     def snapshot(self, rows: Rows, lengths: np.ndarray) -> Snapshot:
         return Snapshot(rows.indices.copy(), np.array(lengths, np.int64), self.capture(rows))
@@ -495,7 +506,7 @@ class StateSet:
         rows = self.placement.slots(rows)
         for layer in self.layers:
             layer.put(snap.data, rows)
-        self._synced[rows.indices] = False
+        self._unsync(rows)
 
     def capture(self, rows: Rows) -> dict:
         """Copies of the replaced-whole states (GDN) of these rows; KV needs none (positions)."""
@@ -512,8 +523,9 @@ class StateSet:
         src_row, dst_rows = self.placement.slot(src_row), self.placement.slots(dst_rows)
         for kind in self.kinds:
             self.copy_rows(kind.arrays, list(kind.buffers), src_row, dst_rows)
-        self._filled[dst_rows.indices] = self._filled[src_row]
-        self._synced[dst_rows.indices] = False
+        for slot in dst_rows.ints:
+            self._filled[slot] = self._filled[src_row]
+        self._unsync(dst_rows)
 
     @staticmethod
     def copy_rows(arrays, buffers: list, src_row: int, dst_rows: Rows) -> None:
@@ -525,7 +537,7 @@ class StateSet:
     def select_captured(self, captures: list[dict], index: np.ndarray, rows: Rows) -> None:
         """Row j takes its GDN states from captures[index[j]]."""
         rows = self.placement.slots(rows)
-        self._synced[rows.indices] = False
+        self._unsync(rows)
         for layer in self.layers:
             name = layer.names[0]
             layer.select_window(layer.arrays.stack([c[name] for c in captures]), rows, index)

@@ -50,8 +50,7 @@ from .step_kinds import FusedSteps, StepKinds, StepResult, fusable_ks, sampling_
 PREFILL_GROUP_TOKENS = 4096  # prompt tokens per grouped prefill forward (bounds its [B, n, V] logits)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """One step: its kind, the drafts it verifies (k), the drafts its head makes for the next
     step (its k), and the rows it runs. A step goes on with the open run where its plan is the run's."""
 
@@ -253,16 +252,17 @@ class Decoder:
         drained at a join: the GPU ran it while the host was outside the loop, so the loop's clock
         saw a fraction of its time); the hook where nothing is in flight."""
         plan, requests = flight.plan, flight.run.requests
-        live = np.array([not r.done for r in requests])
-        if not live.any():
+        live = [not r.done for r in requests]
+        if not any(live):
             return  # a step run past the end of every request: its tokens are dropped, it is not counted
-        self._count(plan, result.accepted[live], flight)
+        live_accepted = result.accepted if all(live) else result.accepted[np.array(live)]  # [live rows]
+        self._count(plan, live_accepted, flight)
         generated = self.stats.generated_tokens
         if result.next_drafts is not None:
             for req, drafts in zip(requests, result.next_drafts.tolist()):
                 req.next_drafts, req.draft_probs = drafts, None
         # the rows' results as Python ints, once per step: a step's host time grows with its rows
-        per_row = zip(requests, live.tolist(), result.first.tolist(), result.accepted.tolist(), result.tokens.tolist())
+        per_row = zip(requests, live, result.first.tolist(), result.accepted.tolist(), result.tokens.tolist())
         for j, (req, is_live, first, accepted, tokens) in enumerate(per_row):
             if is_live:
                 self._check_positions(req, first)
@@ -278,7 +278,7 @@ class Decoder:
         self.next_k = plan.drafts
         elapsed, seconds, setup = self._clock.read(flight.n, plan)
         if not drained:
-            self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), result.accepted[live],
+            self.policy.record(StepRecord(plan.k, plan.drafts, len(requests), live_accepted,
                                           self.stats.generated_tokens - generated, elapsed, seconds, setup))
         if self.on_commit and self._pipe.flight is None:
             self.on_commit(self, Batch([r for r, was_live in zip(requests, live) if was_live]))
@@ -547,20 +547,23 @@ class StepClock:
         self.slots, self.depth = graphs.slots, depth
         self._inside = 0.0  # seconds inside the loop in calls that have returned
         self._since: float | None = None  # when the call now running entered
+        self._depth = 0  # calls into the loop now running (re-entered ones too)
         self._last_read: float | None = None  # the loop's time at the last read
         self._setups = collections.deque(maxlen=3)  # graph set-up counts at the last three reads
         self._last_k: int | None = None
 
-    @contextlib.contextmanager
-    def inside(self):
-        """Around each call into the loop (re-entered calls count once)."""
-        if self._since is not None:
-            yield
-            return
-        self._since = time.perf_counter()
-        try:
-            yield
-        finally:
+    def inside(self) -> "StepClock":
+        """``with clock.inside():`` around each call into the loop (re-entered calls count once)."""
+        return self
+
+    def __enter__(self) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._since = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
             self._inside += time.perf_counter() - self._since
             self._since = None
 

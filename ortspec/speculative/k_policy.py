@@ -14,16 +14,15 @@ time is what a long run of that k costs.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
 from .auto_k import KChooser, Tail
 
 
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
+class StepRecord(NamedTuple):
     """What one step did, for the policy: its k, the next step's k, the rows it ran, the live
     rows' accept lengths, the tokens it emitted, its seconds (the loop's time since the last
     step was read), those seconds again where the step was steady (else None), and whether a

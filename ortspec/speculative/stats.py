@@ -14,7 +14,6 @@ times add up to at most the wall time of the calls they were measured in.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import threading
@@ -87,18 +86,10 @@ class Stats:
 
     _running: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    @contextlib.contextmanager
-    def timed(self, phase: str):
-        """Adds the time of the block to ``seconds[phase]``; refuses to run inside another phase."""
-        if self._running is not None:
-            raise NestedPhaseError(f"phase {phase!r} started inside phase {self._running!r}; phases "
-                                   "must not nest, or their time is counted twice")
-        self._running, start = phase, time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
-            self._running = None
+    def timed(self, phase: str) -> "PhaseTimer":
+        """``with stats.timed(phase):`` adds the time of the block to ``seconds[phase]``; refuses to
+        run inside another phase."""
+        return PhaseTimer(self, phase)
 
     def record_decode_step(self) -> None:
         self.steps += 1
@@ -106,18 +97,19 @@ class Stats:
         _count(self.steps_by_k, 0, 1)
 
     def record_speculative_step(self, accepted, k: int, fused: bool = False) -> None:
-        """One speculative step; ``accepted`` [rows] holds the accept lengths of its unfinished rows;
-        fused: the MTP head ran inside the verify's graph."""
+        """One speculative step; ``accepted`` (numpy int64 [rows]) holds the accept lengths of its
+        unfinished rows; fused: the MTP head ran inside the verify's graph."""
+        accepted = accepted.tolist()  # as ints: for a step's few rows, cheaper than numpy scalars
         _count(self.accept_histogram, k, 0)
         for a in accepted:
-            self.accept_histogram[int(a)] += 1
+            self.accept_histogram[a] += 1
         _count(self.steps_by_k, k, 1)
         self.steps += 1
         self.speculative_steps += 1
         self.fused_verify_steps += fused
         self.speculative_row_steps += len(accepted)
         self.drafted += k * len(accepted)
-        self.accepted += int(sum(accepted))
+        self.accepted += sum(accepted)
 
     def clear(self) -> None:
         """Every counter back to zero, in place (the loop's step kinds keep a reference to these)."""
@@ -165,6 +157,26 @@ class Stats:
         for name in DERIVED:
             d[name] = getattr(self, name)
         return d
+
+
+class PhaseTimer:
+    """The block of ``Stats.timed`` (a class, not a generator: each step enters a few of them)."""
+
+    __slots__ = ("stats", "phase", "start")
+
+    def __init__(self, stats: Stats, phase: str) -> None:
+        self.stats, self.phase = stats, phase
+
+    def __enter__(self) -> None:
+        stats = self.stats
+        if stats._running is not None:
+            raise NestedPhaseError(f"phase {self.phase!r} started inside phase {stats._running!r}; phases "
+                                   "must not nest, or their time is counted twice")
+        stats._running, self.start = self.phase, time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.stats.seconds[self.phase] += time.perf_counter() - self.start
+        self.stats._running = None
 
 
 DERIVED = ("acceptance_rate", "mean_tokens_per_step", "tokens_per_second")

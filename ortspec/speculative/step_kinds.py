@@ -67,6 +67,7 @@ class DecodeSteps:
         self.run = DecodeRun(engine.target, batch.rows, hidden=defer_head, bound=RunBound.of(batch.requests),
                              sampled=sampled)
         self.stats, self.requests, self.sampled = stats, batch.requests, sampled
+        self._accepted = np.zeros(len(batch), np.int64)  # [B]: a decode accepts no drafts
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
         with self.stats.timed("decode"):
@@ -79,8 +80,8 @@ class DecodeSteps:
     def read(self, n: int) -> StepResult:
         with self.stats.timed("decode"):
             tokens, hidden = self.run.read(n)  # [B], [B, H] or None
-        return StepResult(self.run.positions(n), tokens[:, None], np.zeros(len(tokens), np.int64),
-                          hidden=hidden, hidden_dtype=self.run.hidden_dtype)
+        return StepResult(self.run.positions(n), tokens[:, None], self._accepted, hidden=hidden,
+                          hidden_dtype=self.run.hidden_dtype)
 
     def fits_next(self, n: int, running: np.ndarray) -> bool:
         return True  # positions past max_length - 1 are clamped, and no running row gets there
@@ -106,6 +107,7 @@ class FusedSteps:
         self.run = FusedRun(engine.target, engine.mtp, batch.rows, k, bound, sampled=sampled)
         self.stats, self.k, self.draft_source, self.sampled = stats, k, draft_source, sampled
         self.requests, self.arrays = batch.requests, engine.arrays
+        self._greedy = [not r.samples for r in batch.requests]  # [B]: the rows the host checks
         self._mirror: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (T [B], drafts [B, k]) of step n
 
     def enqueue(self, n: int, batch: Batch | None = None) -> None:
@@ -140,15 +142,19 @@ class FusedSteps:
         T, drafts = self._mirror.pop(n)
         tokens, accepted, next_drafts = step_ids[:, : k + 1], step_ids[:, k + 1], step_ids[:, k + 2:]
         self.check_acceptance(accepted, drafts, tokens)
-        self._mirror[n + 1] = (np.minimum(T + accepted + 1, self.run.last_start), next_drafts)
+        last = self.run.last_start  # T_{n+1} = min(T_n + a + 1, last_start), as ints (a step's few rows)
+        self._mirror[n + 1] = (np.array([min(t + a + 1, last) for t, a in zip(T.tolist(), accepted.tolist())],
+                                        np.int64), next_drafts)
         return StepResult(T, tokens, accepted, next_drafts)
 
     def check_acceptance(self, accepted: np.ndarray, drafts: np.ndarray, tokens: np.ndarray) -> None:
         """The graph's accept lengths [B] must be the host rule's over drafts [B, k] and tokens
-        [B, k+1], for every greedy row (a sampled row's are drawn)."""
-        host = accept_lengths(drafts, tokens)  # a = longest prefix with d_i == g_{i-1}
-        greedy = np.array([not r.samples for r in self.requests])
-        if not np.array_equal(host[greedy], accepted[greedy]):
+        [B, k+1], for every greedy row (a sampled row's are drawn): a = the longest prefix with
+        d_i == g_{i-1}, i.e. drafts 1..a match and draft a+1 (if any) does not. Checked in Python
+        ints (a step's few rows); the rule's numpy form (``accept_lengths``) only for the error."""
+        k, rows = self.k, zip(self._greedy, accepted.tolist(), drafts.tolist(), tokens.tolist())
+        if not all(not greedy or (d[:a] == g[:a] and (a == k or d[a] != g[a])) for greedy, a, d, g in rows):
+            host, greedy = accept_lengths(drafts, tokens), np.array(self._greedy)
             raise acceptance_mismatch(self.k, np.where(greedy, accepted, -1), np.where(greedy, host, -1), drafts,
                                       tokens, "its rows' states are wrong until a prefill resets them")
 
