@@ -157,3 +157,19 @@ def test_the_engine_fails_only_the_job_whose_prefill_failed(solo, monkeypatch):
     assert isinstance(events["bad"][-1], Failed) and events["bad"][-1].status == 500 and tokens["bad"] == []
     assert tokens["a"] == expected[0] and tokens["b"] == expected[1]
     assert isinstance(events["a"][-1], Finished) and isinstance(events["b"][-1], Finished)
+
+
+def test_choices_of_one_prompt_prefilled_apart_equal_one_row_each(solo):
+    """An API request's n = 3 choices through the prefill thread: one prefill, the other rows its
+    copies, each greedy choice the prompt's own tokens."""
+    out, expected = solo
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    prompt, n = REQUESTS[2]
+    with session.batcher(max_batch_size=4, background_prefill=True, pipelined=True, fixed_rows=True) as batcher:
+        first = batcher.add_requests([dict(prompt=REQUESTS[0][0], max_new_tokens=REQUESTS[0][1])], wait=False)[0]
+        batcher.step()
+        choices = batcher.add_requests([dict(prompt=prompt, max_new_tokens=n)] * 3, wait=False)
+        while batcher.pending:
+            batcher.step()
+        assert [batcher.result(rid) for rid in choices] == [expected[2]] * 3
+        assert batcher.result(first) == expected[0]
