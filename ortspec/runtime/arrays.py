@@ -101,10 +101,8 @@ class HostArrays:
             np.copyto(live[b], window[slot][b])
 
     def select_many(self, windows: list, index: np.ndarray, lives: list) -> None:
-        slots = index.tolist()
         for window, live in zip(windows, lives):
-            for b, slot in enumerate(slots):
-                np.copyto(live[b], window[slot][b])
+            self.select(window, index, live)
 
     def gather(self, src, index: np.ndarray, dst) -> None:
         """dst[b] = src[b, index[b]]; src [B, M, ...]."""
