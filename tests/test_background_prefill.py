@@ -173,3 +173,21 @@ def test_choices_of_one_prompt_prefilled_apart_equal_one_row_each(solo):
             batcher.step()
         assert [batcher.result(rid) for rid in choices] == [expected[2]] * 3
         assert batcher.result(first) == expected[0]
+
+
+def test_a_long_prompt_joins_apart_while_short_ones_run(models):
+    """On the CPU the caches are laid out for each forward's window: the steps that run while a
+    long prompt's prefill runs apart lay them out for their short windows, and its commit lays
+    them out for its own again before writing (tokens equal solo decoding)."""
+    out = models.converted("mixed")
+    short, long = [([5, 6, 7], 40), ([9, 10], 40)], (list(range(3, 203)), 12)
+    expected = [ortspec.Session(out).generate(p, max_new_tokens=n) for p, n in short + [long]]
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    with session.batcher(max_batch_size=3, background_prefill=True) as batcher:
+        ids = batcher.add_requests([dict(prompt=p, max_new_tokens=n) for p, n in short], wait=False)
+        for _ in range(3):
+            batcher.step()
+        ids += batcher.add_requests([dict(prompt=long[0], max_new_tokens=long[1])], wait=False)
+        while batcher.pending:
+            batcher.step()
+        assert [batcher.result(rid) for rid in ids] == expected

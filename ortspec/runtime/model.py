@@ -231,6 +231,7 @@ class TargetModel:
 
     def commit_prefill(self, out: Forward, rows: Rows, positions: np.ndarray) -> None:
         """A ``prefill_apart`` forward's states written into its rows (reset first)."""
+        self.states.fit(attention_window(self.graphs, positions, reach=1))
         self.states.advance(out, rows, positions)
 
     def _zeros_like(self, feeds: dict) -> dict:

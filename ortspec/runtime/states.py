@@ -362,6 +362,13 @@ class StateSet:
                 self._synced[a] = self._synced[b] = False  # the spares' rows stay where they were
         return self.placement.slots(rows)
 
+    def fit(self, window: int | None) -> None:
+        """Lays host caches out for a forward over ``window`` KV slots (``feeds`` does before a Run;
+        a prefill run apart, ``TargetModel.commit_prefill``, before its rows are written, since
+        the steps meanwhile may have laid them out for their own windows)."""
+        if self._host_caches:
+            self._fit_caches(window)
+
     def _fit_caches(self, window: int | None) -> None:
         """(host caches) Lays the caches out for this forward's window, or for the slots some row has
         written past it: the first multiple of WINDOW_STEP holding both (all max_length for None)."""
