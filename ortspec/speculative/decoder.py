@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import time
 from typing import Callable, ContextManager, NamedTuple
 
@@ -145,7 +146,7 @@ class Decoder:
         self.next_k = 0  # the drafts the rows hold: what the next step verifies
         self._pipe = Pipeline(int(device and (arrays.device != "cpu" if pipelined is None else pipelined)))
         self._clock = StepClock(graphs, self._pipe.depth)
-        apart = self._pipe.depth == 1 and arrays.device != "cpu" if background_prefill is None else background_prefill
+        apart = prefills_apart(graphs, self._pipe.depth) if background_prefill is None else background_prefill
         self._prefills = PrefillThread() if apart and device else None  # its jobs' records are Joins
 
     @property
@@ -590,6 +591,18 @@ def pads_prompts(graphs: GraphSet) -> bool:
     tolerance), and on the CPU with float32 activations, where each row keeps its own bits
     (float16 activations do not: ``deferred_entries``)."""
     return graphs.arrays.device != "cpu" or graphs.manifest.activations == "float32"
+
+
+def prefills_apart(graphs: GraphSet, depth: int) -> bool:
+    """Whether ``submit`` runs prefills on their own thread by default: on CUDA at depth 1 (the GPU
+    runs one thing at a time; what a join costs is the host's launches); on the CPU where both
+    Runs get cores of their own (threads set, twice them within this process's cores): there the
+    running requests go on while a long prompt prefills; where the two would share cores, the
+    joining request's first token comes later by more than the stall spares the others
+    (BENCHMARKS.md, "Session 19: a long prompt's join on the CPU")."""
+    if graphs.arrays.device != "cpu":
+        return depth == 1
+    return bool(graphs.threads) and 2 * graphs.threads <= len(os.sched_getaffinity(0))
 
 
 def prompt_rows(requests: list[Request]) -> tuple[Rows, np.ndarray, np.ndarray]:
