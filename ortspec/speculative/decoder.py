@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import os
 import time
 from typing import Callable, ContextManager, NamedTuple
 
@@ -594,15 +593,13 @@ def pads_prompts(graphs: GraphSet) -> bool:
 
 
 def prefills_apart(graphs: GraphSet, depth: int) -> bool:
-    """Whether ``submit`` runs prefills on their own thread by default: on CUDA at depth 1 (the GPU
-    runs one thing at a time; what a join costs is the host's launches); on the CPU where both
-    Runs get cores of their own (threads set, twice them within this process's cores): there the
-    running requests go on while a long prompt prefills; where the two would share cores, the
-    joining request's first token comes later by more than the stall spares the others
-    (BENCHMARKS.md, "Session 19: a long prompt's join on the CPU")."""
-    if graphs.arrays.device != "cpu":
-        return depth == 1
-    return bool(graphs.threads) and 2 * graphs.threads <= len(os.sched_getaffinity(0))
+    """Whether ``submit`` runs prefills on their own thread by default: on CUDA at depth 1, where the
+    GPU runs one thing at a time and what a join costs the loop is the host's launches. Not on the
+    CPU: there a long prompt's join stops stalling the running requests, but short prompts through
+    the server measured slower apart, and where the two Runs share cores the joining request's
+    first token comes later (BENCHMARKS.md, "Session 19: a long prompt's join on the CPU");
+    ``background_prefill=True`` asks for it."""
+    return graphs.arrays.device != "cpu" and depth == 1
 
 
 def prompt_rows(requests: list[Request]) -> tuple[Rows, np.ndarray, np.ndarray]:
