@@ -214,14 +214,18 @@ class TargetModel:
 
     def prefill_apart(self, rows: Rows, ids: np.ndarray, positions: np.ndarray) -> Callable[[], Forward]:
         """A prefill of fresh sequences as a call another thread may make (``prefill_thread``),
-        its tokens not read yet (``Forward.read``): its Run reads zero states shaped as these rows' (what reset leaves; a
-        KV entry the prompt does not write is masked, whatever it holds), never the rows, and
-        writes only its own outputs, so it touches nothing a step touches. ``commit_prefill``
-        writes them into the rows. One stage only."""
+        its tokens not read yet (``Forward.read``). Its Run writes only its own outputs and reads
+        GDN states of zeros made for it (what reset leaves: the rows' own may be written by the
+        steps meanwhile) and the rows' KV caches, whose contents a fresh prompt's forward never
+        uses (it attends to the entries it writes itself; every later slot is masked). So it
+        touches nothing a step needs. ``commit_prefill`` writes its outputs into the rows. One
+        stage only."""
         if self.stages != 1:
             raise InternalError("prefill_apart runs one stage; a pipeline's prefill runs with prefill()")
-        feeds = {"input_ids": ids, "positions": positions,
-                 **self._zeros_like(self.states.feeds(rows, attention_window(self.graphs, positions, reach=1)))}
+        feeds = self.states.feeds(rows, attention_window(self.graphs, positions, reach=1))
+        kv = {name for cache in self.states.caches for name in cache.names}
+        feeds = {"input_ids": ids, "positions": positions, **feeds,
+                 **self._zeros_like({name: value for name, value in feeds.items() if name not in kv})}
         graphs = self.graphs
         runner = graphs[graphs.kv_windows.for_positions("prefill", positions, 1)]
 
