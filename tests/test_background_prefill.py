@@ -191,3 +191,44 @@ def test_a_long_prompt_joins_apart_while_short_ones_run(models):
         while batcher.pending:
             batcher.step()
         assert [batcher.result(rid) for rid in ids] == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_arrivals_and_cancels_apart(solo, seed):
+    """Requests joining apart at random steps, some cancelled while they join or run, n > 1
+    choices among them: every request not cancelled gets its solo tokens, a cancelled one a prefix
+    of them, and every row is free at the end."""
+    import numpy as np
+
+    out, expected = solo
+    session = ortspec.Session(out, num_speculative_tokens=2)
+    rng = np.random.default_rng(seed)
+    with session.batcher(max_batch_size=4, background_prefill=True, pipelined=True, fixed_rows=bool(seed)) as batcher:
+        submitted, cancelled, joining_cancels = [], set(), 0
+        queue = [int(i) for i in rng.integers(0, len(REQUESTS), 14)]
+        while queue or batcher.pending:
+            free = batcher.max_batch_size - len(batcher.running)
+            if queue and free and rng.random() < 0.5:
+                i = queue.pop()
+                n = min(free, int(rng.integers(1, 3)))
+                ids = batcher.add_requests([dict(prompt=REQUESTS[i][0], max_new_tokens=REQUESTS[i][1])] * n, wait=False)
+                submitted += [(rid, i) for rid in ids]
+                if rng.random() < 0.3:  # while it joins: its prefill is not seated before the next step
+                    batcher.cancel(ids[-1])
+                    cancelled.add(ids[-1])
+                    joining_cancels += 1
+            running = batcher.running
+            if running and rng.random() < 0.15:
+                rid = running[int(rng.integers(len(running)))]
+                batcher.cancel(rid)
+                cancelled.add(rid)
+            if batcher.pending:
+                batcher.step()
+        for rid, i in submitted:
+            tokens = batcher.result(rid)
+            if rid in cancelled:
+                assert tokens == expected[i][: len(tokens)]
+            else:
+                assert tokens == expected[i], (rid, i)
+        assert not batcher.decoder.joining_rows and not batcher.running
+        assert joining_cancels and len(cancelled) > joining_cancels  # both kinds of cancel happened
