@@ -18,7 +18,9 @@ import pytest
 
 from ortspec import cli
 from ortspec.errors import ConfigurationError
+from ortspec.serve import limits
 from ortspec.serve.app import INLINE_CHECK_BYTES
+from ortspec.serve.limits import Limits
 from ortspec.serve.server import Server
 from ortspec.speculative.batcher import Batcher
 from tools.serve_load import complete, get
@@ -403,6 +405,32 @@ def test_a_client_gone_mid_body_is_one_log_line(strict):
         assert not log.tracebacks()
 
 
+@pytest.mark.parametrize("parser", list(UNIMPORTABLE))
+def test_a_connection_past_the_cap_gets_503_and_the_server_serves_after(session, parser):
+    with http_stack(parser):
+        capped = Server(session, port=0, max_connections=4, header_timeout=30.0)
+    with capped, contextlib.ExitStack() as idle:
+        held = [idle.enter_context(socket.create_connection(("127.0.0.1", capped.port))) for _ in range(4)]
+        time.sleep(0.2)  # the server takes them in
+        status, reply = post(capped.port, json.dumps({"prompt": "def f(", "max_tokens": 2}).encode())
+        assert status == 503 and "(4, --max-connections)" in reply["error"]["message"]
+        reply = send(capped.port, b"")  # no request at all: answered as it opens, closed after
+        assert reply.startswith(b"HTTP/1.1 503") and reply.endswith(b"}")
+        for connection in held:
+            connection.close()
+        wait_for(lambda: post(capped.port, json.dumps({"prompt": "def f(", "max_tokens": 2}).encode())[0] == 200)
+        serving(capped, session)
+
+
+def test_the_connection_cap_defaults_to_what_the_file_limit_allows(monkeypatch):
+    monkeypatch.setattr(limits, "file_limit", lambda: 20000)
+    assert Limits().max_connections == limits.MAX_CONNECTIONS == 4096
+    monkeypatch.setattr(limits, "file_limit", lambda: 1024)
+    assert Limits().max_connections == (1024 - limits.RESERVED_FILES) // 2 == 384
+    with pytest.raises(ConfigurationError, match=r"max_connections=385 needs 1026 file descriptors .*ulimit -n"):
+        Limits(max_connections=385)
+
+
 @pytest.mark.parametrize("option,value,match", [
     ("--request-timeout", "nan", r"request_timeout=nan must be a number of seconds > 0 \(--request-timeout\)"),
     ("--request-timeout", "0", r"request_timeout=0.0 must be a number of seconds > 0"),
@@ -412,6 +440,8 @@ def test_a_client_gone_mid_body_is_one_log_line(strict):
     ("--max-prompt-chars", "0", r"max_prompt_chars=0 must be an integer >= 1"),
     ("--max-batch-size", "0", r"max_batch_size=0 must be an integer >= 1"),
     ("--max-queue", "0", r"max_queue=0 must be an integer >= 1"),
+    ("--max-connections", "0", r"max_connections=0 must be an integer >= 1 \(--max-connections\)"),
+    ("--max-connections", str(2**40), r"max_connections=1099511627776 needs .* \(ulimit -n\)"),
 ])
 def test_a_bad_server_option_exits_2_before_the_model_loads(tokenized_model, capsys, monkeypatch, option, value,
                                                             match):
@@ -433,6 +463,7 @@ def test_serve_help_names_every_limit_and_its_default(capsys):
                             ("--body-timeout", "30.0"), ("--header-timeout", "10.0"), ("--max-queue", "64")]:
         assert re.search(re.escape(option) + r" \S+ .*?\(default: " + re.escape(default) + r"\)", text), option
     assert "--max-prompt-chars" in text and "4 x max_length x the longest token" in text
+    assert "--max-connections" in text and "default: 4096" in text
 
 
 def test_openapi_json_describes_the_routes(server):
