@@ -289,6 +289,42 @@ def test_a_prompt_over_the_character_bound_gets_413_before_tokenizing(server, se
     serving(server, session)
 
 
+def test_a_body_of_millions_of_token_ids_gets_413_before_it_is_parsed(server, session, monkeypatch):
+    parsed = []
+    monkeypatch.setattr("ortspec.serve.protocol.parse_json", lambda raw: parsed.append(raw))
+    start = time.monotonic()
+    status, reply = post(server.port, json.dumps({"prompt": [1] * 4_000_000, "max_tokens": 2}).encode())  # 12 MB
+    assert status == 413 and "commas, more JSON values than any request this model takes" in reply["error"]["message"]
+    assert parsed == [] and time.monotonic() - start < 3.0  # seconds of CPU before; now a scan of the body
+    monkeypatch.undo()
+    max_length = session.manifest.max_length
+    status, reply = post(server.port, json.dumps({"prompt": [1] * 2000, "max_tokens": 2}).encode())  # under the scan
+    assert status == 413 and f"2000 token ids, more than the model's max_length ({max_length})" in \
+        reply["error"]["message"]
+    serving(server, session)
+
+
+def test_a_large_legit_body_passes_the_comma_scan(session, monkeypatch):
+    """Text of commas up to --max-prompt-chars, a long chat history, n and logprobs: the scan refuses none."""
+    from ortspec.serve import chat
+
+    from tests.test_serve import TEMPLATE
+
+    monkeypatch.setattr(chat.ChatTemplate, "from_model_dir", classmethod(lambda cls, _: cls(TEMPLATE)))
+    with Server(session, port=0, max_batch_size=4) as chatty:
+        limit = chatty.limits.max_prompt_chars
+        status, reply = post(chatty.port, json.dumps({"prompt": "," * limit, "max_tokens": 2}).encode())
+        assert status == 400 and "commas" not in reply["error"]["message"]  # refused for its tokens, past max_length
+        history = [{"role": "user", "content": ", ,"}] * (limit // 40)  # each renders to ~30 characters
+        status, reply = post(chatty.port, json.dumps({"messages": history, "max_tokens": 2}).encode(),
+                             "/v1/chat/completions")
+        assert status == 400 and "commas" not in reply["error"]["message"], reply
+        body = {"messages": [{"role": "user", "content": "a, b, c"}], "max_tokens": 3, "n": 2, "logprobs": True,
+                "top_logprobs": 2, "stop": [";", "?"]}
+        status, reply = post(chatty.port, json.dumps(body).encode(), "/v1/chat/completions")
+        assert status == 200 and len(reply["choices"]) == 2, reply
+
+
 def test_tokenizing_a_long_body_runs_off_the_event_loop(server, session, monkeypatch):
     """A body over INLINE_CHECK_BYTES is checked in a worker thread (a short one's check, bounded
     by its size, runs on the loop: a thread hop would cost it more)."""

@@ -1,7 +1,8 @@
 """What one connection or request may cost the server: the limits, checked at start-up.
 
     request_timeout   seconds a request may wait for a row and run (a body's "timeout" may ask less)
-    max_body_bytes    a body over this gets 413 (Content-Length first, then as it arrives)
+    max_body_bytes    a body over this gets 413 (Content-Length first, then as it arrives); one
+                      of more commas (JSON values) than max_commas too, before it is parsed
     max_prompt_chars  a text prompt (chat: the messages' contents, then the prompt the template
                       renders from them) over this many characters gets
                       413 before it is tokenized; default: 4 x max_length x the longest token of
@@ -46,6 +47,7 @@ MAX_HEADER_BYTES = 16 * 1024  # a request line and headers: past it 431 (httptoo
 LENGTH_MARGIN = 4  # max_prompt_chars' default: characters a token may come from, times its longest text
 MAX_CONNECTIONS = 4096  # max_connections' default where the file limit allows it
 RESERVED_FILES = 256  # descriptors kept for the rest of the process: the model's files, the engine's pipes, logs
+COMMA_SLACK = 4096  # max_commas: the fields beside the prompt (stop strings, options)
 TURN_AWAY_SECONDS = 1.0  # a connection past the cap is closed this long after its 503 (so the 503 is read)
 
 
@@ -117,6 +119,15 @@ def default_prompt_chars(session) -> int | None:
         return None
     longest = max(map(len, session.tokenizer.get_vocab()), default=1)
     return LENGTH_MARGIN * session.manifest.max_length * longest
+
+
+def max_commas(max_prompt_chars: int | None, max_length: int) -> int:
+    """The most commas a body this model could be served may hold: one a text character (the
+    prompt, a chat's contents, at most max_prompt_chars), three more a chat message or part (each
+    adds to the rendered prompt, also at most max_prompt_chars), one a token id (max_length) and
+    COMMA_SLACK for the other fields. Counted before the body is parsed (a C scan, milliseconds
+    for 16 MiB): parsing costs per value, and a body of millions of numbers would cost seconds."""
+    return 4 * (max_prompt_chars or 0) + max_length + COMMA_SLACK
 
 
 def http_stack() -> tuple[str, str]:
