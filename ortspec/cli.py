@@ -224,7 +224,8 @@ def _add_serve(sub) -> None:
                  "/metrics, over one continuous batcher driven by one engine thread, in a process of its own\n"
                  "(--engine process, the default) or beside the HTTP server (--engine thread).\n"
                  "Limits (each below with its default): a request line and headers over 16 KiB get 431 (400\n"
-                 "on h11, where httptools is not installed), idle keep-alive connections close after 5 s;\n"
+                 "on h11, where httptools is not installed), idle keep-alive connections close after 5 s\n"
+                 "(or --header-timeout, if shorter);\n"
                  "every option is checked before the model loads.")
     s.add_argument("model", help="converted model directory")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -250,6 +251,9 @@ def _add_serve(sub) -> None:
     s.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take, from opening or from its last response, to send a "
                         "request line and headers; then it is closed")
+    s.add_argument("--max-connections", type=int, default=None,
+                   help="connections open at once; one more gets 503 as it opens and is closed (default: 4096, "
+                        "or fewer where the file limit, ulimit -n, is under 2 x 4096 + 256)")
     s.add_argument("--model-name", default=None, help="the model id the API reports (default: the directory's name)")
     s.add_argument("--engine", choices=["process", "thread"], default="process",
                    help="where the Session and its engine run: a child process, so the HTTP side's Python never "
@@ -385,7 +389,7 @@ def _serve(args) -> None:
     require_dependencies()  # before loading the model
     limits = dict(request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                   max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
-                  header_timeout=args.header_timeout)
+                  header_timeout=args.header_timeout, max_connections=args.max_connections)
     check_options(args.max_batch_size, args.max_queue, args.log_level, **limits)  # before loading the model too
     if args.replicas is not None:
         _serve_replicas(args, limits)

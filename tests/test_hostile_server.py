@@ -18,7 +18,9 @@ import pytest
 
 from ortspec import cli
 from ortspec.errors import ConfigurationError
+from ortspec.serve import limits
 from ortspec.serve.app import INLINE_CHECK_BYTES
+from ortspec.serve.limits import Limits
 from ortspec.serve.server import Server
 from ortspec.speculative.batcher import Batcher
 from tools.serve_load import complete, get
@@ -287,6 +289,42 @@ def test_a_prompt_over_the_character_bound_gets_413_before_tokenizing(server, se
     serving(server, session)
 
 
+def test_a_body_of_millions_of_token_ids_gets_413_before_it_is_parsed(server, session, monkeypatch):
+    parsed = []
+    monkeypatch.setattr("ortspec.serve.protocol.parse_json", lambda raw: parsed.append(raw))
+    start = time.monotonic()
+    status, reply = post(server.port, json.dumps({"prompt": [1] * 4_000_000, "max_tokens": 2}).encode())  # 12 MB
+    assert status == 413 and "commas, more JSON values than any request this model takes" in reply["error"]["message"]
+    assert parsed == [] and time.monotonic() - start < 3.0  # seconds of CPU before; now a scan of the body
+    monkeypatch.undo()
+    max_length = session.manifest.max_length
+    status, reply = post(server.port, json.dumps({"prompt": [1] * 2000, "max_tokens": 2}).encode())  # under the scan
+    assert status == 413 and f"2000 token ids, more than the model's max_length ({max_length})" in \
+        reply["error"]["message"]
+    serving(server, session)
+
+
+def test_a_large_legit_body_passes_the_comma_scan(session, monkeypatch):
+    """Text of commas up to --max-prompt-chars, a long chat history, n and logprobs: the scan refuses none."""
+    from ortspec.serve import chat
+
+    from tests.test_serve import TEMPLATE
+
+    monkeypatch.setattr(chat.ChatTemplate, "from_model_dir", classmethod(lambda cls, _: cls(TEMPLATE)))
+    with Server(session, port=0, max_batch_size=4) as chatty:
+        limit = chatty.limits.max_prompt_chars
+        status, reply = post(chatty.port, json.dumps({"prompt": "," * limit, "max_tokens": 2}).encode())
+        assert status == 400 and "commas" not in reply["error"]["message"]  # refused for its tokens, past max_length
+        history = [{"role": "user", "content": ", ,"}] * (limit // 40)  # each renders to ~30 characters
+        status, reply = post(chatty.port, json.dumps({"messages": history, "max_tokens": 2}).encode(),
+                             "/v1/chat/completions")
+        assert status == 400 and "commas" not in reply["error"]["message"], reply
+        body = {"messages": [{"role": "user", "content": "a, b, c"}], "max_tokens": 3, "n": 2, "logprobs": True,
+                "top_logprobs": 2, "stop": [";", "?"]}
+        status, reply = post(chatty.port, json.dumps(body).encode(), "/v1/chat/completions")
+        assert status == 200 and len(reply["choices"]) == 2, reply
+
+
 def test_tokenizing_a_long_body_runs_off_the_event_loop(server, session, monkeypatch):
     """A body over INLINE_CHECK_BYTES is checked in a worker thread (a short one's check, bounded
     by its size, runs on the loop: a thread hop would cost it more)."""
@@ -403,6 +441,32 @@ def test_a_client_gone_mid_body_is_one_log_line(strict):
         assert not log.tracebacks()
 
 
+@pytest.mark.parametrize("parser", list(UNIMPORTABLE))
+def test_a_connection_past_the_cap_gets_503_and_the_server_serves_after(session, parser):
+    with http_stack(parser):
+        capped = Server(session, port=0, max_connections=4, header_timeout=30.0)
+    with capped, contextlib.ExitStack() as idle:
+        held = [idle.enter_context(socket.create_connection(("127.0.0.1", capped.port))) for _ in range(4)]
+        time.sleep(0.2)  # the server takes them in
+        status, reply = post(capped.port, json.dumps({"prompt": "def f(", "max_tokens": 2}).encode())
+        assert status == 503 and "(4, --max-connections)" in reply["error"]["message"]
+        reply = send(capped.port, b"")  # no request at all: answered as it opens, closed after
+        assert reply.startswith(b"HTTP/1.1 503") and reply.endswith(b"}")
+        for connection in held:
+            connection.close()
+        wait_for(lambda: post(capped.port, json.dumps({"prompt": "def f(", "max_tokens": 2}).encode())[0] == 200)
+        serving(capped, session)
+
+
+def test_the_connection_cap_defaults_to_what_the_file_limit_allows(monkeypatch):
+    monkeypatch.setattr(limits, "file_limit", lambda: 20000)
+    assert Limits().max_connections == limits.MAX_CONNECTIONS == 4096
+    monkeypatch.setattr(limits, "file_limit", lambda: 1024)
+    assert Limits().max_connections == (1024 - limits.RESERVED_FILES) // 2 == 384
+    with pytest.raises(ConfigurationError, match=r"max_connections=385 needs 1026 file descriptors .*ulimit -n"):
+        Limits(max_connections=385)
+
+
 @pytest.mark.parametrize("option,value,match", [
     ("--request-timeout", "nan", r"request_timeout=nan must be a number of seconds > 0 \(--request-timeout\)"),
     ("--request-timeout", "0", r"request_timeout=0.0 must be a number of seconds > 0"),
@@ -412,6 +476,8 @@ def test_a_client_gone_mid_body_is_one_log_line(strict):
     ("--max-prompt-chars", "0", r"max_prompt_chars=0 must be an integer >= 1"),
     ("--max-batch-size", "0", r"max_batch_size=0 must be an integer >= 1"),
     ("--max-queue", "0", r"max_queue=0 must be an integer >= 1"),
+    ("--max-connections", "0", r"max_connections=0 must be an integer >= 1 \(--max-connections\)"),
+    ("--max-connections", str(2**40), r"max_connections=1099511627776 needs .* \(ulimit -n\)"),
 ])
 def test_a_bad_server_option_exits_2_before_the_model_loads(tokenized_model, capsys, monkeypatch, option, value,
                                                             match):
@@ -433,6 +499,7 @@ def test_serve_help_names_every_limit_and_its_default(capsys):
                             ("--body-timeout", "30.0"), ("--header-timeout", "10.0"), ("--max-queue", "64")]:
         assert re.search(re.escape(option) + r" \S+ .*?\(default: " + re.escape(default) + r"\)", text), option
     assert "--max-prompt-chars" in text and "4 x max_length x the longest token" in text
+    assert "--max-connections" in text and "default: 4096" in text
 
 
 def test_openapi_json_describes_the_routes(server):

@@ -76,3 +76,10 @@ def test_the_serve_command_checks_replicas_before_ray_starts(tokenized_model, ca
     assert "replicas=0 must be an integer >= 1" in capsys.readouterr().err
     assert cli.main(["serve", str(tokenized_model), "--replicas", "2", "--max-queue", "0"]) == 2
     assert "max_queue=0 must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_connection_cap_is_refused_with_replicas_before_ray_starts(tokenized_model, capsys):
+    from ortspec import cli
+
+    assert cli.main(["serve", str(tokenized_model), "--replicas", "2", "--max-connections", "8"]) == 2
+    assert "Ray Serve's proxy holds the connections; leave --max-connections out" in capsys.readouterr().err

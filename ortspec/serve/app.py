@@ -37,7 +37,7 @@ from . import openapi, protocol
 from .answer import Answer
 from .chat import ChatTemplate, TemplateError
 from .engine import Engine, Failed, Job, QueueFull, Tokens, internal_error
-from .limits import Limits
+from .limits import Limits, max_commas
 from .logprobs import TokenTexts
 from .metrics import prometheus_text
 
@@ -61,6 +61,8 @@ class Routes:
         self.names = tuple(dict.fromkeys([model_name, session.manifest.dir.name]))
         self.max_n = min(engine.max_batch_size, engine.max_queue)  # a request's choices are rows, queued together
         self.limits, self.chat_template = limits, chat_template
+        self.max_length = session.manifest.max_length
+        self.max_commas = max_commas(limits.max_prompt_chars, self.max_length)
         self.has_tokenizer = session.manifest.tokenizer_path is not None
         self._mailbox_of: Mailbox | None = None
         self._texts: TokenTexts | None = None
@@ -169,8 +171,13 @@ class Routes:
         tokenizer take time in proportion to the body, which the loop must not spend: a body over
         INLINE_CHECK_BYTES is checked in a worker thread, a smaller one on the loop (a hop to a
         thread and back costs a short request more than its check)."""
+        commas = raw.count(b",")
+        if commas > self.max_commas:
+            raise protocol.TooLarge(f"the body holds {commas} commas, more JSON values than any request this model "
+                                    f"takes ({self.max_commas}: max_length {self.max_length} token ids, or text of at "
+                                    "most --max-prompt-chars characters); send a shorter prompt.")
         req = protocol.completion(protocol.parse_json(raw), chat, self.limits.request_timeout, request_id, self.names,
-                                  self.max_n)
+                                  self.max_n, self.max_length)
         self._check_tokenizer(req, chat)
         if chat:
             self._check_length(sum(len(m["content"]) for m in req.messages), "the messages' contents")

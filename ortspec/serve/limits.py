@@ -1,7 +1,8 @@
 """What one connection or request may cost the server: the limits, checked at start-up.
 
     request_timeout   seconds a request may wait for a row and run (a body's "timeout" may ask less)
-    max_body_bytes    a body over this gets 413 (Content-Length first, then as it arrives)
+    max_body_bytes    a body over this gets 413 (Content-Length first, then as it arrives); one
+                      of more commas (JSON values) than max_commas too, before it is parsed
     max_prompt_chars  a text prompt (chat: the messages' contents, then the prompt the template
                       renders from them) over this many characters gets
                       413 before it is tokenized; default: 4 x max_length x the longest token of
@@ -11,6 +12,9 @@
     header_timeout    seconds a connection may take, from opening or from its last response, to
                       send a request line and headers; then it is closed. uvicorn alone times
                       out only idle keep-alive connections, and any byte resets that timer
+    max_connections   connections open at once; one past it is answered 503 as it opens and
+                      closed (ConnectionCap); default: from the process's file limit
+                      (default_connections)
 
 A request line and headers over MAX_HEADER_BYTES (16 KiB) get 431 and the connection closes:
 counted here on httptools (http_stack: what the serve extra installs), which takes headers of
@@ -18,7 +22,8 @@ any length; with h11 (the fallback) its own buffer bounds them (still incomplete
 A request the parser cannot read (a bad Content-Length, a broken chunk, a header line without
 a colon) gets 400 with the parser's reason, both in OpenAI's error body (uvicorn answers plain
 text), and the connection closes; on httptools after the responses owed to the requests
-pipelined before it. Idle keep-alive connections close after uvicorn's 5 s.
+pipelined before it. Idle keep-alive connections close after uvicorn's 5 s (or the header timeout,
+if shorter: it runs from the last response too).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import importlib
 import json
 import logging
 import re
+import resource
 import sys
 
 from .. import validation
@@ -39,6 +45,10 @@ from . import protocol
 log = logging.getLogger("ortspec.serve")
 MAX_HEADER_BYTES = 16 * 1024  # a request line and headers: past it 431 (httptools), 400 (h11: its own bound)
 LENGTH_MARGIN = 4  # max_prompt_chars' default: characters a token may come from, times its longest text
+MAX_CONNECTIONS = 4096  # max_connections' default where the file limit allows it
+RESERVED_FILES = 256  # descriptors kept for the rest of the process: the model's files, the engine's pipes, logs
+COMMA_SLACK = 4096  # max_commas: the fields beside the prompt (stop strings, options)
+TURN_AWAY_SECONDS = 1.0  # a connection past the cap is closed this long after its 503 (so the 503 is read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +58,12 @@ class Limits:
     max_prompt_chars: int | None = None  # None: from the model (default_prompt_chars)
     body_timeout: float = 30.0
     header_timeout: float = 10.0
+    max_connections: int | None = None  # None: from the file limit (default_connections)
 
     def __post_init__(self) -> None:
         for name in ("request_timeout", "body_timeout", "header_timeout"):
             object.__setattr__(self, name, seconds(name, getattr(self, name)))
+        object.__setattr__(self, "max_connections", connections(self.max_connections))
         object.__setattr__(self, "max_body_bytes", validation.integer(
             "max_body_bytes", self.max_body_bytes, ConfigurationError, 1, f" (--{_flag('max_body_bytes')})"))
         if self.max_prompt_chars is not None:
@@ -72,6 +84,31 @@ def seconds(name: str, value) -> float:
     return number
 
 
+def connections(value: int | None) -> int:
+    """max_connections checked against the file limit: a turned-away connection holds its
+    descriptor for up to TURN_AWAY_SECONDS, and at most max_connections of them are answered at
+    a time, so the server needs 2 x max_connections + RESERVED_FILES descriptors."""
+    files = file_limit()
+    most = (files - RESERVED_FILES) // 2
+    if value is None:
+        if most < 1:
+            raise ConfigurationError(f"the process may open {files} files (ulimit -n), too few to serve connections "
+                                     f"and keep {RESERVED_FILES} for the model; raise it.")
+        return min(MAX_CONNECTIONS, most)
+    value = validation.integer("max_connections", value, ConfigurationError, 1, " (--max-connections)")
+    if value > most:
+        raise ConfigurationError(f"max_connections={value} needs {2 * value + RESERVED_FILES} file descriptors and the "
+                                 f"process may open {files} (ulimit -n); raise that limit or lower --max-connections "
+                                 f"to at most {max(most, 0)}.")
+    return value
+
+
+def file_limit() -> int:
+    """How many descriptors this process may open (RLIMIT_NOFILE's soft limit; unlimited counts as 2**20)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 2**20 if soft == resource.RLIM_INFINITY else soft
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")
 
@@ -82,6 +119,15 @@ def default_prompt_chars(session) -> int | None:
         return None
     longest = max(map(len, session.tokenizer.get_vocab()), default=1)
     return LENGTH_MARGIN * session.manifest.max_length * longest
+
+
+def max_commas(max_prompt_chars: int | None, max_length: int) -> int:
+    """The most commas a body this model could be served may hold: one a text character (the
+    prompt, a chat's contents, at most max_prompt_chars), three more a chat message or part (each
+    adds to the rendered prompt, also at most max_prompt_chars), one a token id (max_length) and
+    COMMA_SLACK for the other fields. Counted before the body is parsed (a C scan, milliseconds
+    for 16 MiB): parsing costs per value, and a body of millions of numbers would cost seconds."""
+    return 4 * (max_prompt_chars or 0) + max_length + COMMA_SLACK
 
 
 def http_stack() -> tuple[str, str]:
@@ -99,9 +145,51 @@ def _imports(name: str) -> bool:
     return True
 
 
-def limited_protocol(parser: str, timeout: float):
-    """uvicorn's protocol for parser ("httptools" or "h11") with the header bound and timeout."""
-    return httptools_protocol(timeout) if parser == "httptools" else h11_protocol(timeout)
+def limited_protocol(parser: str, limits: Limits):
+    """uvicorn's protocol for parser ("httptools" or "h11") with the header bound and timeout and
+    the connection cap."""
+    protocol = httptools_protocol if parser == "httptools" else h11_protocol
+    return protocol(limits.header_timeout, limits.max_connections)
+
+
+TOO_MANY_CONNECTIONS = ("the server holds as many connections as it takes ({}, --max-connections); retry in a moment, "
+                        "reusing one connection for many requests (keep-alive) rather than opening one per request.")
+
+
+class ConnectionCap:
+    """(a mixin for uvicorn's protocols, before HeaderTimer) A connection that opens while
+    ``max_connections`` are open gets a 503 at once and is closed TURN_AWAY_SECONDS later, what it
+    sends meanwhile read and dropped (closing a socket with unread bytes resets it, and the 503
+    with it). uvicorn's limit_concurrency is not used: it answers plain text, and only to a
+    request, leaving the idle connections it counts open. Past twice the cap a connection is
+    closed unanswered, so the descriptors stay bounded while connections arrive faster than
+    TURN_AWAY_SECONDS lets them go."""
+
+    max_connections: int
+    _turned_away = False
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self._turn_away()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._turned_away:
+            super().data_received(data)
+
+    def _turn_away(self) -> None:
+        self._turned_away = True
+        self._disarm_header_timer()
+        log.info("turned away a connection from %s: %d are open (--max-connections %d)", _peer(self.client),
+                 len(self.connections) - 1, self.max_connections)
+        if len(self.connections) > 2 * self.max_connections:
+            self.transport.close()
+            return
+        message = TOO_MANY_CONNECTIONS.format(self.max_connections)
+        self.transport.write(refusal(503, message, self.server_state.default_headers))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(TURN_AWAY_SECONDS, self.transport.close)
 
 
 class HeaderTimer:
@@ -186,14 +274,14 @@ def refusal(status: int, message: str, default_headers) -> bytes:
     return b"".join(head) + body
 
 
-def h11_protocol(timeout: float):
-    """uvicorn's h11 protocol with the header timeout and JSON refusals; h11 bounds the headers
-    itself (past MAX_HEADER_BYTES still incomplete: 431)."""
+def h11_protocol(timeout: float, cap: int):
+    """uvicorn's h11 protocol with the header timeout, the connection cap and JSON refusals; h11
+    bounds the headers itself (past MAX_HEADER_BYTES still incomplete: 431)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class H11Limits(NoWebSockets, HeaderTimer, H11Protocol):
-        header_timeout = timeout
+    class H11Limits(NoWebSockets, ConnectionCap, HeaderTimer, H11Protocol):
+        header_timeout, max_connections = timeout, cap
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -220,22 +308,22 @@ class HeadersTooLarge(Exception):
     """(raised inside httptools' on_headers_complete: its feed_data then fails) Whole headers over the bound."""
 
 
-def httptools_protocol(timeout: float):
-    """uvicorn's httptools protocol with the header timeout, JSON refusals and a bound of its own:
+def httptools_protocol(timeout: float, cap: int):
+    """uvicorn's httptools protocol with the header timeout, the connection cap, JSON refusals and a bound of its own:
     httptools takes headers of any length, so a request whose line and headers pass
     MAX_HEADER_BYTES, still incomplete or whole, gets 431 and its connection closes. httptools
     parses pipelined requests as they arrive: one it refuses is answered after the responses owed
     to those before it (uvicorn wrote its 400 at once, and the earlier responses were lost)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HttpToolsLimits(NoWebSockets, HeaderTimer, HttpToolsProtocol):
-        header_timeout = timeout
+    class HttpToolsLimits(NoWebSockets, ConnectionCap, HeaderTimer, HttpToolsProtocol):
+        header_timeout, max_connections = timeout, cap
         _header_bytes: int | None = 0  # bytes since this request began, until its headers are in (then None)
         _refusal: bytes | None = None  # the answer to a refused request, waiting for _owed responses before it
         _owed = 0
 
         def data_received(self, data: bytes) -> None:
-            if self._refusal is not None:  # the parser has failed: nothing after the refused request is read
+            if self._refusal is not None or self._turned_away:  # the parser has failed, or the cap: nothing is read
                 return None
             if self._header_bytes is None:  # a body: the next request counts from its end (on_message_complete)
                 return super().data_received(data)

@@ -22,8 +22,10 @@ JSON, though Python's parser takes them), is refused. Each field's JSON type is 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import re
 import time
 import uuid
 
@@ -108,11 +110,12 @@ def parse_json(raw: bytes) -> dict:
     if not raw.strip():
         raise BadRequest('the body is empty; send a JSON object such as {"prompt": "def f(", "max_tokens": 16}.')
     try:
-        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite, parse_int=_bounded_int)
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite)  # integers parsed in C: no callback
     except RecursionError:
         raise BadRequest(f"the body nests objects or arrays deeper than the JSON parser goes; at most "
                          f"{MAX_JSON_DEPTH} levels are accepted.") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's digit limit
+        _too_many_digits(exc)
         raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON object such as "
                          '{"prompt": "def f(", "max_tokens": 16}.') from None
     if not isinstance(body, dict):
@@ -139,13 +142,14 @@ def _finite(text: str) -> float:
     return number
 
 
-def _bounded_int(text: str) -> int:
-    """(json.loads' parse_int) An integer of more digits than Python converts (4300) is refused, not a
-    ValueError naming sys.set_int_max_str_digits."""
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise BadRequest(f"the body holds an integer of {len(text.lstrip('-'))} digits, more than this server parses "
-                         f"({MAX_INT_DIGITS}); send a smaller number.")
-    return int(text)
+def _too_many_digits(exc: ValueError) -> None:
+    """An integer of more digits than Python converts (MAX_INT_DIGITS), refused naming its length,
+    not in a ValueError naming sys.set_int_max_str_digits. (A parse_int callback would say it
+    too, at a Python call for every integer: 4 million token ids cost seconds.)"""
+    found = re.search(r"value has (\d+) digits", str(exc))
+    if found and not isinstance(exc, json.JSONDecodeError):
+        raise BadRequest(f"the body holds an integer of {found[1]} digits, more than this server parses "
+                         f"({MAX_INT_DIGITS}); send a smaller number.") from None
 
 
 def _json_type(value) -> str:
@@ -162,16 +166,22 @@ def _depth(value) -> int:
     deepest, todo = 0, [(value, 1)]
     while todo and deepest <= MAX_JSON_DEPTH:
         item, depth = todo.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+        deepest = max(deepest, depth)
+        children = item.values() if type(item) is dict else item
+        nested = itertools.compress(children, map(CONTAINERS.__contains__, map(type, children)))  # in C: no
+        todo.extend(zip(nested, itertools.repeat(depth + 1)))  # Python step per token id of a long prompt
     return deepest
 
 
+CONTAINERS = frozenset({dict, list})  # what json.loads makes of objects and arrays
+
+
 def completion(body: dict, chat: bool, max_timeout: float, request_id: str | None = None, models: tuple = (),
-               max_n: int = 1) -> Completion:
+               max_n: int = 1, max_ids: int | None = None) -> Completion:
     """Checks a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the
-    field. models: the names served (empty: any); max_n: the most choices (the batch's rows)."""
+    field. models: the names served (empty: any); max_n: the most choices (the batch's rows);
+    max_ids: the model's max_length, past which a prompt of token ids gets 413 before its ids
+    are checked one by one."""
     body = {name: value for name, value in body.items() if value is not None}  # null: the default
     for name, accepted in UNSUPPORTED.items():
         if name in body and not any(_same(body[name], value) for value in accepted or EMPTY):
@@ -200,7 +210,7 @@ def completion(body: dict, chat: bool, max_timeout: float, request_id: str | Non
         raise refused(exc) from None
     logprobs = _logprobs(body, chat)
     _check_choices(chat, echo, logprobs, stop)
-    return Completion(prompt=None if chat else _prompt(body), messages=_messages(body) if chat else None,
+    return Completion(prompt=None if chat else _prompt(body, max_ids), messages=_messages(body) if chat else None,
                       max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
                       timeout=_timeout(body.get("timeout", max_timeout), max_timeout), chat=chat,
                       id=request_id or new_id(), n=_n(body.get("n", 1), max_n), stop=stop, logprobs=logprobs,
@@ -305,12 +315,15 @@ def _check_choices(chat: bool, echo: bool, logprobs: int | None, stop: tuple[str
                          f"{MAX_STOP_CHARS} characters each.")
 
 
-def _prompt(body: dict) -> str | list[int]:
+def _prompt(body: dict, max_ids: int | None = None) -> str | list[int]:
     if "prompt" not in body:
         raise BadRequest('the body has no "prompt"; send the text (or an array of token ids) to continue.')
     prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and max_ids is not None and len(prompt) > max_ids:
+        raise TooLarge(f"prompt holds {len(prompt)} token ids, more than the model's max_length ({max_ids}) holds; "
+                       "send a shorter prompt.")
     if isinstance(prompt, str) and prompt:
         return prompt
     if isinstance(prompt, list) and prompt and all(validation.is_integer(t) for t in prompt):

@@ -10,7 +10,8 @@ A replica asks Ray for one GPU (provider cuda) or for --threads CPUs (default 1)
 places replicas where those are free; the model directory must exist at the same path on each
 node. Every response names its replica in the ``x-ortspec-replica`` header (and /health does).
 Serve's proxy, not ours, handles connections: the body and prompt limits hold (the app checks
-them), the header timeout is Serve's own. Needs the ray extra (pip install 'ortspec[ray]').
+them), the header timeout is Serve's own, and --max-connections is refused (nothing here could
+enforce it). Needs the ray extra (pip install 'ortspec[ray]').
 """
 
 from __future__ import annotations
@@ -119,6 +120,10 @@ def deploy(model_dir, replicas: int = 2, host: str = "127.0.0.1", port: int = 80
     replicas = validation.integer("replicas", replicas, ConfigurationError, 1)
     cpus = validation.integer("threads", 1 if threads is None else threads, ConfigurationError, 1)
     check_options(max_batch_size, max_queue, log_level, **limits)
+    if limits.pop("max_connections", None) is not None:
+        raise ConfigurationError("max_connections bounds ortspec's own HTTP server, and with --replicas Ray Serve's "
+                                 "proxy holds the connections; leave --max-connections out (bound Serve's proxy "
+                                 "instead, or put a proxy in front).")
     validation.model_dir(model_dir)
     import ray
     from ray import serve

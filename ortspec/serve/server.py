@@ -53,7 +53,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-LIMIT_OPTIONS = ("request_timeout", "max_body_bytes", "max_prompt_chars", "body_timeout", "header_timeout")
+LIMIT_OPTIONS = ("request_timeout", "max_body_bytes", "max_prompt_chars", "body_timeout", "header_timeout",
+                 "max_connections")
 
 
 def check_options(max_batch_size, max_queue, log_level, **limits) -> Limits:
@@ -111,7 +112,8 @@ class Server:
                  max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
                  log_level: str = "warning", max_body_bytes: int = Limits.max_body_bytes,
                  max_prompt_chars: int | None = None, body_timeout: float = Limits.body_timeout,
-                 header_timeout: float = Limits.header_timeout, engine=None) -> None:
+                 header_timeout: float = Limits.header_timeout, max_connections: int | None = None,
+                 engine=None) -> None:
         require_dependencies()
         import uvicorn
 
@@ -119,14 +121,14 @@ class Server:
 
         service = Service(session, max_batch_size, max_queue, model_name, log_level, engine, request_timeout=request_timeout,
                           max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
-                          body_timeout=body_timeout, header_timeout=header_timeout)
+                          body_timeout=body_timeout, header_timeout=header_timeout, max_connections=max_connections)
         self.limits, self.engine, self.model_name, app = service.limits, service.engine, service.model_name, service.app
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
         self.parser, self.loop = http_stack()
         self.uvicorn = serving(self.engine)(uvicorn.Config(
             app, log_level=log_level, lifespan="off", loop=self.loop, ws="none",  # no WebSocket routes: plain HTTP
-            http=limited_protocol(self.parser, self.limits.header_timeout),
+            http=limited_protocol(self.parser, self.limits),  # its connection cap, not uvicorn's limit_concurrency
             h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=GRACEFUL_SECONDS))
         self._thread: threading.Thread | None = None
 
