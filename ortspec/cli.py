@@ -254,6 +254,10 @@ def _add_serve(sub) -> None:
     s.add_argument("--max-connections", type=int, default=None,
                    help="connections open at once; one more gets 503 as it opens and is closed (default: 4096, "
                         "or fewer where the file limit, ulimit -n, is under 2 x 4096 + 256)")
+    s.add_argument("--prefill-thread", choices=["auto", "on", "off"], default="auto",
+                   help="a joining request's prefill on a thread of its own while the running requests go on "
+                        "(auto: on CUDA; on the CPU it spares the running requests a long prompt's prefill, at "
+                        "the cost of that request's first token where the two share cores)")
     s.add_argument("--model-name", default=None, help="the model id the API reports (default: the directory's name)")
     s.add_argument("--engine", choices=["process", "thread"], default="process",
                    help="where the Session and its engine run: a child process, so the HTTP side's Python never "
@@ -382,6 +386,9 @@ def _bench(args) -> None:
     write_outputs(result, json_path, plot_path)
 
 
+PREFILL_THREAD = {"auto": None, "on": True, "off": False}  # --prefill-thread -> Session(prefill_thread=...)
+
+
 def _serve(args) -> None:
     from .serve.server import Server, check_options, require_dependencies
     from .session import Session
@@ -395,7 +402,8 @@ def _serve(args) -> None:
         _serve_replicas(args, limits)
         return
     session_options = dict(provider=args.provider, num_speculative_tokens=args.k, commit=args.commit,
-                           threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size)
+                           threads=args.threads, exact=args.exact, exact_batch_size=args.exact_batch_size,
+                           prefill_thread=PREFILL_THREAD[args.prefill_thread])
     server_options = dict(host=args.host, port=args.port, max_batch_size=args.max_batch_size, max_queue=args.max_queue,
                           model_name=args.model_name, log_level=args.log_level, **limits)
     with contextlib.ExitStack() as stack:
@@ -420,7 +428,8 @@ def _serve_replicas(args, limits: dict) -> None:
     served = deploy(args.model, replicas=args.replicas, host=args.host, port=args.port, address=args.ray_address,
                     provider=args.provider, threads=args.threads, num_speculative_tokens=args.k, commit=args.commit,
                     exact=args.exact, exact_batch_size=args.exact_batch_size, max_batch_size=args.max_batch_size,
-                    max_queue=args.max_queue, model_name=args.model_name, log_level=args.log_level, **limits)
+                    max_queue=args.max_queue, model_name=args.model_name, log_level=args.log_level,
+                    prefill_thread=PREFILL_THREAD[args.prefill_thread], **limits)
     print(f"ortspec serve: {served.url}/v1/completions on Ray Serve, {args.replicas} replicas ({args.provider}, "
           f"batch {args.max_batch_size} each); Ctrl-C stops", file=sys.stderr, flush=True)
     served.run()

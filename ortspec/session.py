@@ -45,8 +45,10 @@ class Session:
     and runs exact_k + 1 rows per request per step (on the CPU the default is exact already).
     threads: intra-op threads per graph session, None (or 0) for ONNX Runtime's default; more
     than the cores this process may use (os.sched_getaffinity) is refused with a
-    ConfigurationError, not clamped. Every option is checked (ortspec.validation) before any
-    graph session is built.
+    ConfigurationError, not clamped. prefill_thread: whether a batcher's add_requests(wait=False)
+    (the server's) runs each prefill on a thread of its own while the running requests go on
+    (None: on CUDA, where the GPU runs one thing at a time; on the CPU the two Runs then share
+    the cores). Every option is checked (ortspec.validation) before any graph session is built.
 
     Threads: every running generate call and every open batcher holds its own state buffers
     (an engine, leased per batch size from a pool: ``runtime.engines``), so a Session may be
@@ -61,7 +63,7 @@ class Session:
                  commit: str = "select", threads: int | None = None, cuda_graphs: bool = True,
                  pipeline_stages: int = 1, devices: list[int] | None = None,
                  max_engines_per_batch_size: int = 4, exact: bool = False, exact_batch_size: int = 16,
-                 exact_k: int | None = None, **unknown) -> None:
+                 exact_k: int | None = None, prefill_thread: bool | None = None, **unknown) -> None:
         if unknown:  # a ConfigurationError naming the options (Session(d, k=2)), not Python's TypeError
             raise ConfigurationError(validation.unknown_keyword(next(iter(unknown)), "Session"))
         self.manifest = Manifest.load(validation.model_dir(model_dir))
@@ -79,6 +81,7 @@ class Session:
         self.k_chooser = KChooser(self.k) if self.auto_k else None  # shared by every call and batcher
         validation.model_dtype(self.manifest, provider)
         threads, cuda_graphs = validation.threads(threads), validation.cuda_graphs(cuda_graphs)
+        self.prefill_thread = validation.prefill_thread(prefill_thread)
         max_engines_per_batch_size = validation.max_engines_per_batch_size(max_engines_per_batch_size)
         self.graphs = GraphSet(self.manifest, provider, threads, cuda_graphs=cuda_graphs, devices=self.devices)
         self.graphs.load(self._graph_names())

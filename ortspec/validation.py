@@ -31,7 +31,7 @@ PROMPT_FORMS = ("token ids (a list or tuple of ints, or a 1-D numpy integer arra
                 "(or a 2-D numpy integer array), or text (str or list[str])")
 TOKEN_SEQUENCES = (list, tuple, np.ndarray)  # what a prompt of token ids may be
 SESSION_OPTIONS = ("provider", "num_speculative_tokens", "commit", "threads", "cuda_graphs", "pipeline_stages",
-                   "devices", "max_engines_per_batch_size", "exact", "exact_batch_size", "exact_k")
+                   "devices", "max_engines_per_batch_size", "exact", "exact_batch_size", "exact_k", "prefill_thread")
 SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "seed", "min_p")
 # The keywords each call takes (tests/test_redteam_api.py checks them against the signatures):
 CALL_ARGUMENTS = {"generate": ("prompt", "max_new_tokens", "stop_tokens", *SAMPLING_ARGUMENTS, "stream", "stop"),
@@ -188,6 +188,13 @@ def flag(name: str, value, error: type[OrtspecError] = InputError) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise error(f"{name}={_short(value)} must be True or False.")
     return bool(value)
+
+
+def prefill_thread(value) -> bool | None:
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        raise ConfigurationError(f"prefill_thread={_short(value)} must be True, False or None (None: a prefill on a "
+                                 "thread of its own on CUDA, on the engine's thread on the CPU).")
+    return None if value is None else bool(value)
 
 
 def cuda_graphs(value) -> bool:

@@ -232,3 +232,64 @@ def test_random_arrivals_and_cancels_apart(solo, seed):
                 assert tokens == expected[i], (rid, i)
         assert not batcher.decoder.joining_rows and not batcher.running
         assert joining_cancels and len(cancelled) > joining_cancels  # both kinds of cancel happened
+
+
+def test_the_session_option_and_the_serve_flag(models, tokenized_model, monkeypatch):
+    """Session(prefill_thread=...) sets its batchers' default (a batcher's own option wins), a
+    bad value is a ConfigurationError, and `ortspec serve --prefill-thread on|off|auto` passes it
+    on (checked with its Session options, before any model loads)."""
+    from ortspec import cli
+    from ortspec.errors import ConfigurationError
+    from ortspec.serve import server as server_module
+
+    out = models.converted("mixed")
+    with pytest.raises(ConfigurationError, match=r"prefill_thread='yes' must be True, False or None"):
+        ortspec.Session(out, prefill_thread="yes")
+    session = ortspec.Session(out, num_speculative_tokens=2, prefill_thread=True)
+    with session.batcher(max_batch_size=2) as batcher:
+        assert batcher.decoder._prefills is not None
+    with session.batcher(max_batch_size=2, background_prefill=False) as batcher:
+        assert batcher.decoder._prefills is None
+    with ortspec.Session(out).batcher(max_batch_size=2) as batcher:
+        assert batcher.decoder._prefills is None  # the CPU's default
+    seen = []
+    monkeypatch.setattr(server_module.Server, "spawned", classmethod(
+        lambda cls, model, session_options, **options: (seen.append(session_options["prefill_thread"]),
+                                                         (_ for _ in ()).throw(SystemExit(0)))[1]))
+    for flag, value in (("on", True), ("off", False), ("auto", None)):
+        with pytest.raises(SystemExit):
+            cli.main(["serve", str(tokenized_model), "--prefill-thread", flag])
+    assert seen == [True, False, None]
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["serve", str(tokenized_model), "--prefill-thread", "sometimes"])
+    assert refused.value.code == 2
+
+
+def test_a_server_with_its_prefills_apart_on_the_cpu(tokenized_model, monkeypatch):
+    """The thread engine over Session(prefill_thread=True): every streamed answer equals
+    generate's, and the prefills ran on the prefill thread."""
+    from tools.serve_load import run_clients, workload
+
+    from ortspec.serve.server import Server
+
+    threads = set()
+    prefill_apart = TargetModel.prefill_apart
+
+    def watched(model, *args):
+        run = prefill_apart(model, *args)
+        return lambda: (threads.add(threading.current_thread().name), run())[1]
+
+    monkeypatch.setattr(TargetModel, "prefill_apart", watched)
+    bodies = workload(6, 3, (4, 24), "both")
+    with ortspec.Session(tokenized_model, num_speculative_tokens=2, threads=1, prefill_thread=True) as session:
+        want = {(b["prompt"], b["max_tokens"]): session.generate(b["prompt"], max_new_tokens=b["max_tokens"])
+                for client in bodies for b in client}
+        server = Server(session, port=0, max_batch_size=4, max_queue=32).start()
+        try:
+            results, _ = run_clients(server.url, bodies)
+        finally:
+            server.stop()
+    for client, replies in zip(bodies, results):
+        for body, reply in zip(client, replies):
+            assert reply.status == 200 and reply.text == want[(body["prompt"], body["max_tokens"])], body
+    assert threads and all(name.startswith("ortspec-prefill") for name in threads)

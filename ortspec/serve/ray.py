@@ -111,7 +111,8 @@ class Deployed:
 def deploy(model_dir, replicas: int = 2, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
            provider: str = "cpu", threads: int | None = None, num_speculative_tokens=0, commit: str = "select",
            exact: bool = False, exact_batch_size: int = 16, max_batch_size: int = 8, max_queue: int = 64,
-           model_name: str | None = None, log_level: str = "warning", **limits) -> Deployed:
+           model_name: str | None = None, log_level: str = "warning", prefill_thread: bool | None = None,
+           **limits) -> Deployed:
     """Deploys `replicas` replicas of ortspec serve on Ray Serve, listening on host:port (Serve's
     proxy), and returns once every replica serves. address: an existing Ray cluster ("auto", or
     "ray://head:10001"); None starts a local one. threads: CPU cores per replica (provider cpu).
@@ -134,7 +135,7 @@ def deploy(model_dir, replicas: int = 2, host: str = "127.0.0.1", port: int = 80
     _check_resources(ray.cluster_resources(), replicas, provider, cpus)
     session_options = dict(provider=provider, threads=cpus if provider == "cpu" else threads,
                            num_speculative_tokens=num_speculative_tokens,
-                           commit=commit, exact=exact, exact_batch_size=exact_batch_size)
+                           commit=commit, exact=exact, exact_batch_size=exact_batch_size, prefill_thread=prefill_thread)
     service_options = dict(max_batch_size=max_batch_size, max_queue=max_queue, model_name=model_name,
                            log_level=log_level, **limits)
     deployment = serve.deployment(serve.ingress()(Replica), name=APP_NAME, num_replicas=replicas,

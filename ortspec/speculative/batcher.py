@@ -22,7 +22,7 @@ A batcher holds one engine (state buffers for max_batch_size rows) from its crea
 ``close()`` (or the end of its with block; or, unclosed, when it is garbage-collected), so a
 generate call or another batcher of the same size never touches its states. It uses the
 Session's public API only: ``lease_engine``, ``new_requests``, ``record_stats``, ``graphs``,
-``k``, ``commit`` and ``exact``.
+``k``, ``commit``, ``exact`` and ``prefill_thread``.
 
 One thread at a time: add_request, step and cancel raise ConcurrentUseError while another
 thread is inside one of them (close() waits for it instead). add_request is atomic: every
@@ -65,6 +65,8 @@ class Batcher:
         self._lease = lease
         try:
             with self._call() as engine:
+                if session.prefill_thread is not None:  # the Session's choice, unless the call makes its own
+                    decoder_options.setdefault("background_prefill", session.prefill_thread)
                 self.decoder = Decoder(session.graphs, rows, session.k, session.commit, Stats(), engine=engine,
                                        exact=session.exact, k_chooser=session.k_chooser, **decoder_options)
                 if self.decoder.fixed_rows:  # every row must hold a sequence: finished placeholders
