@@ -306,3 +306,13 @@ def test_a_request_is_counted_running_once_when_its_first_token_goes_out(session
     finally:
         engine.stop()
     assert seen == [1]
+
+
+def test_requests_refused_while_checked_are_counted(server):
+    """/metrics counts what the HTTP side refuses before anything is queued, by status."""
+    before = {status: metric(server.url, f'requests_refused_total{{status="{status}"}}') for status in (400, 422)}
+    assert complete(server.url, {"prompt": [1, 2, 3], "max_tokens": -1}).status == 400
+    assert complete(server.url, {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": "hot"}).status == 400
+    after = {status: metric(server.url, f'requests_refused_total{{status="{status}"}}') for status in (400, 422)}
+    assert after[400] == before[400] + 2 and after[422] == before[422]
+    assert "# TYPE ortspec_requests_refused_total counter" in get(server.url, "/metrics")[1]

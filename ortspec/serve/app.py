@@ -21,6 +21,7 @@ anything unexpected is a 500 naming the request's id, its traceback logged (ERRO
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import threading
@@ -64,6 +65,7 @@ class Routes:
         self.max_length = session.manifest.max_length
         self.max_commas = max_commas(limits.max_prompt_chars, self.max_length)
         self.has_tokenizer = session.manifest.tokenizer_path is not None
+        self.refused: collections.Counter = collections.Counter()  # HTTP status -> requests refused while checked
         self._mailbox_of: Mailbox | None = None
         self._texts: TokenTexts | None = None
         self.created = int(time.time())
@@ -74,7 +76,7 @@ class Routes:
         return JSONResponse({"status": "ok", "model": self.model})
 
     async def metrics(self, request: Request) -> Response:
-        return PlainTextResponse(prometheus_text(self.engine, self.session.stats),
+        return PlainTextResponse(prometheus_text(self.engine, self.session.stats, self.refused),
                                  media_type="text/plain; version=0.0.4")
 
     async def models(self, request: Request) -> Response:
@@ -100,6 +102,7 @@ class Routes:
             req, prompt = (self._check(raw, chat, request_id) if len(raw) <= INLINE_CHECK_BYTES else
                            await asyncio.to_thread(self._check, raw, chat, request_id))
         except protocol.HTTPError as exc:  # the rest of a body is not read past 408 and 413
+            self.refused[exc.status] += 1
             return error(exc.status, str(exc), close=exc.status in (408, 413), code=exc.code, param=exc.param)
         except ClientDisconnect:
             log.info("request %s: the client disconnected before its body arrived", request_id)

@@ -14,8 +14,9 @@ def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: lis
               for labels, value in samples]
 
 
-def prometheus_text(engine: Engine, stats: dict) -> str:
-    """The engine's live gauges and counters, and the Session's decoding totals (stats)."""
+def prometheus_text(engine: Engine, stats: dict, refused: dict | None = None) -> str:
+    """The engine's live gauges and counters, the Session's decoding totals (stats), and the
+    requests the HTTP side refused while checking them (refused: status -> count)."""
     metrics, lines = engine.metrics, []
     _metric(lines, "queue_depth", "gauge", "Requests waiting for a free row.", [("", engine.queue_depth)])
     _metric(lines, "queue_capacity", "gauge", "Requests the queue holds before answering 429.",
@@ -30,6 +31,9 @@ def prometheus_text(engine: Engine, stats: dict) -> str:
     _metric(lines, "requests_finished_total", "counter",
             "Requests (choices) ended, by finish reason or HTTP status (429, 503: also refused at submit).",
             [(f'{{reason="{reason}"}}', count) for reason, count in sorted(metrics.finished.items(), key=str)])
+    _metric(lines, "requests_refused_total", "counter",
+            "Requests refused while checked, before any was queued, by HTTP status (400, 408, 413, 422).",
+            [(f'{{status="{status}"}}', count) for status, count in sorted((refused or {}).items())])
     _metric(lines, "acceptance_rate", "gauge", "Drafts accepted / drafts proposed, since start.",
             [("", float(stats["acceptance_rate"]))])
     _metric(lines, "mean_tokens_per_step", "gauge", "Tokens a request gains per speculative step, since start.",
