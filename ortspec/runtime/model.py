@@ -14,7 +14,6 @@ import numpy as np
 
 from ..errors import InternalError
 from ..manifest import graph_name, stage_graph_name
-from .arrays import DTYPES
 from .graph_slots import HandOver, SlotKey
 from .graphs import GraphSet
 from .host_binding import HostBinding, HostBindings
@@ -242,10 +241,9 @@ class TargetModel:
         """Zero buffers of the feeds' shapes and dtypes, made once per shape and never written."""
         zeros = {}
         for name, value in feeds.items():
-            dtype = DTYPES[value.dtype] if isinstance(value.dtype, str) else value.dtype
-            key = (name, tuple(value.shape), np.dtype(dtype).str)
+            key = (name, tuple(value.shape), str(value.dtype))  # a numpy dtype, or a device buffer's name of one
             if key not in self._zeros:
-                self._zeros[key] = self.graphs.arrays.zeros(value.shape, dtype)
+                self._zeros[key] = self.graphs.arrays.zeros(value.shape, value.dtype)
             zeros[name] = self._zeros[key]
         return zeros
 

@@ -3,9 +3,10 @@
 A join's prefill runs eagerly: ONNX Runtime launches its graph node by node, which holds the
 host for milliseconds whatever the prompt's length, and a loop that enqueues a step ahead of the
 GPU enqueues nothing meanwhile. Here that Run goes on while the steps go on. It is safe because
-such a Run (``TargetModel.prefill_apart``) reads only weights and zero states made for it and
-writes only its own outputs: the rows it will fill are written on the steps' thread, by
-``TargetModel.commit_prefill``, once the request is admitted.
+such a Run (``TargetModel.prefill_apart``) writes only its own outputs and reads nothing a step
+writes that it uses (zero GDN states made for it; KV caches whose contents a fresh prompt never
+uses): the rows it will fill are written on the steps' thread, by ``TargetModel.commit_prefill``,
+once the request is admitted.
 
 Every job holds ``CAPTURE_LOCK``: while ONNX Runtime captures a CUDA graph (in the global capture
 mode) no other thread of the process may launch, allocate or synchronise on the device.

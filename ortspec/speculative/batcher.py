@@ -9,7 +9,8 @@
         batcher.result(a), batcher.result(b)
 
 A new request is prefilled into a free row when it is added (which makes its first token) and
-takes part from the next step on; a finished or cancelled request's row is freed for the next
+takes part from the next step on (``add_requests(wait=False)``: where the prefill runs on a thread
+of its own, from the step after it is done); a finished or cancelled request's row is freed for the next
 arrival. step() reports every token exactly once, the first included, so the tokens a client
 collects from step() are result(). Every request's tokens equal what it gets decoded alone
 (with the same seed when it samples). On CUDA a step runs the rows from 0 up to the last running

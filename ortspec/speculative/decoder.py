@@ -321,8 +321,9 @@ class Decoder:
             rows, ids, positions = prompt_rows([req])
             with self.engine.step(check_errors=False):
                 run = self.engine.target.prefill_apart(rows, ids, positions)
-            mine = {req.row: copies[req.row]} if req.row in copies else {}
-            self._prefills.submit(run, Join([req] + mine.get(req.row, []), mine, ids, positions), guard)
+            its_forks = copies.get(req.row, [])
+            join = Join([req] + its_forks, {req.row: its_forks} if its_forks else {}, ids, positions)
+            self._prefills.submit(run, join, guard)
 
     @property
     def joining_rows(self) -> set[int]:
@@ -598,7 +599,7 @@ def prefills_apart(graphs: GraphSet, depth: int) -> bool:
     CPU: there a long prompt's join stops stalling the running requests, but short prompts through
     the server measured slower apart, and where the two Runs share cores the joining request's
     first token comes later (BENCHMARKS.md, "Session 19: a long prompt's join on the CPU");
-    ``background_prefill=True`` asks for it."""
+    ``Session(prefill_thread=True)`` or a batcher's ``background_prefill=True`` asks for it."""
     return graphs.arrays.device != "cpu" and depth == 1
 
 
