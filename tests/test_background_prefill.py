@@ -42,29 +42,32 @@ def test_prefills_apart_equal_solo_decoding_states_included(solo, monkeypatch, k
     outputs, checked = run_staggered(session, refs=solo_references(GraphSet(session.manifest), k), p=None,
                                      fixed_rows=fixed_rows, pipelined=pipelined, background_prefill=True, wait=False)
     assert outputs == expected and len(checked) >= len(REQUESTS)
-    assert len(submitted) == len(REQUESTS)  # every arrival went apart
+    assert len(submitted) == len(REQUESTS) - 1  # every arrival but the first (no row ran then) went apart
     assert threads and threading.get_ident() not in threads  # the Runs ran on the prefill thread
 
 
 def test_a_request_cancelled_while_its_prefill_runs_frees_its_row(solo):
     out, expected = solo
     session = ortspec.Session(out, num_speculative_tokens=2)
-    with session.batcher(max_batch_size=2, background_prefill=True, pipelined=True, fixed_rows=True) as batcher:
+    with session.batcher(max_batch_size=3, background_prefill=True, pipelined=True, fixed_rows=True) as batcher:
         first = batcher.add_requests([dict(prompt=REQUESTS[0][0], max_new_tokens=REQUESTS[0][1])], wait=False)[0]
+        assert batcher.decoder.joining_rows == set()  # no row ran: prefilled at once, on this thread
+        middle = batcher.add_requests([dict(prompt=REQUESTS[1][0], max_new_tokens=REQUESTS[1][1])], wait=False)[0]
         gone = batcher.add_requests([dict(prompt=[9, 9, 9], max_new_tokens=20)], wait=False)[0]
+        assert batcher.decoder.joining_rows == {1, 2}
         batcher.cancel(gone)
         assert batcher.result(gone) == [] and batcher.finish_reason(gone) == "cancelled"
-        assert batcher.decoder.joining_rows == {0}  # the cancelled request's row is free at once
-        reported = {first: batcher.step()[first]}
-        later = batcher.add_requests([dict(prompt=REQUESTS[1][0], max_new_tokens=REQUESTS[1][1])], wait=False)[0]
+        assert batcher.decoder.joining_rows == {1}  # the cancelled request's row is free at once
+        reported = {first: batcher.step()[first], middle: []}
+        later = batcher.add_requests([dict(prompt=REQUESTS[2][0], max_new_tokens=REQUESTS[2][1])], wait=False)[0]
         reported[later] = []
         while batcher.pending:
             for rid, tokens in batcher.step().items():
                 assert rid != gone
                 reported[rid] += tokens
         assert batcher.result(gone) == []
-        assert reported[first] == batcher.result(first) == expected[0]
-        assert reported[later] == batcher.result(later) == expected[1]
+        for rid, i in ((first, 0), (middle, 1), (later, 2)):
+            assert reported[rid] == batcher.result(rid) == expected[i]
 
 
 def test_a_failed_prefill_ends_its_requests_alone(solo, monkeypatch):
@@ -107,7 +110,9 @@ def test_close_waits_for_a_prefill_on_its_thread(solo, monkeypatch):
 
     monkeypatch.setattr(TargetModel, "prefill_apart", slow)
     batcher = session.batcher(max_batch_size=2, background_prefill=True, pipelined=True)
-    batcher.add_requests([dict(prompt=[1, 2, 3], max_new_tokens=4)], wait=False)
+    batcher.add_requests([dict(prompt=[7, 8], max_new_tokens=8)], wait=False)  # no row ran: prefilled here
+    assert not started.is_set()
+    batcher.add_requests([dict(prompt=[1, 2, 3], max_new_tokens=4)], wait=False)  # beside a running row: apart
     assert started.wait(10)
     closing = threading.Thread(target=session.close)
     closing.start()

@@ -312,8 +312,10 @@ class Decoder:
         has one (``runtime.prefill_thread``): the steps go on meanwhile, and the step after its Run
         is done seats the requests (``joining_rows`` holds their rows until then). A Run that
         fails ends its requests (finish_reason "error", ``Request.error``) and touches no row.
-        guard: the context each Run holds (``PrefillThread.submit``)."""
-        if self._prefills is None:
+        guard: the context each Run holds (``PrefillThread.submit``). With no row running and no
+        join waiting, nothing would go on beside the Run: the requests are admitted here and now,
+        sparing the thread's hand-over and the commit's copy of the states into their rows."""
+        if self._prefills is None or (not self._prefills.jobs and self.idle):
             self.admit(requests)
             return
         sources, copies = forks(requests)
@@ -324,6 +326,11 @@ class Decoder:
             its_forks = copies.get(req.row, [])
             join = Join([req] + its_forks, {req.row: its_forks} if its_forks else {}, ids, positions)
             self._prefills.submit(run, join, guard)
+
+    @property
+    def idle(self) -> bool:
+        """No row runs a request."""
+        return not any(r is not None and not r.done for r in self.occupants)
 
     @property
     def joining_rows(self) -> set[int]:
@@ -339,7 +346,7 @@ class Decoder:
         all cancelled meanwhile is dropped: no row of theirs is written."""
         if self._prefills is None or not self._prefills.jobs:
             return
-        idle = not any(r is not None and not r.done for r in self.occupants)
+        idle = self.idle
         prefilled: list[tuple[Join, Forward]] = []
         for job in self._prefills.take_done("all" if every else "first" if idle else "none"):
             join = job.what
@@ -367,7 +374,7 @@ class Decoder:
         """The host side of a join, nothing in flight: the requests take their rows, then each
         prefill's (group, copies, ids, out) gives them their first tokens (``_prefill_finish``),
         and a batch that had no running row learns its first step's drafts."""
-        fresh = not any(r is not None and not r.done for r in self.occupants)  # no row holds drafts
+        fresh = self.idle  # no row holds drafts
         requests = [r for r in requests if not r.done]  # cancelled while its prefill ran apart: its row was given up
         for req in requests:
             self.occupants[req.row] = req
