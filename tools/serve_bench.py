@@ -2,7 +2,7 @@
 
     python3 tools/serve_bench.py MODEL_DIR [-k 0,2] [--provider cpu|cuda] [--threads N]
         [--clients 1,8] [--requests 4] [--max-tokens 128] [--prompts FILE.json] [--rounds 2]
-        [--stream yes|no] [--engines process,thread] [--temperature T] [--top-p P] [--json F]
+        [--stream yes|no] [--engines process,thread] [--temperature T] [--top-p P] [--ignore-eos] [--json F]
 
 Per round, per k and per --engines entry: `ortspec serve --engine E` in a child process (max
 batch size = the most clients; E = process: the engine in a grandchild of its own, thread: beside
@@ -12,7 +12,8 @@ each send --requests requests one after another; then, in this process, a Sessio
 runs the same requests as --requests generate calls of batch C. Both use the prompts of --prompts
 (a JSON list of texts; default the bench's held-out prompts), each request's under a first line
 of its own (no two requests share a prompt: ``distinct``), --max-tokens new tokens and the
-model's stop tokens, greedy (or, with --temperature > 0, sampled: a server request seeded with
+model's stop tokens (with --ignore-eos none: every request makes --max-tokens tokens; with them,
+on the trained model and the held-out prompts some requests stop at their first token), greedy (or, with --temperature > 0, sampled: a server request seeded with
 its index, and generate given the same seed for that request's prompt, one seed per prompt, so
 sampled outputs are compared too). Each server run also records the CPU cores its process (uvicorn and
 the routes; with --engine thread the engine too) and its children (the engine process) kept
@@ -68,10 +69,12 @@ def requests_of(prompts: list[str], clients: int, per_client: int) -> list[list[
 
 
 def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool,
-                sampling: dict | None = None) -> tuple[float, dict]:
+                sampling: dict | None = None, ignore_eos: bool = False) -> tuple[float, dict]:
     """(tokens/s over the wall time, {prompt: text}) of every client sending its requests in order;
-    sampling: temperature and top_p for every request, each seeded with its index."""
-    bodies = [[{"prompt": p, "max_tokens": max_tokens, "stream": stream} for p in mine] for mine in texts]
+    sampling: temperature and top_p for every request, each seeded with its index; ignore_eos: the
+    model's stop tokens end no request."""
+    bodies = [[{"prompt": p, "max_tokens": max_tokens, "stream": stream, **({"ignore_eos": True} if ignore_eos else {})}
+               for p in mine] for mine in texts]
     for i, body in enumerate(body for mine in bodies for body in mine):
         body.update({**sampling, "seed": i} if sampling else {})
     results, seconds = run_clients(url, bodies, timeout=600.0)
@@ -82,7 +85,8 @@ def server_side(url: str, texts: list[list[str]], max_tokens: int, stream: bool,
     return sum(len(r.token_ids) for rs in results for r in rs) / seconds, outputs
 
 
-def generate_side(session, texts: list[list[str]], max_tokens: int, sampling: dict | None = None) -> tuple[float, dict]:
+def generate_side(session, texts: list[list[str]], max_tokens: int, sampling: dict | None = None,
+                  ignore_eos: bool = False) -> tuple[float, dict]:
     """(tokens/s, {prompt: token ids}) of the same requests as generate calls: call r batches request r
     of every client, over the ids the server's tokenizer makes of each prompt (sampled: each prompt
     seeded as server_side seeds its request, client c's request r with c * R + r)."""
@@ -92,7 +96,7 @@ def generate_side(session, texts: list[list[str]], max_tokens: int, sampling: di
     for r, prompts in enumerate(calls):
         options = {**sampling, "seed": [c * len(calls) + r for c in range(len(prompts))]} if sampling else {}
         for prompt, out in zip(prompts, session.generate([ids[p] for p in prompts], max_new_tokens=max_tokens,
-                                                         **options)):
+                                                         stop_tokens=[] if ignore_eos else None, **options)):
             outputs[prompt] = out
             tokens += len(out)
     return tokens / (time.perf_counter() - start), outputs
@@ -100,8 +104,9 @@ def generate_side(session, texts: list[list[str]], max_tokens: int, sampling: di
 
 def measure(args, k: int | str, prompts: list[str], clients: list[int], generate_first: bool = False) -> dict:
     """One round for one k: {(engine, clients): (server tok/s, generate tok/s, outputs equal, CPU
-    cores busy: server process, its children)}; generate_first: generate's side runs first (rounds
-    alternate the order, so a machine that speeds up or slows down favours neither side)."""
+    cores busy: server process, its children, Steps of each, generate's mean tokens per request)};
+    generate_first: generate's side runs first (rounds alternate the order, so a machine that speeds
+    up or slows down favours neither side)."""
     if generate_first:
         generated = generate_runs(args, k, prompts, clients)
         server = server_runs(args, k, prompts, clients)
@@ -112,7 +117,8 @@ def measure(args, k: int | str, prompts: list[str], clients: list[int], generate
     for (engine, c), (server_rate, served_outputs, busy, server_steps) in server.items():
         rate, outputs, generate_steps = generated[c]
         rows[(engine, c)] = (server_rate, rate, served_outputs == outputs, *busy,
-                             dataclasses.asdict(server_steps), dataclasses.asdict(generate_steps))
+                             dataclasses.asdict(server_steps), dataclasses.asdict(generate_steps),
+                             statistics.mean(map(len, outputs.values())))
     return rows
 
 
@@ -127,7 +133,7 @@ def server_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
                 counted = server_counters(url)
                 before, start = cpu_seconds(url.pid), time.perf_counter()
                 rate, outputs = server_side(url, requests_of(prompts, c, args.requests), args.max_tokens,
-                                            args.stream == "yes", sampling_of(args))
+                                            args.stream == "yes", sampling_of(args), args.ignore_eos)
                 after, wall = cpu_seconds(url.pid), time.perf_counter() - start
                 steps = Steps.between(counted, server_counters(url), wall)
                 runs[(engine, c)] = (rate, outputs, tuple((a - b) / wall for a, b in zip(after, before)), steps)
@@ -191,7 +197,8 @@ def generate_runs(args, k, prompts: list[str], clients: list[int]) -> dict:
         session.generate(requests_of(prompts, c, 1)[0][:1] * c, max_new_tokens=8,  # warm-up at this batch size,
                          **({**sampling_of(args), "seed": 0} if sampling_of(args) else {}))  # with the runs' graphs
         counted, start = session_counters(session), time.perf_counter()
-        runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens, sampling_of(args))
+        runs[c] = generate_side(session, requests_of(prompts, c, args.requests), args.max_tokens, sampling_of(args),
+                                args.ignore_eos)
         runs[c] += (Steps.between(counted, session_counters(session), time.perf_counter() - start),)
     session.close()
     return runs
@@ -213,6 +220,8 @@ def main(argv=None) -> int:
                         "serve), thread")
     parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--ignore-eos", action="store_true", help="the model's stop tokens end no request: every "
+                        "request makes --max-tokens tokens")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
@@ -225,7 +234,7 @@ def main(argv=None) -> int:
             for (e, c), row in measure(args, k, prompts, clients, generate_first=round_ % 2 == 1).items():
                 runs[(k, e, c)].append(row)
                 print(f"round {round_} k={k} engine {e} clients {c}: server {row[0]:.1f} tok/s, generate {row[1]:.1f}, "
-                      f"outputs equal {row[2]}; CPU cores busy: server process {row[3]:.2f}, its children "
+                      f"outputs equal {row[2]}, {row[7]:.1f} tokens per request; CPU cores busy: server process {row[3]:.2f}, its children "
                       f"{row[4]:.2f}; server / generate: " + shares(row[5], row[6]), flush=True)
     median = {key: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
                     all(r[2] for r in rows),
