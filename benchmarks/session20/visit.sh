@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 20's GPU host calls (H200), each bounded, printing as it goes; results under $OUT.
+#   OUT=$OUT bash benchmarks/session20/visit.sh a   setup; the CUDA batching checks (staggered joins: tokens and
+#                                                  states, prefills apart) and spec_loop's
+#   OUT=$OUT bash benchmarks/session20/visit.sh p   py-spy (probe/py-spy) on the server's engine process at 1 client
+#                                                  (benchmarks/session14/engine_profile.sh) and on generate at
+#                                                  batch 1 (gen_loop.py), k = 0 and 2: where each side's host goes
+#   OUT=$OUT bash benchmarks/session20/visit.sh s   tools/serve_bench.py: the server against generate, k = 0, 2
+#   OUT=$OUT bash benchmarks/session20/visit.sh b   tools/serve_ab_throughput.py: the server of HEAD against
+#                                                  probe/treeA, B_RUNS "k clients temperature" triples
+set -u
+cd "$(dirname "$0")/../.."
+source benchmarks/visit_lib.sh  # OUT, PYTHONPATH, models, trained, checks
+case "$1" in
+  a)
+    checks ;;
+  p)
+    trained
+    mkdir -p /tmp/site/bin && cp probe/py-spy /tmp/site/bin/ && chmod +x /tmp/site/bin/py-spy
+    PROF=/tmp/prof timeout 150 bash benchmarks/session14/engine_profile.sh $models/trained_fp16 "${P_KS:-0 2}" "${P_CLIENTS:-1}" 6 \
+      2>&1 | tee "$OUT/engine_profile.log"
+    for k in ${P_KS:-0 2}; do
+      python3 benchmarks/session20/gen_loop.py $models/trained_fp16 $k 1 12 > /tmp/prof/gen_k$k.log 2>&1 &
+      gen=$!
+      sleep 5
+      py-spy record -p $gen -d 6 -r 200 -f raw -o /tmp/prof/spy_gen_k$k.txt --threads --idle --nonblocking > /dev/null 2>&1
+      wait $gen
+      echo "=== generate k=$k batch 1: $(tail -1 /tmp/prof/gen_k$k.log)"
+      python3 benchmarks/session14/spy_aggregate.py /tmp/prof/spy_gen_k$k.txt --thread MainThread --below Session.generate \
+        --depth 4 --top 24
+    done 2>&1 | tee "$OUT/generate_profile.log"
+    tar czf "$OUT/spy.tgz" -C /tmp/prof . ;;
+  s)
+    trained
+    timeout ${S_SECONDS:-280} python3 tools/serve_bench.py $models/trained_fp16 -k ${S_KS:-0,2} --provider cuda \
+      --clients ${S_CLIENTS:-1,16} --requests 4 --max-tokens 128 --rounds ${S_ROUNDS:-2} --json "$OUT/serve.json" 2>&1 \
+      | tee "$OUT/serve.log" | tail -14 ;;
+  b)
+    trained
+    for tree in probe/tree*; do cp ortspec/_native*.so $tree/ortspec/; done
+    IFS=';' read -ra runs <<< "${B_RUNS:-0 1,16 0;2 1,16 0}"
+    for run in "${runs[@]}"; do
+      set -- $run
+      echo "=== $(date +%T) k=$1 clients $2 temperature $3: HEAD against probe/treeA"
+      timeout ${B_SECONDS:-200} python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeA" -k $1 \
+        --provider cuda --clients $2 --requests ${B_REQUESTS:-8} --rounds ${B_ROUNDS:-4} --temperature $3 2>&1 \
+        | tee "$OUT/ab_k$1_c${2/,/_}_t$3.log" | tail -8
+    done ;;
+esac
