@@ -6,6 +6,7 @@
 #                                                  (benchmarks/session14/engine_profile.sh) and on generate at
 #                                                  batch 1 (gen_loop.py), k = 0 and 2: where each side's host goes
 #   OUT=$OUT bash benchmarks/session20/visit.sh s   tools/serve_bench.py: the server against generate, k = 0, 2
+#                                                  (S_ARGS: more of its arguments, e.g. --ignore-eos; S_NAME: a suffix)
 #   OUT=$OUT bash benchmarks/session20/visit.sh b   tools/serve_ab_throughput.py: the server of HEAD against
 #                                                  probe/treeA, B_RUNS "k clients temperature" triples
 set -u
@@ -33,8 +34,8 @@ case "$1" in
   s)
     trained
     timeout ${S_SECONDS:-280} python3 tools/serve_bench.py $models/trained_fp16 -k ${S_KS:-0,2} --provider cuda \
-      --clients ${S_CLIENTS:-1,16} --requests 4 --max-tokens 128 --rounds ${S_ROUNDS:-2} --json "$OUT/serve.json" 2>&1 \
-      | tee "$OUT/serve.log" | tail -14 ;;
+      --clients ${S_CLIENTS:-1,16} --requests 4 --max-tokens 128 --rounds ${S_ROUNDS:-2} ${S_ARGS:-} \
+      --json "$OUT/serve${S_NAME:-}.json" 2>&1 | tee "$OUT/serve${S_NAME:-}.log" | tail -14 ;;
   b)
     trained
     for tree in probe/tree*; do cp ortspec/_native*.so $tree/ortspec/; done
