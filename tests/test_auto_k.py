@@ -47,18 +47,39 @@ def test_row_buckets():
     assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
 
 
-def batcher_windows(chooser: KChooser, rows: int, windows: int, tokens_per_second, live=None, seed=0) -> list[int]:
-    """Steps as a batcher's loop runs them, a window of WINDOW_STEPS steps at a time: each step's k
-    chosen before it, then its tokens and seconds recorded (tokens_per_second(k) per live row, with
-    2% noise; live(window) the live rows). Returns the k of each window."""
+def batcher_windows(chooser: KChooser, rows: int, windows: int, tokens_per_second, live=None, seed=0,
+                    step_seconds: float = 1e-3) -> list[int]:
+    """Steps as a batcher's loop runs them, a window of WINDOW_STEPS steps at a time (steps short
+    enough that none closes on WINDOW_SECONDS): each step's k chosen before it, then its tokens and
+    seconds recorded (tokens_per_second(k) per live row, in units of 1 / step_seconds, with 2%
+    noise; live(window) the live rows). Returns the k of each window."""
     rng, chosen = np.random.default_rng(seed), []
     for w in range(windows):
         for _ in range(auto_k.WINDOW_STEPS):
             k = chooser.choose(rows)
             n = live(w) if live else rows
-            chooser.record_step(rows, n, n * 4, 4 / tokens_per_second(k) * rng.uniform(0.98, 1.02))
+            chooser.record_step(rows, n, n * 4, step_seconds * 4 / tokens_per_second(k) * rng.uniform(0.98, 1.02))
         chosen.append(k)
     return chosen
+
+
+def test_slow_steps_end_a_window_early_so_a_short_run_still_climbs():
+    """A CPU step over 8 rows takes 7-20 ms: windows of WINDOW_SECONDS, not WINDOW_STEPS steps,
+    so the climb has measured every k and stands on the best within a few seconds of steps."""
+    chooser = KChooser(2)
+    chooser.warmed_up()
+    rates = {0: 1170.0, 1: 1087.0, 2: 1190.0}  # tokens/s at 8 rows (k = 1 the worst, and where the climb starts)
+    rng, ks, seconds = np.random.default_rng(0), [], 0.0
+    while seconds < 3.0:
+        k = chooser.choose(8)
+        step = {0: 0.0068, 1: 0.0143, 2: 0.0174}[k]
+        chooser.record_step(8, 8, round(rates[k] * step), step * rng.uniform(0.98, 1.02))
+        ks.append(k)
+        seconds += step
+    windows = chooser.snapshot()["windows"]["batcher rows 8"]
+    assert windows["windows"] >= 10  # 64-step windows: 3 s held three of them, the climb's first steps alone
+    assert windows["best"] == 2 and windows["reward"][1][1] >= 1
+    assert ks[-len(ks) // 3:].count(1) <= len(ks) // 12  # k = 1 left behind but for a probe
 
 
 def test_the_climb_finds_the_best_k_and_tries_few_others():
@@ -78,6 +99,18 @@ def test_after_a_warm_up_each_ks_first_window_counts():
     chosen = batcher_windows(chooser, 4, 6, {0: 100.0, 1: 150.0, 2: 190.0}.get)
     assert chosen[:3] == [1, 2, 2]
     assert chooser.snapshot()["windows"]["batcher rows 4"]["reward"][1][1] == 1
+
+
+def test_a_warm_up_of_one_row_leaves_other_rows_first_windows_uncounted():
+    """The CPU's warm-up runs one row: at 8 rows each k's first window still runs its shapes'
+    first runs (slower), so it warms up and is not counted; at 1 row it counts."""
+    chooser = KChooser(2)
+    chooser.warmed_up({1})
+    rates = {0: 100.0, 1: 150.0, 2: 190.0}.get
+    batcher_windows(chooser, 1, 1, rates)
+    batcher_windows(chooser, 8, 1, rates)
+    windows = chooser.snapshot()["windows"]
+    assert windows["batcher rows 1"]["reward"][1][1] == 1 and windows["batcher rows 8"]["reward"] == {}
 
 
 def test_a_k_within_the_hysteresis_does_not_take_the_best_place():
@@ -111,7 +144,7 @@ def test_sampled_and_greedy_steps_climb_apart():
     for w in range(40):
         for _ in range(auto_k.WINDOW_STEPS):
             k = chooser.choose(8, sampled=w % 2 == 1)
-            chooser.record_step(8, 8, 32, 32 / (sampled if w % 2 else greedy)[k])
+            chooser.record_step(8, 8, 32, 32e-3 / (sampled if w % 2 else greedy)[k])
     windows = chooser.snapshot()["windows"]
     assert windows["batcher rows 8"]["best"] == 2 and windows["batcher rows 8 sampled"]["best"] == 0
 

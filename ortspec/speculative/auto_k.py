@@ -6,11 +6,15 @@ what the GPU's kernels make of it, and a model tuned on one set of prompts misju
 (BENCHMARKS.md, "Auto k"). So ``KChooser`` measures what each k delivers and keeps the best:
 
 - a **window** is a stretch of steps of one k: a whole generate call (a static batch: its tail
-  and its switching costs are in its time), or WINDOW_STEPS steps of a batcher (rows join and
-  leave: its reward is tokens per live row-step over seconds per row-step run, so a window is
-  not judged by how many requests happened to be running);
+  and its switching costs are in its time), or WINDOW_STEPS steps of a batcher, fewer where they
+  take longer than WINDOW_SECONDS (a CPU step over many rows takes 10-20 ms: 64 of them, one
+  window per k, were a short run's whole exploration) (rows join and leave: its reward is tokens
+  per live row-step over seconds per row-step run, so a window is not judged by how many
+  requests happened to be running);
 - a window that set a CUDA graph up is not counted (it timed the capture), nor a k's first at a
-  key (its graphs' first runs allocate and initialise) unless a warm-up ran every k already;
+  key (its graphs' first runs allocate and initialise) unless a warm-up ran every k at its rows
+  already (on CUDA every batch bucket; on the CPU one row, where a first run at 8 rows measured
+  20-26 ms a step against 13-17 ms warm);
 - per key (static or not; the rows a step runs, bucketed; whether most live rows sample, whose
   drafts are accepted less often) the chooser hill-climbs over k: it starts at k = 1, measures
   the neighbours of the best k, measures the best and a neighbour within CLOSE of it again until
@@ -36,6 +40,7 @@ import threading
 import numpy as np
 
 WINDOW_STEPS = 64  # a batcher's window: steps of one k between choices
+WINDOW_SECONDS = 0.25  # ... or fewer steps, once they took this long
 MIN_WINDOW_STEPS = 4  # a shorter window (a call of a few tokens) measures nothing
 SAMPLES = 3  # rewards kept per k; their median is its estimate
 HYSTERESIS = 1.02  # another k must beat the best's estimate by 2% to take its place
@@ -78,6 +83,10 @@ class Window:
     run_row_steps: int = 0
     seconds: float = 0.0
     setup: bool = False  # a CUDA graph was set up in it: its time is not its k's
+
+    def full(self) -> bool:
+        """A batcher's window has its steps: WINDOW_STEPS, or WINDOW_SECONDS' worth."""
+        return self.steps >= WINDOW_STEPS or (self.seconds >= WINDOW_SECONDS and self.steps >= MIN_WINDOW_STEPS)
 
     def reward(self) -> float | None:
         """Tokens per second (static); per live row-step over seconds per row-step run (a batcher)."""
@@ -145,7 +154,7 @@ class KChooser:
         self._tried = [0.0] * (max_k + 1)  # row-steps that tried draft i (decayed)
         self._kept = [0.0] * (max_k + 1)  # row-steps that accepted draft i (decayed)
         self._times: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> steady step seconds
-        self._warmed_up = False  # every k's graphs have run (a server's warm-up)
+        self._warm_buckets: set[int] | None = set()  # rows buckets a warm-up ran every k at (None: all)
 
     # -- choosing ----------------------------------------------------------------------------
     def choose(self, rows: int, tail: Tail | None = None, fresh: bool = False, sampled: bool = False) -> int:
@@ -156,7 +165,7 @@ class KChooser:
         window = getattr(self._local, "window", None)
         if window is not None and window.key[0] and key[0] and not fresh:
             return window.k  # a call's window lasts the call
-        if window is None or fresh or window.key != key or window.steps >= WINDOW_STEPS:
+        if window is None or fresh or window.key != key or window.full():
             if window is not None and not window.key[0]:
                 self._close(window)
             with self._lock:
@@ -166,16 +175,19 @@ class KChooser:
 
     def _arms_of(self, key) -> Arms:
         if key not in self._arms:
-            self._arms[key] = Arms(self.max_k, warm=self._warmed_up)
+            self._arms[key] = Arms(self.max_k, warm=self._warm_buckets is None or key[1] in self._warm_buckets)
         return self._arms[key]
 
-    def warmed_up(self) -> None:
-        """Every k's graphs have run (``Batcher.warm_up``): from now on a k's first window at a
-        key counts, so a server's climb measures instead of warming each k up again."""
+    def warmed_up(self, rows: set[int] | None = None) -> None:
+        """Every k's graphs have run (``Batcher.warm_up``) at these rows (None: at every row count):
+        from now on a k's first window at a key of those rows counts, so a server's climb measures
+        instead of warming each k up again."""
         with self._lock:
-            self._warmed_up = True
-            for arms in self._arms.values():
-                arms.warm.update(range(self.max_k + 1))
+            buckets = None if rows is None else {row_bucket(n) for n in rows}
+            self._warm_buckets = None if buckets is None or self._warm_buckets is None else self._warm_buckets | buckets
+            for key, arms in self._arms.items():
+                if buckets is None or key[1] in buckets:
+                    arms.warm.update(range(self.max_k + 1))
 
     def _close(self, window: Window) -> None:
         reward = window.reward()

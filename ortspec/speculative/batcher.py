@@ -266,7 +266,7 @@ class Batcher:
                 for rid in ids:
                     self.forget(rid)
             if session.k_chooser is not None:
-                session.k_chooser.warmed_up()
+                session.k_chooser.warmed_up(None if session.exact else sizes)  # exact mode: one shape, any rows
         finally:
             self._recording = True
 
