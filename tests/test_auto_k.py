@@ -49,18 +49,20 @@ def test_row_buckets():
 
 def batcher_windows(chooser: KChooser, rows: int, windows: int, tokens_per_second, live=None, seed=0,
                     step_seconds: float = 1e-3) -> list[int]:
-    """Steps as a batcher's loop runs them, a window of WINDOW_STEPS steps at a time (steps short
-    enough that none closes on WINDOW_SECONDS): each step's k chosen before it, then its tokens and
-    seconds recorded (tokens_per_second(k) per live row, in units of 1 / step_seconds, with 2%
-    noise; live(window) the live rows). Returns the k of each window."""
-    rng, chosen = np.random.default_rng(seed), []
-    for w in range(windows):
-        for _ in range(auto_k.WINDOW_STEPS):
-            k = chooser.choose(rows)
-            n = live(w) if live else rows
-            chooser.record_step(rows, n, n * 4, step_seconds * 4 / tokens_per_second(k) * rng.uniform(0.98, 1.02))
-        chosen.append(k)
-    return chosen
+    """Steps as a batcher's loop runs them, window after window (steps short enough that none
+    closes on WINDOW_SECONDS): each step's k chosen before it, then its tokens and seconds recorded
+    (tokens_per_second(k) per live row, in units of 1 / step_seconds, with 2% noise; live(window)
+    the live rows). Returns the k of each window."""
+    rng, chosen, opened = np.random.default_rng(seed), [], None
+    while True:
+        k = chooser.choose(rows)
+        if chooser.open_window is not opened:  # the last window closes as the next opens
+            if len(chosen) == windows:
+                return chosen
+            opened = chooser.open_window
+            chosen.append(k)
+        n = live(len(chosen) - 1) if live else rows
+        chooser.record_step(rows, n, n * 4, step_seconds * 4 / tokens_per_second(k) * rng.uniform(0.98, 1.02))
 
 
 def test_slow_steps_end_a_window_early_so_a_short_run_still_climbs():
@@ -111,6 +113,20 @@ def test_a_warm_up_of_one_row_leaves_other_rows_first_windows_uncounted():
     batcher_windows(chooser, 8, 1, rates)
     windows = chooser.snapshot()["windows"]
     assert windows["batcher rows 1"]["reward"][1][1] == 1 and windows["batcher rows 8"]["reward"] == {}
+
+
+def test_a_ks_first_window_at_a_key_only_warms_it_up_and_is_short():
+    """Its steps run the graphs' first runs and measure nothing: MIN_WINDOW_STEPS of them, then
+    the same k's first measured window, of WINDOW_STEPS."""
+    chooser, lengths, opened = KChooser(2), [], None
+    while len(lengths) < 3:
+        k = chooser.choose(4)
+        if chooser.open_window is not opened:
+            opened = chooser.open_window
+            lengths.append([k, 0])
+        lengths[-1][1] += 1
+        chooser.record_step(4, 4, 8, 1e-3)
+    assert lengths[:2] == [[1, auto_k.MIN_WINDOW_STEPS], [1, auto_k.WINDOW_STEPS]] and lengths[2][0] == 2
 
 
 def test_a_k_within_the_hysteresis_does_not_take_the_best_place():

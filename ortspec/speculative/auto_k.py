@@ -12,9 +12,10 @@ what the GPU's kernels make of it, and a model tuned on one set of prompts misju
   per live row-step over seconds per row-step run, so a window is not judged by how many
   requests happened to be running);
 - a window that set a CUDA graph up is not counted (it timed the capture), nor a k's first at a
-  key (its graphs' first runs allocate and initialise) unless a warm-up ran every k at its rows
-  already (on CUDA every batch bucket; on the CPU one row, where a first run at 8 rows measured
-  20-26 ms a step against 13-17 ms warm);
+  key (its graphs' first runs allocate and initialise: a batcher's such window lasts
+  MIN_WINDOW_STEPS steps) unless a warm-up ran every k at its rows already (on CUDA every batch
+  bucket; on the CPU one row, where a first run at 8 rows measured 20-26 ms a step against 13-17
+  ms warm);
 - per key (static or not; the rows a step runs, bucketed; whether most live rows sample, whose
   drafts are accepted less often) the chooser hill-climbs over k: it starts at k = 1, measures
   the neighbours of the best k, measures the best and a neighbour within CLOSE of it again until
@@ -83,9 +84,13 @@ class Window:
     run_row_steps: int = 0
     seconds: float = 0.0
     setup: bool = False  # a CUDA graph was set up in it: its time is not its k's
+    warming: bool = False  # its k's first window at its key: it runs the first runs and measures nothing
 
     def full(self) -> bool:
-        """A batcher's window has its steps: WINDOW_STEPS, or WINDOW_SECONDS' worth."""
+        """A batcher's window has its steps: WINDOW_STEPS, or WINDOW_SECONDS' worth; a warming one
+        MIN_WINDOW_STEPS (first runs are a step or two: the rest would be a k's time unmeasured)."""
+        if self.warming:
+            return self.steps >= MIN_WINDOW_STEPS
         return self.steps >= WINDOW_STEPS or (self.seconds >= WINDOW_SECONDS and self.steps >= MIN_WINDOW_STEPS)
 
     def reward(self) -> float | None:
@@ -169,9 +174,16 @@ class KChooser:
             if window is not None and not window.key[0]:
                 self._close(window)
             with self._lock:
-                k = self._arms_of(key).next()
-            window = self._local.window = Window(key, k)
+                arms = self._arms_of(key)
+                k = arms.next()
+                warming = not key[0] and k not in arms.warm
+            window = self._local.window = Window(key, k, warming=warming)
         return window.k
+
+    @property
+    def open_window(self) -> Window | None:
+        """This thread's open window (None before its first choice and after a call's end)."""
+        return getattr(self._local, "window", None)
 
     def _arms_of(self, key) -> Arms:
         if key not in self._arms:
