@@ -265,7 +265,8 @@ def test_stretch_entries_equal_the_plain_loops(graphs):
         decoder = Decoder(graphs, len(PROMPTS), 4, "select", Stats(), fixed_rows=True, pipelined=pipelined,
                           k_chooser=ScriptedK(4, [0]))
         decoder.generate(make_requests(PROMPTS, 9))
-        taken.append(decoder.head.deferred.take())
+        [run] = decoder.head.deferred.take()  # one run: every row took part in every step
+        taken.append(run)
     (_, rows_a, *plain), (_, rows_b, *piped) = taken
     assert rows_a.indices.tolist() == rows_b.indices.tolist()
     for a, b in zip(plain, piped):
@@ -274,22 +275,48 @@ def test_stretch_entries_equal_the_plain_loops(graphs):
 
 def test_deferred_entries_gather_each_rows_steps_and_refuse_rows_out_of_step():
     """Entries are kept per step and gathered per row at the catch-up: a row that left the steps
-    (the CPU drops finished rows) is dropped; a row of the latest step missing from an earlier
-    step is a bug, said so."""
+    (the CPU drops finished rows) is dropped; a row whose request joined mid-stretch (drop_rows)
+    has its entries from its join on, padded past its last with that last; a row of the latest
+    step missing from an earlier step of its request is a bug, said so."""
     from ortspec.errors import InternalError
     from ortspec.runtime.arrays import HostArrays
     from ortspec.runtime.states import Rows
     from ortspec.speculative.deferred_entries import DeferredEntries
 
+    def step(entries, at, rows):
+        hidden = np.array([[10 * row + at] * 3 for row in rows], np.float32)  # [b, H=3]
+        entries.add_host(["r"] * len(rows), Rows(rows), hidden, np.float32, np.array(rows) + 100, np.array(rows) + at)
+
     entries = DeferredEntries(HostArrays())
-    for step, rows in enumerate(([0, 1, 2], [0, 2], [0, 2])):
-        hidden = np.array([[10 * row + step] * 3 for row in rows], np.float32)  # [b, H=3]
-        entries.add_host(["r"], Rows(rows), hidden, np.float32, np.array(rows) + 100, np.array(rows) + step)
-    requests, rows, hidden, next_ids, positions, last = entries.take()
+    for at, rows in enumerate(([0, 1, 2], [0, 2], [0, 2])):
+        step(entries, at, rows)
+    [(requests, rows, hidden, next_ids, positions, last)] = entries.take()
     assert rows.indices.tolist() == [0, 2] and not entries and last.tolist() == [2, 2]
     assert hidden[:, :, 0].tolist() == [[0, 1, 2], [20, 21, 22]]  # [B, m]
     assert next_ids.tolist() == [[100] * 3, [102] * 3] and positions.tolist() == [[0, 1, 2], [2, 3, 4]]
+
+    for pad_lengths, runs in ((True, 1), (False, 2)):
+        entries = DeferredEntries(HostArrays(), pad_lengths=pad_lengths)
+        step(entries, 0, [0, 1])
+        entries.drop_rows(Rows([1]))  # a new request takes row 1 over
+        step(entries, 1, [0, 1])
+        step(entries, 2, [0, 1])
+        taken = entries.take()
+        assert len(taken) == runs
+        last = np.concatenate([run[5] for run in taken])
+        hidden = [run[2][j, :, 0].tolist() for run in taken for j in range(len(run[1].indices))]
+        positions = [run[4][j].tolist() for run in taken for j in range(len(run[1].indices))]
+        assert last.tolist() == [2, 1]
+        assert hidden[0] == [0, 1, 2] and hidden[1][:2] == [11, 12] and positions[1][:2] == [2, 3]
+        if pad_lengths:
+            assert hidden[1] == [11, 12, 12] and positions[1] == [2, 3, 3]  # padding: its last entry again
+
+    step(entries, 0, [0, 1])
+    entries.drop_rows(Rows([1]))  # taken over after the latest step: its request has no step entries yet
+    [(_, rows, *_, last)] = entries.take()
+    assert rows.indices.tolist() == [0] and last.tolist() == [0]
+
     for rows in ([0, 1], [0, 3]):
         entries.add_host(["r"], Rows(rows), np.zeros((2, 3), np.float32), np.float32, np.zeros(2), np.zeros(2))
-    with pytest.raises(InternalError, match="out of step: rows \\[0, 3\\] of the latest step, rows \\[0, 1\\]"):
+    with pytest.raises(InternalError, match="out of step: row 3 of the latest step missed an earlier step of its request"):
         entries.take()

@@ -77,8 +77,8 @@ def test_prompts_flushed_after_the_decode_entries_are_caught(graphs, reference, 
     """Planted bug: the head's entries out of order (a prompt's after the steps that follow it)."""
     def wrong_order(self, drafts):
         if self.deferred.has_steps:
-            requests, rows, hidden, next_ids, positions, last = self.deferred.take()
-            self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+            for requests, rows, hidden, next_ids, positions, last in self.deferred.take():
+                self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
         for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
             self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
 
@@ -134,4 +134,58 @@ def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
             batcher.step()
         assert [batcher.result(i) for i in ids] == greedy and batcher.result(short) == greedy[2][:1]
     assert checked and set(checked) >= {0, 1}
-    assert calls[:2] == [([0], 16), ([0], 1)]  # row 0's prompt, then its step: the short request's never ran
+    # no catch-up at the join: at the first step that drafts, rows 0 and 1's prompts in one run (padded
+    # to the longest), then their steps' entries in one (row 1, a step later, padded); the short
+    # request's entries never ran
+    assert calls[:2] == [([0, 1], 16), ([0, 1], 4)]
+
+
+@pytest.mark.parametrize("fixed_rows,pipelined,bound", [(False, False, None), (True, False, None), (True, True, None),
+                                                        (False, False, 3), (True, True, 3)])
+def test_joins_in_a_plain_stretch_catch_nobody_up_and_stay_exact(models, graphs, monkeypatch, fixed_rows, pipelined,
+                                                                 bound):
+    """Requests join while auto k's k = 0 stretches leave entries: no catch-up runs at a join (a
+    joining row's entries start with its first step, padded at the catch-up), tokens equal
+    greedy, and whenever nothing waits every row's state, the head's included, equals a plain
+    decode of its request (CPU, bitwise). bound: MAX_STEPS, reached in a stretch (the head then
+    catches up although no step drafts, and no more steps wait)."""
+    from ortspec.speculative import deferred_entries
+    from tests.test_batching import REQUESTS
+
+    if bound is not None:
+        monkeypatch.setattr(deferred_entries, "MAX_STEPS", bound)
+
+    out = models.converted("base")
+    greedy = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
+    plain = {tuple(p): plain_decode_states(graphs, [p], n + 4 + 1, 4)[1] for p, n in REQUESTS}
+    checked = []
+
+    def compare(decoder, batch):
+        for req in batch.requests:
+            if req.placeholder or req.done or decoder.head.waiting:
+                continue
+            diffs = row_state(decoder.engine, req).differences(plain[tuple(req.prompt)][(0, req.processed)])
+            assert not diffs, (req.row, req.processed, diffs)
+            checked.append(req.processed)
+
+    session = ortspec.Session(out, num_speculative_tokens="auto")
+    session.k_chooser = ScriptedK(4, [0] * 7 + [2] + [0] * 5 + [3, 1])
+    calls = count_eager_catch_ups(monkeypatch)
+    joins, waiting = [], []
+    with session.batcher(max_batch_size=3, on_commit=compare, fixed_rows=fixed_rows, pipelined=pipelined) as batcher:
+        queue, ids, steps = list(REQUESTS), [], 0
+        while queue or batcher.pending:
+            if queue and steps % 2 == 0 and len(batcher.running) < 3:
+                prompt, n = queue.pop(0)
+                before = len(calls)
+                ids.append(batcher.add_request(prompt, max_new_tokens=n))
+                joins.append(len(calls) - before)
+            if batcher.pending:
+                batcher.step()
+                waiting.append(len(batcher.decoder.head.deferred._steps))
+            steps += 1
+        assert [batcher.result(i) for i in ids] == greedy
+    assert len(checked) > 20
+    if bound is None:  # with one, a join's drain may read the step that reached it
+        assert sum(joins) == 0  # no join ran the head
+    assert max(waiting) <= (bound if bound is not None else 7)  # the script's longest stretch: 7 steps

@@ -272,9 +272,9 @@ class Decoder:
         if result.hidden is not None:  # a decode: its head entries wait
             self.head.defer_step(requests, flight.run.rows, result.hidden, result.hidden_dtype, result.tokens[:, 0],
                                  result.first)
-        if plan.k == 0 and plan.drafts > 0:  # the next step speculates: the head catches up first
-            with self.engine.step(), self.stats.timed("commit"):
-                self.head.catch_up_deferred(plan.drafts)
+        if plan.k == 0 and self.head is not None and (plan.drafts > 0 or self.head.deferred.full):
+            with self.engine.step(), self.stats.timed("commit"):  # the next step drafts, or the entries are at their bound
+                self.head.catch_up_deferred(max(plan.drafts, 1))
         self.next_k = plan.drafts
         elapsed, seconds, setup = self._clock.read(flight.n, plan)
         if not drained:
@@ -380,9 +380,6 @@ class Decoder:
             self.occupants[req.row] = req
         if self.head is not None and requests:
             self.head.deferred.drop_rows(Rows([r.row for r in requests]))  # a reused row's last request's
-            if self.head.deferred.has_steps:  # rows in a k = 0 stretch catch up first: their entries stay in step
-                with self.engine.step(), self.stats.timed("commit"):
-                    self.head.catch_up_deferred(max(self.next_k, 1))
         for group, copies, ids, out in prefilled:
             self._prefill_finish(group, copies, ids, out)
         running = [r for r in self.occupants if r is not None and not r.done]

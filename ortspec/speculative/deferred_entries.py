@@ -27,22 +27,26 @@ import numpy as np
 from ..errors import InternalError
 from ..runtime.states import Rows
 
+MAX_STEPS = 256  # a plain stretch's steps whose entries wait before the head catches up anyway
+
 
 class DeferredEntries:
     """The entries of the plain decode steps since the last catch-up, kept step by step (a step's
     work here is one append, whatever its rows: the pipelined loop does it while the GPU runs).
 
-    Rows step together, so every row of the latest step took part in every step kept: a request
-    joins only through a prefill, which catches the others up first (``Decoder``), and on the CPU
-    a finished request's row leaves the steps (its entries are dropped at the catch-up). Waiting
-    prompts are the exception: kept per prefill group, run before the steps' entries, one run per
-    run of consecutive rows (``take_prompts``)."""
+    A request that joins mid-stretch (``drop_rows`` at its join) has entries from its first step
+    on, fewer than the rows beside it: the catch-up pads its row past its last entry, as it pads
+    prompts (``take``), so a join costs no catch-up of the others (it had cost the CPU's k = 0 of
+    auto 8% at 8 rows, a catch-up per join). On the CPU a finished request's row leaves the steps
+    (its entries are dropped at the catch-up). Waiting prompts are kept per prefill group and run
+    before the steps' entries, one run per run of consecutive rows (``take_prompts``)."""
 
     def __init__(self, arrays, pad_lengths: bool = True) -> None:
         self.arrays = arrays
         self.pad_lengths = pad_lengths  # whether prompts of different lengths share a run (``take_prompts``)
         self._steps: list[tuple[np.ndarray, ...]] = []  # per step: rows [b], hidden [b, H] host, x_{p+1} [b], p [b]
         self._last: tuple[list, Rows] | None = None  # the latest step's requests and rows
+        self._joined: dict[int, int] = {}  # row -> the first kept step of its request (joined mid-stretch)
         self._dtype = None  # the hidden states' dtype on their device
         self._prompts: list[PromptEntries] = []  # prefill groups whose head entries 0..n-1 wait
 
@@ -52,8 +56,14 @@ class DeferredEntries:
 
     @property
     def has_steps(self) -> bool:
-        """Whether plain decode steps left entries (their rows must stay in step: ``Decoder.admit``)."""
+        """Whether plain decode steps left entries."""
         return self._last is not None
+
+    @property
+    def full(self) -> bool:
+        """MAX_STEPS steps' entries wait: the head catches up although no step drafts yet, which
+        bounds the host memory they hold (MAX_STEPS x rows x hidden) and the catch-up's size."""
+        return len(self._steps) >= MAX_STEPS
 
     def add_prompts(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, source=None) -> None:
         """One prefill group's entries 0..n-1: hidden [B, n, H] on its device (downloaded now),
@@ -65,9 +75,12 @@ class DeferredEntries:
                                                     hidden.dtype, np.array(next_ids, np.int64)))
 
     def drop_rows(self, rows: Rows) -> None:
-        """Forgets the waiting prompt entries of these rows (a new request takes them over)."""
+        """Forgets every waiting entry of these rows, its prompt's and its steps' (a new request
+        takes them over: its own entries start with the next step)."""
         kept = [group.without(rows.indices) for group in self._prompts]
         self._prompts = [group for group in kept if group is not None]
+        for row in rows.indices.tolist():
+            self._joined[row] = len(self._steps)
 
     def take_prompts(self) -> list[tuple]:
         """Every waiting prompt entry, forgetting them: one catch-up per run of consecutive rows
@@ -99,15 +112,39 @@ class DeferredEntries:
         self._steps.append((rows.indices, hidden, np.array(next_ids, np.int64), np.array(positions, np.int64)))
         self._last = (requests, rows)
 
-    def take(self):
-        """Every entry of the latest step's rows, forgetting all: (requests, rows, hidden
-        [B, m, H] on the device, next_ids [B, m], positions [B, m], last [B] = m - 1)."""
+    def take(self) -> list[tuple]:
+        """Every entry of the latest step's rows, forgetting all: per run of rows (one run, or with
+        pad_lengths=False one per run of rows with as many entries) (requests, rows, hidden [B, m,
+        H] on the device, next_ids [B, m], positions [B, m], last [B] = m_j - 1), row j's entries
+        from its request's first kept step on, columns past last[j] padding (its last entry
+        repeated) that the head computes but never writes."""
         requests, rows = self._last
-        columns = [_rows_of(step, rows.indices) for step in self._steps]  # m x (hidden [B, H], x [B], p [B])
-        self._steps, self._last = [], None
-        hidden, next_ids, positions = (np.stack(parts, axis=1) for parts in zip(*columns))  # [B, m, H], [B, m] x 2
-        last = np.full(len(rows), len(columns) - 1, np.int64)
-        return requests, rows, self.arrays.from_host(hidden, self._dtype), next_ids, positions, last
+        wanted = rows.indices
+        start = np.array([self._joined.get(row, 0) for row in wanted.tolist()], np.int64)  # [B]
+        columns = [_rows_of(step, wanted) for step in self._steps]  # S x (present [B], hidden [B, H], x [B], p [B])
+        self._steps, self._last, self._joined = [], None, {}
+        present = np.stack([c[0] for c in columns], axis=1)  # [B, S]
+        steps = present.shape[1]
+        if not present[np.arange(steps)[None] >= start[:, None]].all():
+            j, i = np.argwhere(~present & (np.arange(steps)[None] >= start[:, None]))[0]
+            raise InternalError(f"deferred MTP entries out of step: row {wanted[j]} of the latest step missed an "
+                                f"earlier step of its request (step {i} of {steps}). A bug of num_speculative_tokens="
+                                "\"auto\": report it; a fixed num_speculative_tokens runs without deferred entries.")
+        hidden, next_ids, positions = (np.stack([c[part] for c in columns], axis=1) for part in (1, 2, 3))  # [B, S..]
+        counts = steps - np.minimum(start, steps)  # [B]; 0: taken over since the latest step (its prompt waits)
+        kept = np.flatnonzero(counts)
+        breaks = np.flatnonzero(np.diff(counts[kept]) != 0) + 1 if not self.pad_lengths else np.array([], np.int64)
+        runs = []
+        for run in np.split(kept, breaks):
+            if not run.size:
+                continue
+            m = int(counts[run].max())
+            cols = np.minimum(start[run, None] + np.arange(m)[None], steps - 1)  # [b, m]: past the last, the last again
+            at = run[:, None]
+            runs.append(([requests[j] for j in run.tolist()], Rows(wanted[run]),
+                         self.arrays.from_host(hidden[at, cols], self._dtype), next_ids[at, cols], positions[at, cols],
+                         counts[run] - 1))
+        return runs
 
 
 @dataclasses.dataclass
@@ -160,12 +197,9 @@ class PromptEntries:
 
 
 def _rows_of(step: tuple[np.ndarray, ...], wanted: np.ndarray) -> tuple[np.ndarray, ...]:
-    """One kept step's (hidden, x_{p+1}, p) at rows ``wanted`` [B] (each must have taken part in it)."""
+    """One kept step at rows ``wanted`` [B]: (whether each took part [B], hidden, x_{p+1}, p at
+    them; where a row did not take part, another row's values)."""
     step_rows, *values = step
     order = np.argsort(step_rows)
     at = order[np.minimum(np.searchsorted(step_rows, wanted, sorter=order), len(order) - 1)]  # [B]
-    if not np.array_equal(step_rows[at], wanted):
-        raise InternalError(f"deferred MTP entries out of step: rows {wanted.tolist()} of the latest step, "
-                            f"rows {step_rows.tolist()} in an earlier one. A bug of num_speculative_tokens=\"auto\": "
-                            "report it; a fixed num_speculative_tokens runs without deferred entries.")
-    return tuple(v[at] for v in values)
+    return (step_rows[at] == wanted, *(v[at] for v in values))

@@ -56,12 +56,13 @@ class Head:
 
     def catch_up_deferred(self, drafts: int) -> None:
         """The head over every waiting entry: the prompts, one run per range of consecutive rows,
-        then the plain decode steps' entries in one run (entry p follows entries 0..p-1)."""
+        then the plain decode steps' entries (one run where rows may be padded; entry p follows
+        entries 0..p-1)."""
         for requests, rows, hidden, next_ids, positions, last in self.deferred.take_prompts():
             self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
         if self.deferred.has_steps:
-            requests, rows, hidden, next_ids, positions, last = self.deferred.take()
-            self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
+            for requests, rows, hidden, next_ids, positions, last in self.deferred.take():
+                self.catch_up(rows, hidden, next_ids, positions, last, requests, drafts, graphed=False)
 
     @property
     def waiting(self) -> bool:
