@@ -311,10 +311,11 @@ def test_deferred_entries_gather_each_rows_steps_and_refuse_rows_out_of_step():
         if pad_lengths:
             assert hidden[1] == [11, 12, 12] and positions[1] == [2, 3, 3]  # padding: its last entry again
 
-    step(entries, 0, [0, 1])
+    step(entries, 0, [0, 1, 2])
     entries.drop_rows(Rows([1]))  # taken over after the latest step: its request has no step entries yet
-    [(_, rows, *_, last)] = entries.take()
-    assert rows.indices.tolist() == [0] and last.tolist() == [0]
+    runs = entries.take()
+    assert [run[1].indices.tolist() for run in runs] == [[0], [2]]  # ranges of rows, each side of it
+    assert [run[5].tolist() for run in runs] == [[0], [0]]
 
     for rows in ([0, 1], [0, 3]):
         entries.add_host(["r"], Rows(rows), np.zeros((2, 3), np.float32), np.float32, np.zeros(2), np.zeros(2))

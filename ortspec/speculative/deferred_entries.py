@@ -113,8 +113,9 @@ class DeferredEntries:
         self._last = (requests, rows)
 
     def take(self) -> list[tuple]:
-        """Every entry of the latest step's rows, forgetting all: per run of rows (one run, or with
-        pad_lengths=False one per run of rows with as many entries) (requests, rows, hidden [B, m,
+        """Every entry of the latest step's rows, forgetting all: per run of rows (one run; split
+        where a row taken over since the latest step, with no entries yet, is left out, and with
+        pad_lengths=False where the count of entries changes) (requests, rows, hidden [B, m,
         H] on the device, next_ids [B, m], positions [B, m], last [B] = m_j - 1), row j's entries
         from its request's first kept step on, columns past last[j] padding (its last entry
         repeated) that the head computes but never writes."""
@@ -133,7 +134,10 @@ class DeferredEntries:
         hidden, next_ids, positions = (np.stack([c[part] for c in columns], axis=1) for part in (1, 2, 3))  # [B, S..]
         counts = steps - np.minimum(start, steps)  # [B]; 0: taken over since the latest step (its prompt waits)
         kept = np.flatnonzero(counts)
-        breaks = np.flatnonzero(np.diff(counts[kept]) != 0) + 1 if not self.pad_lengths else np.array([], np.int64)
+        split = np.diff(kept) != 1  # a row left out between two: one range each side (CUDA's states need ranges)
+        if not self.pad_lengths:
+            split |= np.diff(counts[kept]) != 0
+        breaks = np.flatnonzero(split) + 1
         runs = []
         for run in np.split(kept, breaks):
             if not run.size:
