@@ -1,0 +1,100 @@
+"""ortspec serve against a hostile or careless client, second round: a client that stops reading
+its answer, clients hanging up mid-stream (n > 1, logprobs, stop strings, during the prefill),
+an engine process killed under requests, and values at the edges of what JSON lets a body say
+(booleans for integers, -0, huge and tiny numbers, duplicate keys, surrogates in messages)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from ortspec.serve import limits
+from ortspec.serve.server import Server
+from tools.serve_load import complete, get
+
+from tests.test_hostile_server import Records, hold_admission, post, serving, slow_batcher_steps
+from tests.test_redteam_server import chat_server  # noqa: F401  (a fixture)
+from tests.test_serve import metric, server, wait_for  # noqa: F401  (server: a fixture)
+
+PROMPT = "def f("
+VALUES = [  # a body's field -> its status and what the message says (200: served)
+    ({"max_tokens": True}, 400, r"max_tokens=true must be an integer; got a boolean"),
+    ({"max_tokens": "16"}, 400, r"max_tokens=\"16\" must be an integer; got a string"),
+    ({"max_tokens": 1.0}, 400, r"max_tokens=1.0 must be an integer, written without a fraction"),
+    ({"max_tokens": -0}, 400, r"max_tokens=0 must be an integer >= 1"),
+    ({"n": 0}, 400, r"n=0 must be an integer in \[1, 4\]"),
+    ({"n": True}, 400, r"n=true must be an integer"),
+    ({"stop": [""]}, 400, r"stop=\[\"\"\] must be a string or an array of non-empty strings"),
+    ({"stop": "\u0000"}, 200, None),
+    ({"logprobs": True}, 400, r"logprobs=true must be an integer in \[0, 5\]"),
+    ({"top_p": 1e-45, "temperature": 1.0, "seed": 3}, 200, None),  # float32's least subnormal: one token kept
+    ({"top_k": 2**63 - 1, "temperature": 1.0, "seed": 3}, 200, None),
+    ({"prompt": [[]]}, 400, r"prompt=\[\[\]\] must be a non-empty string or a non-empty array of token ids"),
+    ({"prompt": [[1, [2]]]}, 400, r"prompt=\[\[1, \[2\]\]\] must be a non-empty string"),
+    ({"prompt": [True, 2]}, 400, r"prompt=\[true, 2\] must be a non-empty string"),
+    ({"prompt": [1, 2**63]}, 400, r"token id 9223372036854775808 outside the vocabulary"),
+]
+
+
+@pytest.mark.parametrize("fields,status,match", VALUES, ids=[json.dumps(f)[:40] for f, _, _ in VALUES])
+def test_a_value_at_the_edge_of_json_is_served_or_named(server, session, fields, status, match):
+    got, reply = post(server.port, json.dumps({"prompt": PROMPT, "max_tokens": 4, **fields}).encode())
+    assert got == status, reply
+    if match:
+        assert re.search(match, reply["error"]["message"]) and reply["error"]["type"] == "invalid_request_error"
+    else:
+        assert len(reply["choices"][0]["token_ids"]) >= 1
+
+
+@pytest.mark.parametrize("raw,match", [
+    (b'{"prompt": "def f(", "max_tokens": 1e309}', r"the number 1e309, beyond the largest this server parses"),
+    (b'{"prompt": "def f(", "max_tokens": 4, "max_tokens": "x"}', r"max_tokens=\"x\" must be an integer"),
+])
+def test_a_body_only_python_parses_is_named(server, raw, match):
+    status, reply = post(server.port, raw)
+    assert status == 400 and re.search(match, reply["error"]["message"]), reply
+
+
+def test_a_duplicate_key_means_its_last_value(server, session):
+    """As every JSON parser a client may compare with (and Python's) reads it."""
+    status, reply = post(server.port, b'{"prompt": "x", "prompt": "def f(", "max_tokens": 3}')
+    assert status == 200 and reply["choices"][0]["text"] == session.generate(PROMPT, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("message,match", [
+    ({"role": "user", "content": "ab\ud800"}, r"messages\[1\]\.content holds an unpaired surrogate U\+D800 at "
+                                              r"character 2"),
+    ({"role": "user", "content": [{"type": "text", "text": "\udfff"}]}, r"messages\[1\]\.content holds an unpaired"),
+    ({"role": "\ud800", "content": "x"}, r"messages\[1\]\.role holds an unpaired surrogate"),
+    ({"role": "user", "content": None}, r"messages\[1\]=.* must be an object with a string \"role\" and a \"content\""),
+    ({"role": "user", "content": 5}, r"messages\[1\]=.* must be an object with a string \"role\""),
+    ({"content": "x"}, r"messages\[1\]=.* must be an object with a string \"role\""),
+    ({"role": "user", "content": ["x"]}, r"messages\[1\]\.content\[0\] has type null; ortspec serve takes text parts"),
+])
+def test_a_wrong_message_is_named_by_its_index(chat_server, message, match):  # noqa: F811
+    body = {"messages": [{"role": "system", "content": "s"}, message], "max_tokens": 2}
+    status, reply = post(chat_server.port, json.dumps(body).encode(), route="/v1/chat/completions")
+    assert status == 400 and re.search(match, reply["error"]["message"]), reply
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "tool", "content": "x", "tool_call_id": "1"}, {"role": "wizard", "content": "y"}],  # the template's call
+    [{"role": "user", "content": []}],  # no text parts: empty text
+    lambda limit: [{"role": "u", "content": ""}] * (limit // 5),  # many tiny messages under the bound
+])
+def test_roles_and_contents_the_template_takes_are_served(chat_server, messages):  # noqa: F811
+    body = {"messages": messages(chat_server.limits.max_prompt_chars) if callable(messages) else messages,
+            "max_tokens": 2}
+    status, reply = post(chat_server.port, json.dumps(body).encode(), route="/v1/chat/completions")
+    if status == 400:  # only for a rendered prompt longer than the model's max_length
+        assert "max_length" in reply["error"]["message"], reply
+    else:
+        assert status == 200 and len(reply["choices"][0]["token_ids"]) == 2, reply
