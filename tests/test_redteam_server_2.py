@@ -98,3 +98,47 @@ def test_roles_and_contents_the_template_takes_are_served(chat_server, messages)
         assert "max_length" in reply["error"]["message"], reply
     else:
         assert status == 200 and len(reply["choices"][0]["token_ids"]) == 2, reply
+
+
+# -- clients that stop reading, or hang up ------------------------------------------------------
+def stalled_stream(port: int, body: dict) -> socket.socket:
+    """A stream request from a client that never reads its socket (the smallest receive buffer)."""
+    raw = json.dumps({**body, "stream": True}).encode()
+    connection = socket.socket()
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    connection.connect(("127.0.0.1", port))
+    connection.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    return connection
+
+
+@pytest.mark.parametrize("fields", [
+    {"n": 2, "logprobs": 3},
+    {"stop": ["zzz"], "logprobs": 1},
+    {"n": 2, "stop": ["qq", "zz"]},
+])
+def test_clients_hanging_up_mid_stream_give_every_row_back(session, monkeypatch, fields):
+    with Server(session, port=0, max_batch_size=2) as made:
+        slow_batcher_steps(monkeypatch, 0.05)  # 40 tokens take a second or more: each is cancelled running
+        for _ in range(3):
+            connection = stalled_stream(made.port, {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, **fields})
+            connection.recv(1)  # it runs
+            connection.close()
+        wait_for(lambda: metric(made.url, "running_requests") == 0 and metric(made.url, "queue_depth") == 0)
+        assert metric(made.url, 'requests_finished_total{reason="cancelled"}') == 3 * fields.get("n", 1)
+        monkeypatch.undo()
+        everyone = {"prompt": PROMPT, "max_tokens": 4}  # the batch's two rows, taken at once
+        answers = [complete(made.url, everyone, timeout=10) for _ in range(2)]
+        assert [a.text for a in answers] == [session.generate(PROMPT, max_new_tokens=4)] * 2
+
+
+def test_a_client_hanging_up_during_its_prefill_gives_its_row_back(session, monkeypatch):
+    with Server(session, port=0, max_batch_size=1) as made:
+        inside, release = hold_admission(monkeypatch)  # after the warm-up's admissions
+        connection = stalled_stream(made.port, {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "n": 1})
+        assert inside.wait(10)
+        connection.close()
+        time.sleep(0.3)  # Starlette sees the disconnect and cancels the job inside add_requests
+        release.set()
+        wait_for(lambda: metric(made.url, "running_requests") == 0)
+        assert metric(made.url, 'requests_finished_total{reason="cancelled"}') == 1
+        serving(made, session)
