@@ -142,3 +142,50 @@ def test_a_client_hanging_up_during_its_prefill_gives_its_row_back(session, monk
         wait_for(lambda: metric(made.url, "running_requests") == 0)
         assert metric(made.url, 'requests_finished_total{reason="cancelled"}') == 1
         serving(made, session)
+
+
+@pytest.fixture
+def small_buffers(monkeypatch):
+    """The server's sockets buffer a few KiB before a write waits (the kernel's and asyncio's
+    buffers, 64 KiB and more, take a whole answer of the tiny model)."""
+    made = limits.HeaderTimer.connection_made
+
+    def connection_made(self, transport):
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        transport.set_write_buffer_limits(high=4096)
+        made(self, transport)
+
+    monkeypatch.setattr(limits.HeaderTimer, "connection_made", connection_made)
+
+
+def test_a_client_that_stops_reading_is_closed_after_the_send_timeout(session, small_buffers):
+    """Its answer would wait in the server's memory (and its connection stay open) for as long as
+    the client kept the socket; past --send-timeout the connection closes instead, and other
+    clients are served meanwhile."""
+    with Server(session, port=0, max_batch_size=2, send_timeout=1.0) as made, Records() as records:
+        body = {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "n": 2, "logprobs": 5}
+        stalled = [stalled_stream(made.port, body) for _ in range(3)]
+        other = complete(made.url, {"prompt": PROMPT, "max_tokens": 5}, timeout=10)
+        assert other.status == 200 and other.text == session.generate(PROMPT, max_new_tokens=5)
+        time.sleep(2.5)  # 1 s past the first write that waited, and slack
+        for connection in stalled:
+            connection.settimeout(5)
+            received = b""
+            try:
+                received = b"".join(iter(lambda: connection.recv(65536), b""))  # noqa: B023
+            except ConnectionResetError:
+                pass
+            except socket.timeout:  # the whole answer came, and the connection is still open
+                pytest.fail("the server kept the connection of a client that did not read")
+            assert b"data: [DONE]" not in received
+            connection.close()
+        assert any("--send-timeout" in r.getMessage() for r in records.records)
+        wait_for(lambda: metric(made.url, "running_requests") == 0)
+        serving(made, session)
+
+
+def test_the_send_timeout_is_checked(session):
+    from ortspec.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"send_timeout=0 must be a number of seconds > 0 \(--send-timeout\)"):
+        Server(session, port=0, send_timeout=0)
