@@ -189,3 +189,31 @@ def test_the_send_timeout_is_checked(session):
 
     with pytest.raises(ConfigurationError, match=r"send_timeout=0 must be a number of seconds > 0 \(--send-timeout\)"):
         Server(session, port=0, send_timeout=0)
+
+
+# -- the engine process killed under requests --------------------------------------------------
+def test_a_killed_engine_process_fails_its_requests_by_id_in_the_log(tokenized_model, session):
+    """A request waiting on the engine gets a 500 JSON body, a stream an error event; each names
+    its request id, and the server log has a line under that id (what the 500 promises)."""
+    with Server.spawned(tokenized_model, dict(num_speculative_tokens=2), port=0, max_batch_size=2,
+                        max_queue=8) as made, Records() as records:
+        child = made.engine._process.pid  # noqa: SLF001
+        os.kill(child, signal.SIGSTOP)  # the requests below are sent to it, and wait there
+        replies: list = []
+        bodies = [{"prompt": PROMPT, "max_tokens": 8}, {"prompt": PROMPT, "max_tokens": 8, "n": 2},
+                  {"prompt": PROMPT, "max_tokens": 8, "stream": True}]
+        asking = [threading.Thread(target=lambda b=b: replies.append(complete(made.url, b, timeout=60)))
+                  for b in bodies]
+        for thread in asking:
+            thread.start()
+        wait_for(lambda: made.engine.queue_depth == 4)
+        os.kill(child, signal.SIGKILL)
+        for thread in asking:
+            thread.join(60)
+        assert sorted(r.status for r in replies) == [200, 500, 500]  # the stream's headers were out
+        ids = [re.search(r"request (cmpl-\w+)", r.error)[1] for r in replies]
+        logged = " ".join(r.getMessage() for r in records.records if r.levelno >= logging.ERROR)
+        assert all(i in logged for i in ids), logged
+        wait_for(lambda: get(made.url, "/health")[0] == 200, 60)
+        again = complete(made.url, {"prompt": PROMPT, "max_tokens": 6}, timeout=30)
+        assert again.status == 200 and again.text == session.generate(PROMPT, max_new_tokens=6)
