@@ -251,6 +251,9 @@ def _add_serve(sub) -> None:
     s.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take, from opening or from its last response, to send a "
                         "request line and headers; then it is closed")
+    s.add_argument("--send-timeout", type=float, default=30.0,
+                   help="seconds a response may wait on a client that stops reading it (its socket's buffers "
+                        "full); then the connection is dropped and its request cancelled")
     s.add_argument("--max-connections", type=int, default=None,
                    help="connections open at once; one more gets 503 as it opens and is closed (default: 4096, "
                         "or fewer where the file limit, ulimit -n, is under 2 x 4096 + 256)")
@@ -396,7 +399,8 @@ def _serve(args) -> None:
     require_dependencies()  # before loading the model
     limits = dict(request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                   max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
-                  header_timeout=args.header_timeout, max_connections=args.max_connections)
+                  header_timeout=args.header_timeout, send_timeout=args.send_timeout,
+                  max_connections=args.max_connections)
     check_options(args.max_batch_size, args.max_queue, args.log_level, **limits)  # before loading the model too
     if args.replicas is not None:
         _serve_replicas(args, limits)

@@ -496,7 +496,8 @@ def test_serve_help_names_every_limit_and_its_default(capsys):
         cli.main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for option, default in [("--request-timeout", "600.0"), ("--max-body-bytes", str(16 * 2**20)),
-                            ("--body-timeout", "30.0"), ("--header-timeout", "10.0"), ("--max-queue", "64")]:
+                            ("--body-timeout", "30.0"), ("--header-timeout", "10.0"), ("--send-timeout", "30.0"),
+                            ("--max-queue", "64")]:
         assert re.search(re.escape(option) + r" \S+ .*?\(default: " + re.escape(default) + r"\)", text), option
     assert "--max-prompt-chars" in text and "4 x max_length x the longest token" in text
     assert "--max-connections" in text and "default: 4096" in text

@@ -164,8 +164,15 @@ class EngineProcess:
 
     def _fail_all(self, status: int, message: str | None = None) -> None:
         """Every job the child was given ends with this failure (message None: the 500 naming its id)."""
+        self._fail(self._take_all(), status, message)
+
+    def _take_all(self) -> list[Job]:
+        """Every job the child was given, forgotten here."""
         with self._lock:
             jobs, self._jobs, self._key_of, self._waiting = list(self._jobs.values()), {}, {}, set()
+        return jobs
+
+    def _fail(self, jobs: list[Job], status: int, message: str | None = None) -> None:
         for job in jobs:
             self.metrics.finished[status] += 1
             job.deliver(Failed(status, message or internal_error(job.id)))
@@ -280,9 +287,11 @@ class EngineProcess:
         """(the child died) Fails its jobs with 500, then spawns a new one; False if that fails."""
         self._process.join(timeout=5)
         code = self._process.exitcode
-        log.error("the engine process exited (code %s); failing its requests with 500 and starting a new one", code)
         self.error = f"the engine process exited (code {code}); a new one is loading the model"
-        self._fail_all(500)
+        jobs = self._take_all()  # their 500s name their ids, and the log names them here
+        log.error("the engine process exited (code %s); failing its requests %s with 500 and starting a new one", code,
+                  ", ".join(dict.fromkeys(job.id for job in jobs)) or "(none)")
+        self._fail(jobs, 500)
         try:
             ready = self._spawn()
         except Exception as exc:  # noqa: BLE001  (reported on /health; nothing is served)

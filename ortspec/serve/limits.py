@@ -12,6 +12,10 @@
     header_timeout    seconds a connection may take, from opening or from its last response, to
                       send a request line and headers; then it is closed. uvicorn alone times
                       out only idle keep-alive connections, and any byte resets that timer
+    send_timeout      seconds a response may wait on a client that does not read it (its
+                      socket's buffers full); then the connection is dropped, which cancels
+                      the request (SendTimer). uvicorn alone waits for such a client forever,
+                      the answer's events piling up in memory meanwhile
     max_connections   connections open at once; one past it is answered 503 as it opens and
                       closed (ConnectionCap); default: from the process's file limit
                       (default_connections)
@@ -58,10 +62,11 @@ class Limits:
     max_prompt_chars: int | None = None  # None: from the model (default_prompt_chars)
     body_timeout: float = 30.0
     header_timeout: float = 10.0
+    send_timeout: float = 30.0
     max_connections: int | None = None  # None: from the file limit (default_connections)
 
     def __post_init__(self) -> None:
-        for name in ("request_timeout", "body_timeout", "header_timeout"):
+        for name in ("request_timeout", "body_timeout", "header_timeout", "send_timeout"):
             object.__setattr__(self, name, seconds(name, getattr(self, name)))
         object.__setattr__(self, "max_connections", connections(self.max_connections))
         object.__setattr__(self, "max_body_bytes", validation.integer(
@@ -146,10 +151,10 @@ def _imports(name: str) -> bool:
 
 
 def limited_protocol(parser: str, limits: Limits):
-    """uvicorn's protocol for parser ("httptools" or "h11") with the header bound and timeout and
-    the connection cap."""
+    """uvicorn's protocol for parser ("httptools" or "h11") with the header bound and timeout, the
+    send timeout and the connection cap."""
     protocol = httptools_protocol if parser == "httptools" else h11_protocol
-    return protocol(limits.header_timeout, limits.max_connections)
+    return protocol(limits.header_timeout, limits.max_connections, limits.send_timeout)
 
 
 TOO_MANY_CONNECTIONS = ("the server holds as many connections as it takes ({}, --max-connections); retry in a moment, "
@@ -227,6 +232,42 @@ class HeaderTimer:
             self.transport.close()
 
 
+class SendTimer:
+    """(a mixin for uvicorn's protocols) Drops a connection whose writes have waited
+    ``send_timeout`` seconds: asyncio pauses a protocol's writing once its transport buffers more
+    than the high-water mark (the kernel's buffer full: the client reads nothing, or too little
+    for that long), and uvicorn's send then waits until it resumes, with no bound. abort(), not
+    close(), which would wait for the buffer to drain; uvicorn sees the connection lost and its
+    handler a disconnect, which cancels the request."""
+
+    send_timeout: float
+    _send_timer: asyncio.TimerHandle | None = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._not_read)
+
+    def resume_writing(self) -> None:
+        self._disarm_send_timer()
+        super().resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm_send_timer()
+        super().connection_lost(exc)
+
+    def _disarm_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _not_read(self) -> None:
+        self._send_timer = None
+        log.info("dropped a connection from %s: its response waited %g s for it to read (--send-timeout)",
+                 _peer(self.client), self.send_timeout)
+        self.transport.abort()
+
+
 class NoWebSockets:
     """(a mixin for uvicorn's protocols; the server runs with ws="none") An Upgrade request is served
     as plain HTTP, logged as that: uvicorn's own warning told the operator to install a WebSocket
@@ -274,14 +315,14 @@ def refusal(status: int, message: str, default_headers) -> bytes:
     return b"".join(head) + body
 
 
-def h11_protocol(timeout: float, cap: int):
+def h11_protocol(timeout: float, cap: int, send: float):
     """uvicorn's h11 protocol with the header timeout, the connection cap and JSON refusals; h11
     bounds the headers itself (past MAX_HEADER_BYTES still incomplete: 431)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class H11Limits(NoWebSockets, ConnectionCap, HeaderTimer, H11Protocol):
-        header_timeout, max_connections = timeout, cap
+    class H11Limits(NoWebSockets, ConnectionCap, SendTimer, HeaderTimer, H11Protocol):
+        header_timeout, max_connections, send_timeout = timeout, cap, send
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -308,7 +349,7 @@ class HeadersTooLarge(Exception):
     """(raised inside httptools' on_headers_complete: its feed_data then fails) Whole headers over the bound."""
 
 
-def httptools_protocol(timeout: float, cap: int):
+def httptools_protocol(timeout: float, cap: int, send: float):
     """uvicorn's httptools protocol with the header timeout, the connection cap, JSON refusals and a bound of its own:
     httptools takes headers of any length, so a request whose line and headers pass
     MAX_HEADER_BYTES, still incomplete or whole, gets 431 and its connection closes. httptools
@@ -316,8 +357,8 @@ def httptools_protocol(timeout: float, cap: int):
     to those before it (uvicorn wrote its 400 at once, and the earlier responses were lost)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HttpToolsLimits(NoWebSockets, ConnectionCap, HeaderTimer, HttpToolsProtocol):
-        header_timeout, max_connections = timeout, cap
+    class HttpToolsLimits(NoWebSockets, ConnectionCap, SendTimer, HeaderTimer, HttpToolsProtocol):
+        header_timeout, max_connections, send_timeout = timeout, cap, send
         _header_bytes: int | None = 0  # bytes since this request began, until its headers are in (then None)
         _refusal: bytes | None = None  # the answer to a refused request, waiting for _owed responses before it
         _owed = 0

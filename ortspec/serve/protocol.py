@@ -343,7 +343,14 @@ def _messages(body: dict) -> list[dict]:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
             raise BadRequest(f'messages[{i}]={_short(m)} must be an object with a string "role" and a "content": a '
                              "string or an array of text parts.")
-    return [{**m, "content": _content(m["content"], i)} for i, m in enumerate(messages)]
+    messages = [{**m, "content": _content(m["content"], i)} for i, m in enumerate(messages)]
+    try:  # named here: once rendered, only the prompt's position would tell which message holds it
+        for i, m in enumerate(messages):
+            validation.unicode_text(f"messages[{i}].role", m["role"])
+            validation.unicode_text(f"messages[{i}].content", m["content"])
+    except InputError as exc:
+        raise BadRequest(str(exc)) from None
+    return messages
 
 
 def _content(content: str | list, i: int) -> str:

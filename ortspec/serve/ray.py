@@ -10,8 +10,8 @@ A replica asks Ray for one GPU (provider cuda) or for --threads CPUs (default 1)
 places replicas where those are free; the model directory must exist at the same path on each
 node. Every response names its replica in the ``x-ortspec-replica`` header (and /health does).
 Serve's proxy, not ours, handles connections: the body and prompt limits hold (the app checks
-them), the header timeout is Serve's own, and --max-connections is refused (nothing here could
-enforce it). Needs the ray extra (pip install 'ortspec[ray]').
+them), the header and send timeouts are Serve's own, and --max-connections is refused (nothing
+here could enforce it). Needs the ray extra (pip install 'ortspec[ray]').
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 LIMIT_OPTIONS = ("request_timeout", "max_body_bytes", "max_prompt_chars", "body_timeout", "header_timeout",
-                 "max_connections")
+                 "send_timeout", "max_connections")
 
 
 def check_options(max_batch_size, max_queue, log_level, **limits) -> Limits:
@@ -112,8 +112,8 @@ class Server:
                  max_queue: int = 64, request_timeout: float = 600.0, model_name: str | None = None,
                  log_level: str = "warning", max_body_bytes: int = Limits.max_body_bytes,
                  max_prompt_chars: int | None = None, body_timeout: float = Limits.body_timeout,
-                 header_timeout: float = Limits.header_timeout, max_connections: int | None = None,
-                 engine=None) -> None:
+                 header_timeout: float = Limits.header_timeout, send_timeout: float = Limits.send_timeout,
+                 max_connections: int | None = None, engine=None) -> None:
         require_dependencies()
         import uvicorn
 
@@ -121,7 +121,8 @@ class Server:
 
         service = Service(session, max_batch_size, max_queue, model_name, log_level, engine, request_timeout=request_timeout,
                           max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars,
-                          body_timeout=body_timeout, header_timeout=header_timeout, max_connections=max_connections)
+                          body_timeout=body_timeout, header_timeout=header_timeout, send_timeout=send_timeout,
+                          max_connections=max_connections)
         self.limits, self.engine, self.model_name, app = service.limits, service.engine, service.model_name, service.app
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
