@@ -101,15 +101,10 @@ def test_prompt_entries_one_position_off_are_caught(graphs, reference, monkeypat
                           k_chooser=ScriptedK(4, SCRIPT))
 
 
-def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
-    """A batcher whose requests arrive while entries wait: tokens equal greedy, the head's state
-    equals a plain decode of each request whenever nothing waits, and a row reused by a new request
-    drops its last request's waiting prompt entries (that request finished at its prefill)."""
-    out = models.converted("base")
-    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
-    greedy = ortspec.Session(out).generate(prompts, max_new_tokens=24)
-    plain = {tuple(p): plain_decode_states(graphs, [p], 24 + 4 + 1, 4)[1] for p in prompts}
-    checked = []
+def states_checker(graphs, requests: list[tuple[list[int], int]], checked: list):
+    """An on_commit hook: whenever no head entry waits, every live row's state, the head's
+    included, equals a plain decode of its request (each (row, length) checked appended to checked)."""
+    plain = {tuple(p): plain_decode_states(graphs, [p], n + 4 + 1, 4)[1] for p, n in requests}
 
     def compare(decoder, batch):
         for req in batch.requests:
@@ -117,7 +112,20 @@ def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
                 continue
             diffs = row_state(decoder.engine, req).differences(plain[tuple(req.prompt)][(0, req.processed)])
             assert not diffs, (req.row, req.processed, diffs)
-            checked.append(req.row)
+            checked.append((req.row, req.processed))
+
+    return compare
+
+
+def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
+    """A batcher whose requests arrive while entries wait: tokens equal greedy, the head's state
+    equals a plain decode of each request whenever nothing waits, and a row reused by a new request
+    drops its last request's waiting prompt entries (that request finished at its prefill)."""
+    out = models.converted("base")
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    greedy = ortspec.Session(out).generate(prompts, max_new_tokens=24)
+    checked = []
+    compare = states_checker(graphs, [(p, 24) for p in prompts], checked)
 
     session = ortspec.Session(out, num_speculative_tokens="auto")
     session.k_chooser = ScriptedK(4, [0, 0, 0, 0, 2, 0, 0, 3])
@@ -133,7 +141,7 @@ def test_batcher_arrivals_and_a_reused_row(models, graphs, monkeypatch):
                 ids.append(batcher.add_request(prompts[2], max_new_tokens=24))
             batcher.step()
         assert [batcher.result(i) for i in ids] == greedy and batcher.result(short) == greedy[2][:1]
-    assert checked and set(checked) >= {0, 1}
+    assert checked and {row for row, _ in checked} >= {0, 1}
     # no catch-up at the join: at the first step that drafts, rows 0 and 1's prompts in one run (padded
     # to the longest), then their steps' entries in one (row 1, a step later, padded); the short
     # request's entries never ran
@@ -157,16 +165,8 @@ def test_joins_in_a_plain_stretch_catch_nobody_up_and_stay_exact(models, graphs,
 
     out = models.converted("base")
     greedy = [ortspec.Session(out).generate(prompt, max_new_tokens=n) for prompt, n in REQUESTS]
-    plain = {tuple(p): plain_decode_states(graphs, [p], n + 4 + 1, 4)[1] for p, n in REQUESTS}
     checked = []
-
-    def compare(decoder, batch):
-        for req in batch.requests:
-            if req.placeholder or req.done or decoder.head.waiting:
-                continue
-            diffs = row_state(decoder.engine, req).differences(plain[tuple(req.prompt)][(0, req.processed)])
-            assert not diffs, (req.row, req.processed, diffs)
-            checked.append(req.processed)
+    compare = states_checker(graphs, REQUESTS, checked)
 
     session = ortspec.Session(out, num_speculative_tokens="auto")
     session.k_chooser = ScriptedK(4, [0] * 7 + [2] + [0] * 5 + [3, 1])
