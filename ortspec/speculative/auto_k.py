@@ -167,7 +167,7 @@ class KChooser:
         (None: a batcher); fresh: a call's first choice (a static window opens); sampled: most of
         its live rows sample."""
         key = (tail is not None, row_bucket(rows), sampled)
-        window = getattr(self._local, "window", None)
+        window = self.open_window
         if window is not None and window.key[0] and key[0] and not fresh:
             return window.k  # a call's window lasts the call
         if window is None or fresh or window.key != key or window.full():
@@ -215,7 +215,7 @@ class KChooser:
         """One step of the open window: the rows it ran, the live ones, the tokens it emitted, its
         seconds (the loop's time since the last step was read), and whether a CUDA graph was set
         up meanwhile (such a window measures the capture, not k)."""
-        window = getattr(self._local, "window", None)
+        window = self.open_window
         if window is not None:
             window.setup |= setup
             window.steps += 1
@@ -226,7 +226,7 @@ class KChooser:
 
     def record_call(self, rows: int, steps_by_k, tail: Tail) -> None:
         """A generate call ended: its window closes with the call's tokens per second."""
-        window = getattr(self._local, "window", None)
+        window = self.open_window
         if window is not None and window.key[0]:
             self._close(window)
             self._local.window = None

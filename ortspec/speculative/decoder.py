@@ -188,7 +188,7 @@ class Decoder:
     def _plan(self) -> tuple[Plan, list[Request]] | None:
         """The next step from the host's view of the rows (nothing in flight). Prompts admitted
         since the last step catch up first where it drafts: one head run per range of rows."""
-        running = [r for r in self.occupants if r is not None and not r.done]
+        running = self.running
         if not running:
             return None
         if self.next_k > 0 and self.head.waiting:
@@ -328,9 +328,14 @@ class Decoder:
             self._prefills.submit(run, join, guard)
 
     @property
+    def running(self) -> list[Request]:
+        """The requests the rows run, in row order."""
+        return [r for r in self.occupants if r is not None and not r.done]
+
+    @property
     def idle(self) -> bool:
         """No row runs a request."""
-        return not any(r is not None and not r.done for r in self.occupants)
+        return not self.running
 
     @property
     def joining_rows(self) -> set[int]:
@@ -382,7 +387,7 @@ class Decoder:
             self.head.deferred.drop_rows(Rows([r.row for r in requests]))  # a reused row's last request's
         for group, copies, ids, out in prefilled:
             self._prefill_finish(group, copies, ids, out)
-        running = [r for r in self.occupants if r is not None and not r.done]
+        running = self.running
         if self.head is not None and fresh and running:  # the first step's drafts (none: no step follows)
             stepped = self._step_rows(running)
             self.next_k = self.policy.next_k(len(stepped), self._tail(running), fresh=self.static,

@@ -92,11 +92,15 @@ class DeferredEntries:
             return []
         waiting = PromptEntries.padded(groups).rows_at(np.argsort(np.concatenate([g.rows for g in groups]),
                                                                   kind="stable"))  # every row, in row order
-        breaks = np.diff(waiting.rows) != 1  # [B - 1]: row j + 1 does not follow row j
+        return [waiting.rows_at(run).catch_up_inputs(self.arrays) for run in self._runs(waiting.rows, waiting.lengths)]
+
+    def _runs(self, order: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """Indices into order [B] (ascending) of its runs of consecutive values (a range of rows,
+        as CUDA's states need), without pad_lengths also of one length (lengths [B])."""
+        breaks = np.diff(order) != 1  # [B - 1]: entry j + 1 does not follow entry j
         if not self.pad_lengths:
-            breaks |= np.diff(waiting.lengths) != 0
-        runs = np.split(np.arange(len(waiting.rows)), np.flatnonzero(breaks) + 1)
-        return [waiting.rows_at(run).catch_up_inputs(self.arrays) for run in runs]
+            breaks |= np.diff(lengths) != 0
+        return np.split(np.arange(len(order)), np.flatnonzero(breaks) + 1)
 
     def add(self, requests: list, rows: Rows, hidden, next_ids: np.ndarray, positions: np.ndarray) -> None:
         """One plain decode step: hidden [B, W, H] on its device (row 0 is the step's token),
@@ -126,22 +130,17 @@ class DeferredEntries:
         self._steps, self._last, self._joined = [], None, {}
         present = np.stack([c[0] for c in columns], axis=1)  # [B, S]
         steps = present.shape[1]
-        if not present[np.arange(steps)[None] >= start[:, None]].all():
-            j, i = np.argwhere(~present & (np.arange(steps)[None] >= start[:, None]))[0]
+        missed = ~present & (np.arange(steps)[None] >= start[:, None])  # [B, S]: a step of its request without it
+        if missed.any():
+            j, i = np.argwhere(missed)[0]
             raise InternalError(f"deferred MTP entries out of step: row {wanted[j]} of the latest step missed an "
                                 f"earlier step of its request (step {i} of {steps}). A bug of num_speculative_tokens="
                                 "\"auto\": report it; a fixed num_speculative_tokens runs without deferred entries.")
         hidden, next_ids, positions = (np.stack([c[part] for c in columns], axis=1) for part in (1, 2, 3))  # [B, S..]
         counts = steps - np.minimum(start, steps)  # [B]; 0: taken over since the latest step (its prompt waits)
-        kept = np.flatnonzero(counts)
-        split = np.diff(kept) != 1  # a row left out between two: one range each side (CUDA's states need ranges)
-        if not self.pad_lengths:
-            split |= np.diff(counts[kept]) != 0
-        breaks = np.flatnonzero(split) + 1
+        kept = np.flatnonzero(counts)  # a row left out between two splits them: one range each side
         runs = []
-        for run in np.split(kept, breaks):
-            if not run.size:
-                continue
+        for run in (kept[at] for at in self._runs(kept, counts[kept]) if at.size):
             m = int(counts[run].max())
             cols = np.minimum(start[run, None] + np.arange(m)[None], steps - 1)  # [b, m]: past the last, the last again
             at = run[:, None]
