@@ -11,7 +11,7 @@
 #                                                  probe/treeA, B_RUNS "k clients temperature" triples
 set -u
 cd "$(dirname "$0")/../.."
-source benchmarks/visit_lib.sh  # OUT, PYTHONPATH, models, trained, checks
+source benchmarks/visit_lib.sh  # OUT, PYTHONPATH, models, trained, checks, serve_bench, serve_ab
 case "$1" in
   a)
     checks ;;
@@ -32,19 +32,7 @@ case "$1" in
     done 2>&1 | tee "$OUT/generate_profile.log"
     tar czf "$OUT/spy.tgz" -C /tmp/prof . ;;
   s)
-    trained
-    timeout ${S_SECONDS:-280} python3 tools/serve_bench.py $models/trained_fp16 -k ${S_KS:-0,2} --provider cuda \
-      --clients ${S_CLIENTS:-1,16} --requests 4 --max-tokens 128 --rounds ${S_ROUNDS:-2} ${S_ARGS:-} \
-      --json "$OUT/serve${S_NAME:-}.json" 2>&1 | tee "$OUT/serve${S_NAME:-}.log" | tail -14 ;;
+    serve_bench ;;
   b)
-    trained
-    for tree in probe/tree*; do cp ortspec/_native*.so $tree/ortspec/; done
-    IFS=';' read -ra runs <<< "${B_RUNS:-0 1,16 0;2 1,16 0}"
-    for run in "${runs[@]}"; do
-      set -- $run
-      echo "=== $(date +%T) k=$1 clients $2 temperature $3: HEAD against probe/treeA"
-      timeout ${B_SECONDS:-200} python3 tools/serve_ab_throughput.py $models/trained_fp16 "$PWD" "$PWD/probe/treeA" -k $1 \
-        --provider cuda --clients $2 --requests ${B_REQUESTS:-8} --rounds ${B_ROUNDS:-4} --temperature $3 2>&1 \
-        | tee "$OUT/ab_k$1_c${2/,/_}_t$3.log" | tail -8
-    done ;;
+    serve_ab "0 1,16 0;2 1,16 0" ;;
 esac
